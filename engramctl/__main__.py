@@ -1,0 +1,3 @@
+from engramctl.cli import main
+
+main()

@@ -1,0 +1,52 @@
+"""The interface every inference backend implements. transformers is the first; a second (llama.cpp,
+say) implements the same methods and the state/store/daemon layers do not change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from engramctl.state import SessionState
+from engramctl.state.spec import StateSpec
+
+
+@dataclass
+class Live:
+    """A conversation's state while it is in use. Only its backend reads `cache`."""
+
+    cache: Any
+    token_ids: list[int] = field(default_factory=list)  # consumed by the state, in order
+    last_logits: torch.Tensor | None = None  # (vocab,) float32 after the last consumed token
+    text: str = ""  # the exact text the consumed tokens came from
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_id: str
+    family: str  # transformers model_type, e.g. "granitemoehybrid"
+    architecture: str  # e.g. "GraniteMoeHybridForCausalLM"
+    device: str
+    dtype: str
+    n_params: int
+    weights_bytes: int
+    context_length: int | None  # max positions the model was built for; None = unbounded (pure recurrent)
+    fingerprint: str
+    resume: str  # "chunked" | "token_by_token" (Mamba1 scans ignore an initial state for >1 token)
+
+
+class Backend(Protocol):
+    info: ModelInfo
+    spec: StateSpec
+
+    def new_live(self) -> Live: ...
+
+    def prefill(self, live: Live, token_ids: Sequence[int]) -> torch.Tensor:
+        """Feed tokens into the state; returns the logits after the last one, (vocab,) float32."""
+
+    def decode(self, live: Live, token_id: int) -> torch.Tensor: ...
+
+    def capture(self, live: Live) -> SessionState: ...
+
+    def inject(self, state: SessionState) -> Live: ...

@@ -1,0 +1,37 @@
+"""The text side of a model: encode/decode, the chat template, end-of-turn tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engramctl.errors import UnsupportedModel
+
+
+class ChatTokenizer:
+    """Wraps a transformers tokenizer; a second backend supplies its own object with these methods."""
+
+    def __init__(self, hf_tokenizer: Any, generation_eos: int | list[int] | None = None):
+        self.hf = hf_tokenizer
+        eos = set()
+        for e in (generation_eos, hf_tokenizer.eos_token_id):
+            if isinstance(e, int):
+                eos.add(e)
+            elif e:
+                eos.update(int(x) for x in e)
+        self.eos_ids: frozenset[int] = frozenset(eos)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def encode(self, text: str) -> list[int]:
+        # Special tokens come from the rendered template itself; adding BOS again would shift the state.
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.has_chat_template:
+            raise UnsupportedModel("this model has no chat template; it cannot hold a chat.")
+        return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)

@@ -1,0 +1,61 @@
+"""Typed errors. Each carries a sentence for the user and, where there is one, the next command to try."""
+
+from __future__ import annotations
+
+
+class EngramError(Exception):
+    """Base of every error engramctl raises on purpose."""
+
+    exit_code = 1
+    kind = "engram_error"
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(EngramError):
+    exit_code = 2
+    kind = "invalid_request_error"
+
+
+class InvalidName(UsageError):
+    kind = "invalid_name"
+
+
+class ModelNotFound(EngramError):
+    kind = "model_not_found"
+
+
+class UnsupportedModel(EngramError):
+    kind = "unsupported_model"
+
+
+class SnapshotError(EngramError):
+    """A snapshot file cannot be used: corrupt, truncated, or written by something else."""
+
+    kind = "snapshot_error"
+
+
+class SnapshotCorrupt(SnapshotError):
+    kind = "snapshot_corrupt"
+
+
+class SnapshotMismatch(SnapshotError):
+    """The file is intact but belongs to another model, dtype or format version."""
+
+    kind = "snapshot_mismatch"
+
+
+class NotFound(EngramError):
+    kind = "not_found"
+
+
+class ContextOverflow(UsageError):
+    kind = "context_length_exceeded"
+
+
+class DaemonUnreachable(EngramError):
+    exit_code = 3
+    kind = "daemon_unreachable"

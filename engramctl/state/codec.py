@@ -1,0 +1,99 @@
+"""SessionState <-> flat tensor dict + string metadata, and the checks a snapshot must pass before it
+may touch a model: dtype, fingerprint, layer layout, every shape and dtype, finite values."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
+from engramctl.state.layers import LAYER_KINDS
+from engramctl.state.session_state import SessionState
+from engramctl.state.spec import StateSpec
+
+TOKEN_IDS = "token_ids"
+LAST_LOGITS = "last_logits"
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def to_payload(state: SessionState, spec: StateSpec, extra: dict[str, str]) -> tuple[dict, dict[str, str]]:
+    """Flatten a state for a snapshot file. Refuses a non-finite state: persisted poison is restored forever."""
+    tensors: dict[str, torch.Tensor] = {}
+    for i, layer in enumerate(state.layers):
+        for name, t in layer.tensors().items():
+            tensors[f"layers.{i}.{name}"] = t
+    tensors[TOKEN_IDS] = torch.tensor(state.token_ids, dtype=torch.int64)
+    tensors[LAST_LOGITS] = state.last_logits.float().reshape(-1)
+    _check_finite(tensors, "the state to save")
+    meta = {
+        **extra,
+        "model_id": spec.model_id,
+        "fingerprint": spec.fingerprint,
+        "dtype": spec.dtype,
+        "layout": json.dumps(list(state.layout)),
+        "dtypes": json.dumps({k: _dtype_name(t) for k, t in sorted(tensors.items())}),
+        "n_tokens": str(state.n_tokens),
+        "text": state.text,
+    }
+    return tensors, meta
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise SnapshotCorrupt(f"{what} holds NaN or Inf values in {name}; refusing it.")
+
+
+def from_payload(tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: StateSpec) -> SessionState:
+    """Rebuild a SessionState, raising SnapshotMismatch/SnapshotCorrupt naming what does not match `spec`."""
+    if meta.get("dtype") != spec.dtype:
+        raise SnapshotMismatch(
+            f"snapshot was written by a {meta.get('dtype')} model; the loaded model runs {spec.dtype}.",
+            hint=f"restart with --dtype {meta.get('dtype')} to use it",
+        )
+    if meta.get("fingerprint") != spec.fingerprint:
+        raise SnapshotMismatch(
+            f"snapshot belongs to model {meta.get('model_id')!r} (fingerprint {meta.get('fingerprint')}); "
+            f"the loaded model {spec.model_id!r} has fingerprint {spec.fingerprint} (different config or weights)."
+        )
+    layout = tuple(json.loads(meta.get("layout", "[]")))
+    if layout != spec.layout:
+        raise SnapshotMismatch(f"snapshot layer layout {list(layout)} differs from the model's {list(spec.layout)}.")
+    try:
+        n_tokens = int(meta["n_tokens"])
+    except (KeyError, ValueError):
+        raise SnapshotCorrupt("snapshot metadata has no valid n_tokens.") from None
+    ids = tensors.get(TOKEN_IDS)
+    if ids is None or ids.dtype != torch.int64 or tuple(ids.shape) != (n_tokens,):
+        raise SnapshotCorrupt(f"snapshot token ids do not match its token count {n_tokens}.")
+    logits = tensors.get(LAST_LOGITS)
+    if logits is None or tuple(logits.shape) != (spec.vocab_size,) or logits.dtype != torch.float32:
+        raise SnapshotMismatch(f"snapshot last logits do not match the model's vocabulary of {spec.vocab_size}.")
+    layers = []
+    expected_names = {TOKEN_IDS, LAST_LOGITS}
+    for i, layer_spec in enumerate(spec.layers):
+        own = {}
+        for name, ts in layer_spec.tensors.items():
+            key = f"layers.{i}.{name}"
+            expected_names.add(key)
+            t = tensors.get(key)
+            if t is None:
+                raise SnapshotMismatch(f"snapshot lacks tensor {key} that the model's layer {i} needs.")
+            if _dtype_name(t) != ts.dtype or tuple(t.shape) != ts.shape_at(n_tokens):
+                raise SnapshotMismatch(
+                    f"snapshot tensor {key} is {_dtype_name(t)}{list(t.shape)}; "
+                    f"the model needs {ts.dtype}{list(ts.shape_at(n_tokens))}."
+                )
+            own[name] = t
+        layers.append(LAYER_KINDS[layer_spec.kind].from_tensors(own))
+    extra = set(tensors) - expected_names
+    if extra:
+        raise SnapshotMismatch(f"snapshot has tensors the model does not use: {sorted(extra)[:4]}.")
+    _check_finite(tensors, "snapshot")
+    return SessionState(
+        layers=tuple(layers), token_ids=tuple(ids.tolist()), last_logits=logits, text=meta.get("text", "")
+    )

@@ -1,0 +1,44 @@
+"""What a model's state must look like: the engine describes it, snapshots are checked against it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TOKENS = -1  # placeholder in a shape for "the number of tokens in the state"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]  # TOKENS marks the dim that grows with the conversation
+    dtype: str  # torch dtype name without "torch.", e.g. "float32"
+
+    def shape_at(self, n_tokens: int) -> tuple[int, ...]:
+        return tuple(n_tokens if d == TOKENS else d for d in self.shape)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    kind: str  # "empty" | "recurrent" | "attention" | "hybrid"
+    tensors: dict[str, TensorSpec]
+
+    def nbytes_at(self, n_tokens: int, itemsize: dict[str, int]) -> int:
+        total = 0
+        for t in self.tensors.values():
+            n = 1
+            for d in t.shape_at(n_tokens):
+                n *= d
+            total += n * itemsize[t.dtype]
+        return total
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    model_id: str
+    fingerprint: str  # config + weights identity of the model that owns this state
+    dtype: str  # compute dtype of the model
+    vocab_size: int  # length of last_logits
+    layers: tuple[LayerSpec, ...]
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        return tuple(layer.kind for layer in self.layers)

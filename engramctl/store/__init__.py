@@ -1,0 +1,1 @@
+"""Snapshot files, the SQLite index, sessions, branches and transcripts."""
