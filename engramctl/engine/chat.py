@@ -17,10 +17,14 @@ _PROBE = [
 ]
 
 
-def plan_turn(tokenizer: ChatTokenizer, consumed_text: str, messages: list[dict]) -> tuple[str, bool]:
+def plan_turn(
+    tokenizer: ChatTokenizer, consumed_text: str, messages: list[dict], prefix_stable: bool = True
+) -> tuple[str, bool]:
     """Returns (text to feed, reset): reset=True means the state must start over with that text."""
     full = tokenizer.render(messages, add_generation_prompt=True)
-    if consumed_text and full.startswith(consumed_text) and len(full) > len(consumed_text):
+    if not consumed_text:
+        return full, False
+    if prefix_stable and full.startswith(consumed_text) and len(full) > len(consumed_text):
         return full[len(consumed_text) :], False
     return full, True
 

@@ -50,7 +50,7 @@ class Engine:
     def feed_messages(self, live: Live, messages: list[dict], reserve_tokens: int = 0) -> tuple[Live, Fed]:
         """Bring `live` up to `messages` + the generation prompt. Returns the live state to continue (a new
         one when the template forced a reset) and what it cost."""
-        text, reset = plan_turn(self.tokenizer, live.text if self.prefix_stable else "", messages)
+        text, reset = plan_turn(self.tokenizer, live.text, messages, self.prefix_stable)
         if reset:
             live = self.new_live()
         ids = self.tokenizer.encode(text)

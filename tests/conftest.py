@@ -1,0 +1,54 @@
+"""Shared fixtures: an isolated ENGRAM_HOME for every test, and tiny real models built once per run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(autouse=True)
+def engram_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "engram-home"
+    monkeypatch.setenv("ENGRAM_HOME", str(home))
+    monkeypatch.setenv("ENGRAM_NO_AUTOSTART", "1")
+    return home
+
+
+class ModelZoo:
+    """Saves each (family, seed, template) tiny model once per test session."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def path(self, family: str, seed: int = 0, template: str = "chatml") -> Path:
+        from tests.factory import save_family
+
+        out = self.root / f"{family}-s{seed}-{template}"
+        if not (out / "config.json").exists():
+            save_family(family, out, seed=seed, template=template)
+        return out
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory) -> ModelZoo:
+    return ModelZoo(tmp_path_factory.mktemp("zoo"))
+
+
+@pytest.fixture(scope="session")
+def load_backend():
+    """Load a saved model directory through the real loading code (from_pretrained)."""
+    import torch
+
+    from engramctl.engine.hf_backend import TransformersBackend
+
+    def load(model_dir: Path, dtype=torch.float32, chunk_tokens: int = 16):
+        backend = TransformersBackend.load(model_dir, model_dir.name, "cpu", dtype)
+        backend.chunk_tokens = chunk_tokens  # small chunks so tests cross chunk boundaries
+        return backend
+
+    return load

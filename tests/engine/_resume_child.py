@@ -1,0 +1,34 @@
+"""Fresh-process half of test_resume: restore each snapshot, continue, write what came out."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from engramctl.engine.hf_backend import TransformersBackend
+from engramctl.state.snapshot_io import read_state
+
+
+def main(job_file: str, out_file: str) -> None:
+    results = {}
+    for job in json.loads(Path(job_file).read_text()):
+        model_dir = Path(job["model_dir"])
+        backend = TransformersBackend.load(model_dir, model_dir.name, "cpu", torch.float32)
+        backend.chunk_tokens = 16
+        live = backend.inject(read_state(Path(job["snapshot"]), backend.spec))
+        fam = job["family"]
+        results[f"{fam}.restored_logits"] = live.last_logits.clone()
+        logits = backend.prefill(live, job["more_ids"])
+        results[f"{fam}.continued_logits"] = logits.clone()
+        greedy = []
+        for _ in range(job["greedy"]):
+            greedy.append(int(torch.argmax(logits)))
+            logits = backend.decode(live, greedy[-1])
+        results[f"{fam}.greedy"] = torch.tensor(greedy)
+    save_file(results, out_file)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,34 @@
+import pytest
+import torch
+
+from engramctl.engine.sampling import SamplingParams, sample
+from engramctl.errors import UsageError
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    assert sample(logits, SamplingParams(temperature=0), torch.Generator()) == 1
+
+
+def test_seed_makes_sampling_repeatable():
+    logits = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    p = SamplingParams(temperature=1.0, seed=7)
+    a = [sample(logits, p, g) for g in [p.generator()] for _ in range(20)]
+    b = [sample(logits, p, g) for g in [p.generator()] for _ in range(20)]
+    assert a == b and len(set(a)) > 1
+
+
+def test_top_k_one_is_greedy_and_top_p_keeps_the_head():
+    logits = torch.tensor([0.0, 5.0, 4.0, 1.0])
+    g = torch.Generator().manual_seed(0)
+    assert {sample(logits, SamplingParams(temperature=1.0, top_k=1), g) for _ in range(20)} == {1}
+    # token 1 holds ~73% of the mass: top_p=0.5 keeps only it
+    assert {sample(logits, SamplingParams(temperature=1.0, top_p=0.5), g) for _ in range(20)} == {1}
+    seen = {sample(logits, SamplingParams(temperature=1.0, top_p=0.99), g) for _ in range(200)}
+    assert {1, 2} <= seen
+
+
+@pytest.mark.parametrize("kw", [{"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}, {"max_tokens": 0}])
+def test_invalid_params_raise_typed_error(kw):
+    with pytest.raises(UsageError):
+        SamplingParams(**kw)

@@ -1,0 +1,202 @@
+"""Tiny random-weight models of every supported family, built fully offline for the tests.
+
+Each family gets a real transformers config shrunk to hidden 64 / 2-5 layers / vocab 512, so the
+tests exercise the same modeling and cache code (DynamicCache layer types) as the real checkpoints,
+in well under a second per model. Hybrids always mix recurrent and attention layers so that both
+kinds of state (conv/SSM and K/V) show up in snapshots. Shapes follow
+shared/reference/hf-cache-notes.md ("Tiny configs used").
+
+The tokenizer is a byte-level BPE trained on a built-in corpus (no hub access), saved next to the
+model so `AutoTokenizer.from_pretrained(dir)` works with HF_HUB_OFFLINE=1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    BambaConfig,
+    FalconH1Config,
+    FalconMambaConfig,
+    GenerationConfig,
+    GraniteMoeHybridConfig,
+    JambaConfig,
+    Lfm2Config,
+    LlamaConfig,
+    Mamba2Config,
+    MambaConfig,
+    NemotronHConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3NextConfig,
+    Zamba2Config,
+)
+from transformers.utils import logging as hf_logging
+
+FAMILIES: tuple[str, ...] = (
+    "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "bamba", "zamba2",
+    "qwen3_next", "lfm2", "jamba", "mamba", "falcon_mamba", "llama",
+)
+
+VOCAB = 512
+# Specials get the first ids (SmolLM2 layout), so their ids do not depend on the BPE training.
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # <|endoftext|>, <|im_start|>, <|im_end|>
+
+# ChatML exactly like SmolLM2's, minus its default system prompt: render(history) is a prefix of
+# render(history + [msg], add_generation_prompt=True), which incremental resume relies on.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Deliberately NOT prefix-stable: a header carries the running message count, so every new turn
+# rewrites the start of the prompt. Tests use it to prove the instability check fires.
+UNSTABLE_TEMPLATE = (
+    "{{ '<|im_start|>system\\nmessages: ' + (messages | length | string) + '<|im_end|>\\n' }}"
+    + CHATML_TEMPLATE
+)
+TEMPLATES = {"chatml": CHATML_TEMPLATE, "unstable": UNSTABLE_TEMPLATE}
+
+# Varied text (prose, code, numbers, chat-ish lines, a little non-ASCII) so BPE finds far more than
+# the ~250 merges a 512-entry vocab needs. Byte-level BPE still encodes anything outside it.
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. A state space model keeps a fixed-size recurrent state,
+while attention layers keep a key/value cache that grows with every token of the conversation.
+Hello! How are you today? I am fine, thank you. Can you summarise the previous answer in one line?
+Snapshots are written to disk, restored in a fresh process, and generation continues from there.
+def forward(self, input_ids, past_key_values=None, use_cache=True):
+    return self.model(input_ids=input_ids, past_key_values=past_key_values, use_cache=use_cache)
+{"role": "user", "content": "What is the capital of France?"} {"role": "assistant", "content": "Paris."}
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 256 512 1024 2048 4096 3.14159 2.71828 -1 1e-5 0x1f.
+Café, naïve, résumé, Zürich, smörgåsbord; 日本語のテキスト; Привет, мир; γειά σου κόσμε.
+user assistant system tool message content conversation history context window tokens layer cache
+Once upon a time, in a small village by the sea, there lived an old fisherman and his curious cat.
+Every morning they walked down to the harbour, counted the boats, and listened to the gulls.
+"""
+
+
+def build_tokenizer(vocab_size: int = VOCAB, template: str = "chatml") -> PreTrainedTokenizerFast:
+    """Byte-level BPE with exactly `vocab_size` entries, ChatML specials and a chat template."""
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown template {template!r}; expected one of {sorted(TEMPLATES)}")
+    tok = Tokenizer(models.BPE())
+    # add_prefix_space=False + ByteLevel decoder => decode(encode(text)) == text for any text.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: no <unk> ever needed
+        min_frequency=1,
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    if tok.get_vocab_size() != vocab_size:  # corpus too small for the requested size
+        raise RuntimeError(f"BPE trained {tok.get_vocab_size()} entries, wanted {vocab_size}")
+    assert [tok.token_to_id(s) for s in SPECIALS] == [PAD_ID, BOS_ID, EOS_ID]
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        chat_template=TEMPLATES[template],
+        clean_up_tokenization_spaces=False,  # would otherwise alter text on decode
+        model_max_length=4096,
+    )
+
+
+def _config(family: str):
+    """Tiny config for `family`; layer layouts noted as L = recurrent, A = attention."""
+    attn = dict(num_attention_heads=4, num_key_value_heads=2)
+    if family == "mamba2":  # L L L
+        return Mamba2Config(hidden_size=64, num_hidden_layers=3, num_heads=8, head_dim=16, state_size=16,
+                            n_groups=1, expand=2, conv_kernel=4, chunk_size=64)
+    if family == "granitemoehybrid":  # L A L L, dense MLP only (no experts), no RoPE like Granite 4.0-H
+        return GraniteMoeHybridConfig(
+            hidden_size=64, intermediate_size=128, shared_intermediate_size=128, num_hidden_layers=4, **attn,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+            mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4,
+            mamba_expand=2, mamba_chunk_size=64, num_local_experts=0, num_experts_per_tok=0,
+            position_embedding_type="nope")
+    if family == "nemotron_h":  # L mlp L A mlp ("M-M*-"); layers_block_type replaces num_hidden_layers
+        return NemotronHConfig(
+            hidden_size=64, **attn, head_dim=16, intermediate_size=128,
+            layers_block_type=["linear_attention", "mlp", "linear_attention", "full_attention", "mlp"],
+            ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=1, conv_kernel=4, expand=2,
+            chunk_size=64)
+    if family == "falcon_h1":  # every layer is "hybrid": attention and mamba2 side by side
+        return FalconH1Config(hidden_size=64, intermediate_size=128, num_hidden_layers=3, **attn,
+                              mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
+                              mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=64)
+    if family == "bamba":  # L A L L
+        return BambaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, **attn,
+                           attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
+                           mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=64)
+    if family == "zamba2":  # L H L L; H = the shared attention block followed by a mamba2 layer
+        return Zamba2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                            layers_block_type=["linear_attention", "hybrid", "linear_attention", "linear_attention"],
+                            num_attention_heads=4, num_key_value_heads=4, num_mem_blocks=1,
+                            n_mamba_heads=8, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                            mamba_ngroups=1, chunk_size=64)
+    if family == "qwen3_next":  # L L L A (gated delta net; full_attention_interval defaults to 4); MoE MLP
+        return Qwen3NextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, **attn, head_dim=16,
+                               linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                               linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+    if family == "lfm2":  # conv A conv conv; no auto-adjust, which would round the FFN up to 256
+        return Lfm2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=4, **attn,
+                          layer_types=["conv", "full_attention", "conv", "conv"],
+                          block_auto_adjust_ff_dim=False)
+    if family == "jamba":  # L A L L (Mamba1 mixers), MoE on odd layers
+        return JambaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, **attn,
+                           attn_layer_period=4, attn_layer_offset=1, num_experts=4, num_experts_per_tok=2,
+                           mamba_d_state=16, mamba_d_conv=4, mamba_expand=2)
+    if family == "mamba":  # L L L (Mamba1)
+        return MambaConfig(hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4)
+    if family == "falcon_mamba":  # L L L (Mamba1 + RMS-normed B/C/dt)
+        return FalconMambaConfig(hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4)
+    if family == "llama":  # plain attention baseline (non-recurrent control)
+        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, **attn)
+    raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+
+
+def build_config(family: str):
+    cfg = _config(family)
+    cfg.vocab_size = VOCAB
+    # Ids must agree with build_tokenizer(): generation stops on <|im_end|>, pads with <|endoftext|>.
+    cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id = PAD_ID, BOS_ID, EOS_ID
+    if hasattr(cfg, "max_position_embeddings"):  # mamba/falcon_mamba have none
+        cfg.max_position_embeddings = max(cfg.max_position_embeddings, 4096)
+    return cfg
+
+
+def build_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """Random-init tiny model; same (family, seed) gives bit-identical weights."""
+    cfg = build_config(family)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    # Explicit so generation_config.json holds our ids and nothing family-specific.
+    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    return model.eval()
+
+
+def save_family(family: str, out_dir: Path, seed: int = 0, template: str = "chatml") -> Path:
+    """Write model (config.json, generation_config.json, model.safetensors) + tokenizer into out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # save_pretrained draws a "Writing model shards" bar per call; keep test output clean.
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        build_model(family, seed=seed).save_pretrained(out_dir)
+        build_tokenizer(VOCAB, template=template).save_pretrained(out_dir)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return out_dir
