@@ -1,0 +1,143 @@
+"""The on-disk layout of the store and the file operations on it.
+
+    <data_dir>/index.db              SQLite index (+ -wal, -shm)
+    <data_dir>/store.lock            held (flock) by the process that has the store open
+    <data_dir>/snapshots/<id>.safetensors
+    <data_dir>/quarantine/           corrupt or unknown files, moved aside, never deleted by us;
+                                     quarantine/quarantine.jsonl says what each one was and why
+
+Paths are only ever built from validated snapshot ids (names.snapshot_filename). Dirs are 0700,
+files 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engramctl.store import snapshot_file
+from engramctl.store.errors import StoreLocked
+from engramctl.store.names import id_from_filename, snapshot_filename
+from engramctl.store.records import TOKEN_IDS, Payload
+
+log = logging.getLogger("engramctl.store")
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory lock, single-process use is on the user
+    fcntl = None  # type: ignore[assignment]
+
+
+class SnapshotFiles:
+    def __init__(self, data_dir: Path):
+        self.root = Path(data_dir)
+        self.snapshots = self.root / "snapshots"
+        self.quarantine_dir = self.root / "quarantine"
+        for d in (self.root, self.snapshots, self.quarantine_dir):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(d, 0o700)
+        self.index_path = self.root / "index.db"
+        self._lock_fd: int | None = None
+
+    # -- process lock --------------------------------------------------------------------------------
+    def lock(self) -> None:
+        fd = os.open(self.root / "store.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise StoreLocked(
+                    f"the snapshot store in {self.root} is already open in another process.",
+                    hint="stop the other engramctl daemon, or use another ENGRAM_HOME",
+                ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    # -- snapshot files ------------------------------------------------------------------------------
+    def path(self, snapshot_id: str) -> Path:
+        return self.snapshots / snapshot_filename(snapshot_id)
+
+    def write(self, snapshot_id: str, buf: bytes) -> None:
+        snapshot_file.write_atomic(self.path(snapshot_id), buf)
+
+    def read(self, snapshot_id: str) -> Payload:
+        """Read and verify (checksum, format); raises SnapshotCorrupt / SnapshotMismatch."""
+        return snapshot_file.read(self.path(snapshot_id))
+
+    def token_ids(self, snapshot_id: str) -> list[int] | None:
+        """Only the token ids, without reading (or verifying) the rest of the file."""
+        try:
+            with safe_open(str(self.path(snapshot_id)), framework="pt") as f:
+                if TOKEN_IDS not in f.keys():
+                    return None
+                t = f.get_tensor(TOKEN_IDS)
+        except Exception:  # missing, truncated or garbled: no candidate; load() will quarantine it
+            return None
+        return t.tolist() if t.dtype == torch.int64 and t.dim() == 1 else None
+
+    def size(self, snapshot_id: str) -> int | None:
+        try:
+            return self.path(snapshot_id).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def unlink(self, snapshot_id: str) -> None:
+        self.path(snapshot_id).unlink(missing_ok=True)
+
+    def scan(self) -> tuple[dict[str, Path], list[Path], list[Path]]:
+        """({id: path} of snapshot files, temp files, anything else) in the snapshots dir."""
+        ids: dict[str, Path] = {}
+        temps: list[Path] = []
+        other: list[Path] = []
+        for p in self.snapshots.iterdir():
+            sid = id_from_filename(p.name)
+            if sid is not None and p.is_file():
+                ids[sid] = p
+            elif p.name.startswith(".") and p.name.endswith(".tmp"):
+                temps.append(p)
+            else:
+                other.append(p)
+        return ids, temps, other
+
+    def fsync_dir(self) -> None:
+        fd = os.open(self.snapshots, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- quarantine ----------------------------------------------------------------------------------
+    def quarantine(self, path: Path, reason: str) -> Path | None:
+        """Move a file aside (never delete it) and record why. Returns where it went."""
+        path = Path(path)
+        dest = self.quarantine_dir / path.name
+        n = 1
+        while dest.exists():
+            dest = self.quarantine_dir / f"{path.name}.{n}"
+            n += 1
+        try:
+            os.replace(path, dest)
+        except FileNotFoundError:
+            return None
+        entry = {"file": dest.name, "was": path.name, "reason": reason, "time": time.time()}
+        fd = os.open(self.quarantine_dir / "quarantine.jsonl", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        log.warning("quarantined %s -> %s: %s", path.name, dest, reason)
+        return dest
+
+    def quarantined(self) -> list[Path]:
+        return sorted(p for p in self.quarantine_dir.iterdir() if p.name != "quarantine.jsonl")

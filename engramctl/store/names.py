@@ -1,0 +1,96 @@
+"""Session names, labels and snapshot ids: the only user-supplied strings that reach the store.
+
+Nothing a user types becomes a path: a session name lives only in the index, and a snapshot file is
+named after its id, which must match SNAPSHOT_ID_RE (lowercase hex) before any path is built.
+
+Snapshot ids are ULID-like: 12 hex digits of milliseconds since the epoch, then 20 random hex digits
+(80 bits). They sort by creation time as plain strings; within one process they are strictly
+increasing even when the clock stalls or steps back (the random part is incremented instead).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+
+from engramctl.errors import InvalidName
+
+SESSION_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+SNAPSHOT_ID_RE = re.compile(r"[0-9a-f]{32}")
+SNAPSHOT_SUFFIX = ".safetensors"
+MAX_LABEL_CHARS = 128
+_TIME_HEX, _RAND_HEX = 12, 20
+_RAND_MAX = 16**_RAND_HEX - 1
+
+_id_lock = threading.Lock()
+_last: tuple[int, int] = (-1, 0)  # (ms, random) of the last id handed out
+
+
+def validate_session_name(name: object) -> str:
+    """Return `name` if it is a valid session name, else raise InvalidName saying why."""
+    if not isinstance(name, str):
+        raise InvalidName(f"a session name must be a string, not {type(name).__name__}.")
+    if name in (".", ".."):
+        raise InvalidName(f"{name!r} is not a valid session name.")
+    if not SESSION_NAME_RE.fullmatch(name):
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        raise InvalidName(
+            f"invalid session name {shown!r}: use 1-64 letters, digits, '-', '_' or '.'.",
+            hint="for example: my-chat_2",
+        )
+    return name
+
+
+def validate_label(label: object) -> str:
+    """Labels are free text for people (spaces allowed), but short and without control characters."""
+    if not isinstance(label, str) or not label.strip():
+        raise InvalidName("a label must be a non-empty string.")
+    if len(label) > MAX_LABEL_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in label):
+        raise InvalidName(f"a label must be at most {MAX_LABEL_CHARS} printable characters.")
+    return label
+
+
+def is_snapshot_id(text: object) -> bool:
+    return isinstance(text, str) and SNAPSHOT_ID_RE.fullmatch(text) is not None
+
+
+def validate_snapshot_id(text: object) -> str:
+    if not is_snapshot_id(text):
+        shown = repr(text)[:80]
+        raise InvalidName(f"{shown} is not a snapshot id (32 lowercase hex digits).")
+    return text  # type: ignore[return-value]
+
+
+def snapshot_filename(snapshot_id: str) -> str:
+    """File name for a snapshot id; validates the id first, so the result is always a plain name."""
+    return validate_snapshot_id(snapshot_id) + SNAPSHOT_SUFFIX
+
+
+def id_from_filename(filename: str) -> str | None:
+    """The snapshot id a file name stands for, or None if it is not one of ours."""
+    if not filename.endswith(SNAPSHOT_SUFFIX):
+        return None
+    stem = filename[: -len(SNAPSHOT_SUFFIX)]
+    return stem if is_snapshot_id(stem) else None
+
+
+def new_snapshot_id(now_s: float) -> str:
+    """A fresh time-sortable id for a snapshot created at `now_s` (seconds since the epoch)."""
+    global _last
+    ms = max(0, int(now_s * 1000)) & (16**_TIME_HEX - 1)
+    with _id_lock:
+        last_ms, last_rand = _last
+        if ms <= last_ms:
+            ms, rand = last_ms, last_rand + 1
+            if rand > _RAND_MAX:  # 2^80 ids in one millisecond: move to the next one
+                ms, rand = ms + 1, secrets.randbits(79)
+        else:
+            rand = secrets.randbits(79)  # leaves headroom for increments within the millisecond
+        _last = (ms, rand)
+    return f"{ms:0{_TIME_HEX}x}{rand:0{_RAND_HEX}x}"
+
+
+def id_time(snapshot_id: str) -> float:
+    """Creation time encoded in an id, in seconds."""
+    return int(validate_snapshot_id(snapshot_id)[:_TIME_HEX], 16) / 1000

@@ -1,0 +1,119 @@
+"""What the store hands out: immutable records of sessions and snapshots, and the payload type.
+
+A payload is `(tensors, metadata)`: the flat tensor dict and string metadata of one snapshot file
+(see snapshot_file). By convention it holds tensor "token_ids" (int64, shape (n,)) and metadata
+"n_tokens", "fingerprint", "model_id", "dtype", "text". The store never interprets the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from engramctl.errors import UsageError
+
+Payload = tuple[dict[str, torch.Tensor], dict[str, str]]
+TOKEN_IDS = "token_ids"
+
+
+def payload_nbytes(payload: Payload) -> int:
+    """Bytes the payload's tensors occupy in memory (what the RAM/VRAM tiers account)."""
+    return sum(t.numel() * t.element_size() for t in payload[0].values())
+
+
+def payload_to(payload: Payload, device: str) -> Payload:
+    """The same payload with every tensor on `device` (no copy for tensors already there)."""
+    tensors, meta = payload
+    return {k: t.to(device) for k, t in tensors.items()}, meta
+
+
+def check_payload(payload: Any) -> tuple[list[int] | None, int]:
+    """Validate the payload's shape; return (token ids or None, n_tokens)."""
+    if not (isinstance(payload, tuple) and len(payload) == 2):
+        raise UsageError("a snapshot payload is a (tensors, metadata) pair.")
+    tensors, meta = payload
+    if not isinstance(tensors, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items()
+    ):
+        raise UsageError("payload tensors must be a dict of name -> torch.Tensor.")
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise UsageError("payload metadata must be a dict of str -> str.")
+    ids_t = tensors.get(TOKEN_IDS)
+    if ids_t is None:
+        try:
+            return None, int(meta.get("n_tokens", "0"))
+        except ValueError:
+            raise UsageError(f"payload metadata n_tokens={meta.get('n_tokens')!r} is not an integer.") from None
+    if ids_t.dtype != torch.int64 or ids_t.dim() != 1:
+        raise UsageError(f"payload token_ids must be a 1-D int64 tensor, not {ids_t.dtype}{list(ids_t.shape)}.")
+    ids = ids_t.tolist()
+    if "n_tokens" in meta and meta["n_tokens"] != str(len(ids)):
+        raise UsageError(f"payload says n_tokens={meta['n_tokens']} but holds {len(ids)} token ids.")
+    return ids, len(ids)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    name: str
+    fingerprint: str | None  # of the model that produced the head (None before the first commit)
+    model_id: str | None
+    head: str | None  # snapshot to resume from; None = resume by re-prefilling the transcript
+    base: str | None  # snapshot this session was branched from, if it is a branch
+    created: float
+    last_used: float
+    n_messages: int  # transcript length
+    n_snapshots: int  # snapshots this session owns
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    id: str
+    session: str  # owning session (moves to a surviving branch when the owner is deleted)
+    parent: str | None
+    n_tokens: int
+    nbytes: int  # file size once durable; payload bytes before that
+    checksum: str | None  # sha256 of the file (set when durable)
+    fingerprint: str | None
+    model_id: str | None
+    n_messages: int  # transcript messages this state has consumed: transcript[:n_messages]
+    created: float
+    last_access: float
+    pinned: bool
+    label: str | None
+    durable: bool  # the file is complete, fsynced and checksummed on disk
+    tiers: tuple[str, ...] = ()  # where copies are now, hottest first, e.g. ("ram", "disk")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tiers"] = list(self.tiers)
+        return d
+
+
+@dataclass
+class GcReport:
+    deleted: dict[str, str] = field(default_factory=dict)  # snapshot id -> reason
+    freed_bytes: int = 0
+    messages_removed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ReconcileReport:
+    temp_files_removed: list[str] = field(default_factory=list)
+    quarantined: dict[str, str] = field(default_factory=dict)  # file name -> reason
+    rows_dropped: dict[str, str] = field(default_factory=dict)  # snapshot id -> reason
+    made_durable: list[str] = field(default_factory=list)  # written files whose row had not caught up
+
+    @property
+    def clean(self) -> bool:
+        return not (self.temp_files_removed or self.quarantined or self.rows_dropped or self.made_durable)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

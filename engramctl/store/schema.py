@@ -1,0 +1,62 @@
+"""The index schema, as append-only numbered migrations.
+
+Rules: never edit or reorder a migration that has shipped; add a new one at the end. PRAGMA
+user_version records how many have been applied. An index written by a newer engramctl (a higher
+user_version than len(MIGRATIONS)) is refused rather than guessed at.
+
+Invariants the store keeps (and reconcile restores after a crash):
+- snapshots.parent, sessions.head and sessions.base are NULL or name an existing snapshot row;
+- a row with durable = 1 has a complete, checksummed file snapshots/<id>.safetensors;
+- a row with durable = 0 is being written by this process (its payload is held in memory); after a
+  crash reconcile either finds its complete file (and marks it durable) or drops the row;
+- transcripts are a tree of immutable messages: a session (and every snapshot) points at its last
+  message ("tip"); the transcript is the chain from the tip to the root. Branching shares messages.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: sessions, snapshots, transcript messages
+    """
+    CREATE TABLE sessions (
+        name        TEXT PRIMARY KEY,
+        fingerprint TEXT,
+        model_id    TEXT,
+        head        TEXT,
+        base        TEXT,
+        tip         INTEGER,
+        created     REAL NOT NULL,
+        last_used   REAL NOT NULL
+    );
+    CREATE TABLE snapshots (
+        id          TEXT PRIMARY KEY,
+        session     TEXT NOT NULL,
+        parent      TEXT,
+        n_tokens    INTEGER NOT NULL,
+        token_hash  TEXT,
+        nbytes      INTEGER NOT NULL,
+        checksum    TEXT,
+        fingerprint TEXT,
+        model_id    TEXT,
+        tip         INTEGER,
+        n_messages  INTEGER NOT NULL,
+        created     REAL NOT NULL,
+        last_access REAL NOT NULL,
+        pinned      INTEGER NOT NULL DEFAULT 0,
+        label       TEXT,
+        durable     INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX snapshots_by_session ON snapshots (session, id);
+    CREATE INDEX snapshots_by_parent ON snapshots (parent);
+    CREATE INDEX snapshots_by_prefix ON snapshots (fingerprint, token_hash);
+    CREATE INDEX sessions_by_head ON sessions (head);
+    CREATE INDEX sessions_by_base ON sessions (base);
+    CREATE TABLE messages (
+        id     INTEGER PRIMARY KEY AUTOINCREMENT,
+        parent INTEGER,
+        depth  INTEGER NOT NULL,
+        body   TEXT NOT NULL
+    );
+    CREATE INDEX messages_by_parent ON messages (parent);
+    """,
+)

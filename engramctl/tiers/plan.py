@@ -1,0 +1,152 @@
+"""Tier budgets in bytes, planned from the hardware, each with the rule that produced it.
+
+Default rules (the constants below):
+- vram: only with CUDA. 50% of (free VRAM - model weights on the GPU - a working reserve of
+  max(1 GiB, 10% of total VRAM)). The reserve is for activations and attention KV during prefill.
+- ram:  50% of (available RAM - model weights when the model runs on the CPU).
+- disk: the smaller of 20 GiB and 50% of (free disk on the data dir's filesystem + what the store
+  already holds there, so a full store does not shrink its own budget at each start).
+"Model weights" means weights the detected figures do not yet reflect: pass model_bytes when planning
+before the model is loaded, 0 when planning after.
+
+Overrides: Settings.tier_{vram,ram,disk}_bytes (defaults < config.toml < ENGRAM_TIER_*_BYTES <
+flags, resolved by load_settings) replace the default rule; the rule text then says so and what the
+default would have been. A vram override without CUDA is ignored (there is no VRAM to use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from engramctl.settings import Settings
+from engramctl.tiers.hardware import Hardware
+from engramctl.units import human_bytes
+
+GiB = 2**30
+VRAM_SHARE = 0.5
+VRAM_RESERVE_MIN = 1 * GiB
+VRAM_RESERVE_FRACTION = 0.10
+RAM_SHARE = 0.5
+DISK_SHARE = 0.5
+DISK_CAP = 20 * GiB
+TIER_NAMES = ("vram", "ram", "disk")  # hottest first
+
+
+@dataclass(frozen=True)
+class TierBudget:
+    name: str
+    budget_bytes: int
+    detected_bytes: int | None  # the hardware figure the rule started from (free VRAM, available RAM, free disk)
+    rule: str
+    device: str | None  # "cuda" / "cpu" for memory tiers, None for disk
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_bytes > 0
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    hardware: Hardware
+    tiers: tuple[TierBudget, ...]  # vram, ram, disk
+
+    def tier(self, name: str) -> TierBudget:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def budget(self, name: str) -> int:
+        return self.tier(name).budget_bytes
+
+
+def _share(share: float, figure: int) -> int:
+    return int(share * max(0, figure))
+
+
+def _vram(hw: Hardware, override: int | None, model_gpu: int) -> TierBudget:
+    if not hw.has_cuda:
+        note = f" (override {human_bytes(override)} ignored)" if override is not None else ""
+        return TierBudget("vram", 0, None, "no CUDA device in this process: tier off" + note, "cuda")
+    free, total = hw.vram_free_bytes or 0, hw.vram_total_bytes or 0
+    reserve = max(VRAM_RESERVE_MIN, int(VRAM_RESERVE_FRACTION * total))
+    default = _share(VRAM_SHARE, free - model_gpu - reserve)
+    rule = (
+        f"{VRAM_SHARE:.0%} of (free VRAM {human_bytes(free)} - model {human_bytes(model_gpu)} - "
+        f"reserve {human_bytes(reserve)} = max(1 GiB, {VRAM_RESERVE_FRACTION:.0%} of {human_bytes(total)}))"
+    )
+    return _resolve("vram", default, rule, override, free, "cuda")
+
+
+def _ram(hw: Hardware, override: int | None, model_cpu: int) -> TierBudget:
+    avail = hw.ram_available_bytes
+    default = _share(RAM_SHARE, avail - model_cpu)
+    rule = f"{RAM_SHARE:.0%} of (available RAM {human_bytes(avail)} - model on CPU {human_bytes(model_cpu)})"
+    return _resolve("ram", default, rule, override, avail, "cpu")
+
+
+def _disk(hw: Hardware, override: int | None, stored: int) -> TierBudget:
+    usable = hw.disk_free_bytes + stored
+    default = min(DISK_CAP, _share(DISK_SHARE, usable))
+    rule = (
+        f"min(cap {human_bytes(DISK_CAP)}, {DISK_SHARE:.0%} of (free disk {human_bytes(hw.disk_free_bytes)} "
+        f"+ already stored {human_bytes(stored)}))"
+    )
+    return _resolve("disk", default, rule, override, hw.disk_free_bytes, None)
+
+
+def _resolve(name: str, default: int, rule: str, override: int | None, detected: int, device: str | None) -> TierBudget:
+    if override is None:
+        return TierBudget(name, default, detected, rule, device)
+    src = f"config.toml / ENGRAM_TIER_{name.upper()}_BYTES / --tier-{name}-bytes"
+    text = f"set to {human_bytes(override)} by {src}; the default rule would give {human_bytes(default)}: {rule}"
+    if override > detected:
+        text += f" (warning: more than the {human_bytes(detected)} detected)"
+    return TierBudget(name, override, detected, text, device)
+
+
+def plan(
+    hardware: Hardware,
+    settings: Settings | None = None,
+    model_bytes: int = 0,
+    model_on_cpu: bool = True,
+    stored_disk_bytes: int = 0,
+) -> TierPlan:
+    """Budgets for vram, ram and disk (in that order) from the hardware and the overrides."""
+    get = (lambda f: getattr(settings, f)) if settings is not None else (lambda f: None)
+    return TierPlan(
+        hardware=hardware,
+        tiers=(
+            _vram(hardware, get("tier_vram_bytes"), 0 if model_on_cpu else model_bytes),
+            _ram(hardware, get("tier_ram_bytes"), model_bytes if model_on_cpu else 0),
+            _disk(hardware, get("tier_disk_bytes"), stored_disk_bytes),
+        ),
+    )
+
+
+def plan_json(tier_plan: TierPlan, usage: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Any]:
+    """The plan as JSON; `usage` maps tier name -> (used bytes, snapshot count)."""
+    hw = tier_plan.hardware
+    usage = usage or {}
+    return {
+        "hardware": {
+            "ram_total_bytes": hw.ram_total_bytes,
+            "ram_available_bytes": hw.ram_available_bytes,
+            "vram_total_bytes": hw.vram_total_bytes,
+            "disk_free_bytes": hw.disk_free_bytes,
+            "cpu": hw.cpu,
+            "gpu": hw.gpu,
+        },
+        "tiers": [
+            {
+                "name": t.name,
+                "budget_bytes": t.budget_bytes,
+                "used_bytes": usage.get(t.name, (0, 0))[0],
+                "snapshots": usage.get(t.name, (0, 0))[1],
+                "rule": t.rule,
+                "detected_bytes": t.detected_bytes,
+            }
+            for t in tier_plan.tiers
+        ],
+    }

@@ -1,0 +1,58 @@
+"""Snapshot payloads for the store tests, shaped like a small hybrid model's state.
+
+The one place that builds test payloads (also imported by the crash-test child process), so it can
+later be swapped for engine-captured state. Layout: recurrent, attention, recurrent, like a
+Mamba2/attention hybrid: conv (1, conv_dim, d_conv), recurrent (1, heads, head_dim, d_state),
+keys/values (1, kv_heads, tokens, head_dim), token_ids (n,) int64, last_logits (vocab,) float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+VOCAB = 512
+FINGERPRINT = "test-fingerprint-0001"
+
+
+def make_payload(
+    n_tokens: int,
+    seed: int = 0,
+    *,
+    token_ids: list[int] | None = None,
+    fingerprint: str = FINGERPRINT,
+    width: int = 1,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """`width` scales the fixed-size (recurrent) part, to make payloads bigger for I/O tests."""
+    g = torch.Generator().manual_seed(seed)
+    if token_ids is None:
+        token_ids = torch.randint(3, VOCAB, (n_tokens,), generator=g).tolist()
+    n = len(token_ids)
+    conv_dim, d_conv, heads, head_dim, d_state, kv_heads = 96 * width, 4, 4 * width, 16, 8, 2
+    tensors = {
+        "layers.0.conv": torch.randn(1, conv_dim, d_conv, generator=g),
+        "layers.0.recurrent": torch.randn(1, heads, head_dim, d_state, generator=g),
+        "layers.1.keys": torch.randn(1, kv_heads, n, head_dim, generator=g),
+        "layers.1.values": torch.randn(1, kv_heads, n, head_dim, generator=g),
+        "layers.2.conv": torch.randn(1, conv_dim, d_conv, generator=g),
+        "layers.2.recurrent": torch.randn(1, heads, head_dim, d_state, generator=g),
+        "token_ids": torch.tensor(token_ids, dtype=torch.int64),
+        "last_logits": torch.randn(VOCAB, generator=g),
+    }
+    meta = {
+        "n_tokens": str(n),
+        "fingerprint": fingerprint,
+        "model_id": "test/tiny-hybrid",
+        "dtype": "float32",
+        "layout": '["recurrent", "attention", "recurrent"]',
+        "text": f"text of {n} tokens (seed {seed})",
+    }
+    return tensors, meta
+
+
+def nbytes(payload) -> int:
+    return sum(t.numel() * t.element_size() for t in payload[0].values())
+
+
+def same_payload(a, b) -> bool:
+    ta, tb = a[0], b[0]
+    return ta.keys() == tb.keys() and all(torch.equal(ta[k].cpu(), tb[k].cpu()) for k in ta)

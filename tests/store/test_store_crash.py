@@ -1,0 +1,122 @@
+"""Crash safety: SIGKILL during saves, then reopen; and reconcile of each kind of damage."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from checks import assert_consistent
+
+from engramctl.errors import SnapshotCorrupt
+
+CHILD = Path(__file__).with_name("crash_child.py")
+
+
+def run_and_kill(home: Path, seed: int, start: int, kill_after: int, delay_s: float) -> bool:
+    """Run the child; SIGKILL it `delay_s` after it reported save number start+kill_after.
+    Returns True if it was killed (False if it finished first)."""
+    env = {**os.environ, "ENGRAM_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, str(CHILD), str(seed), str(start)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for line in proc.stdout:
+            if line.strip() == str(start + kill_after):
+                time.sleep(delay_s)
+                proc.send_signal(signal.SIGKILL)
+                break
+            if line.strip() == "done":
+                break
+        proc.wait(timeout=60)
+        err = proc.stderr.read()
+        assert "Traceback" not in err, err
+        return proc.returncode == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigkill_during_saves_then_reopen(open_store, engram_home):
+    rng = random.Random(1234)
+    killed = 0
+    for round_ in range(3):
+        killed += run_and_kill(engram_home, seed=round_, start=round_ * 50,
+                               kill_after=rng.randrange(5, 50), delay_s=rng.choice([0, 0.001, 0.005, 0.02]))  # fmt: skip
+        if round_ == 2:  # damage two durable files on top of the crash
+            snaps = sorted((engram_home / "snapshots").glob("*.safetensors"))
+            flipped, truncated = snaps[0], snaps[-1]
+            data = bytearray(flipped.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            flipped.write_bytes(bytes(data))
+            truncated.write_bytes(truncated.read_bytes()[:-100])
+        store = open_store(ram="3MB", disk="40MB", keep_last=4, verify=(round_ == 2))
+        report = store.reconcile_report
+        assert not list((engram_home / "snapshots").glob(".*.tmp"))
+        if round_ == 2:
+            assert {flipped.name, truncated.name} <= set(report.quarantined)
+            quarantined = {p.name for p in store._files.quarantined()}
+            assert {flipped.name, truncated.name} <= quarantined
+            assert flipped.name[:32] in report.rows_dropped and truncated.name[:32] in report.rows_dropped
+        assert_consistent(store)  # every indexed snapshot loads and verifies; nothing dangles
+        assert store.list_sessions() and store.list()
+        for s in store.list_sessions():  # transcripts never lost, even where snapshots were
+            assert store.transcript(s.name)
+        store.close()
+    assert killed >= 2
+
+
+def test_reconcile_repairs_each_kind_of_damage(open_store, make_payload, engram_home):
+    s = open_store()
+    a = s.commit("a", make_payload(10, 1)).id
+    b = s.commit("a", make_payload(11, 2)).id
+    c = s.commit("c", make_payload(12, 3)).id
+    s.flush()
+    s.close()
+    snaps = engram_home / "snapshots"
+    (snaps / f".{a}.safetensors.x1.tmp").write_bytes(b"partial")  # a write cut short
+    (snaps / ("f" * 32 + ".safetensors")).write_bytes(b"orphan")  # a file with no row
+    (snaps / "notes.txt").write_text("?")
+    (snaps / f"{c}.safetensors").unlink()  # a row with no file
+    s = open_store()
+    r = s.reconcile_report
+    assert r.temp_files_removed == [f".{a}.safetensors.x1.tmp"]
+    assert set(r.quarantined) == {"f" * 32 + ".safetensors", "notes.txt"}
+    assert r.rows_dropped == {c: "file missing"}
+    assert s.get_session("c").head is None and s.get_session("a").head == b
+    assert (engram_home / "quarantine" / "quarantine.jsonl").read_text().count("\n") == 2
+    assert_consistent(s)
+
+
+def test_unwritten_row_with_complete_file_is_adopted(open_store, make_payload, engram_home):
+    s = open_store()
+    rec = s.commit("a", make_payload(10, 1))
+    s.flush()
+    s._index.update_snapshot(rec.id, durable=0, checksum=None)  # as if killed after rename, before the update
+    s.close()
+    s = open_store()
+    assert s.reconcile_report.made_durable == [rec.id]
+    assert s.info(rec.id).durable and s.info(rec.id).checksum
+    assert_consistent(s)
+
+
+def test_corrupt_file_found_at_load_is_quarantined(open_store, make_payload, engram_home):
+    s = open_store()
+    a = s.commit("a", make_payload(10, 1), messages=[{"role": "user", "content": "hi"}]).id
+    b = s.commit("a", make_payload(10, 2)).id
+    s.close()
+    path = engram_home / "snapshots" / f"{b}.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 1
+    path.write_bytes(bytes(data))
+    s = open_store()  # size unchanged: not caught without verify
+    with pytest.raises(SnapshotCorrupt, match="checksum"):
+        s.load(b)
+    assert s.get_session("a").head == a and s.transcript("a")
+    assert (engram_home / "quarantine" / path.name).exists()
+    assert_consistent(s)

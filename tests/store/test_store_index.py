@@ -1,0 +1,62 @@
+"""The SQLite index: WAL, numbered migrations, refusing a newer schema, private files."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+
+import pytest
+
+from engramctl.errors import EngramError
+from engramctl.store.index import Index
+from engramctl.store.schema import MIGRATIONS
+from engramctl.store.transcript import Transcripts
+
+
+def test_migrations_applied_once_and_wal(tmp_path):
+    path = tmp_path / "index.db"
+    idx = Index(path)
+    assert idx.schema_version == len(MIGRATIONS)
+    assert idx.one("PRAGMA journal_mode")[0] == "wal"
+    assert idx.one("PRAGMA synchronous")[0] == 2  # FULL
+    idx.close()
+    idx = Index(path)  # reopening applies nothing twice
+    assert idx.schema_version == len(MIGRATIONS)
+    idx.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "index.db"
+    Index(path).close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    db.close()
+    with pytest.raises(EngramError, match="newer engramctl"):
+        Index(path)
+
+
+def test_transaction_rolls_back_as_a_whole(tmp_path):
+    idx = Index(tmp_path / "index.db")
+    with pytest.raises(RuntimeError):
+        with idx.tx():
+            idx.insert_session(name="a", created=1.0, last_used=1.0)
+            with idx.tx():  # nested joins the outer one
+                idx.insert_session(name="b", created=1.0, last_used=1.0)
+            raise RuntimeError("boom")
+    assert idx.sessions() == []
+    with pytest.raises(ValueError):
+        idx.update_session("a", **{"name; DROP TABLE sessions": 1})
+
+
+def test_long_transcript_reads_fast(tmp_path):
+    import time
+
+    idx = Index(tmp_path / "index.db")
+    tr = Transcripts(idx)
+    tip = tr.append(None, [{"role": "user", "content": f"message {i}"} for i in range(5000)])
+    t0 = time.perf_counter()
+    msgs = tr.read(tip)
+    assert len(msgs) == 5000 and msgs[-1]["content"] == "message 4999"
+    assert tr.read(tip, limit=3)[-1]["content"] == "message 2"
+    assert time.perf_counter() - t0 < 2.0

@@ -1,0 +1,116 @@
+"""Retention: keep-last-N, pins, labels, TTL (injectable clock), disk budget, gc."""
+
+from __future__ import annotations
+
+
+
+from engramctl.store import retention
+
+
+def ids_of(store, session=None):
+    return [r.id for r in store.list(session)]
+
+
+def test_keep_last_n_per_session(open_store, make_payload):
+    s = open_store(keep_last=3)
+    made = [s.commit("a", make_payload(10, i)).id for i in range(6)]
+    other = [s.commit("b", make_payload(10, 100 + i)).id for i in range(2)]
+    s.flush()  # keep-last runs after each durable write
+    assert ids_of(s, "a") == made[-3:]
+    assert ids_of(s, "b") == other
+    assert s.gc().deleted == {}
+    assert len(list((s.settings.paths.data_dir / "snapshots").iterdir())) == 5
+
+
+def test_pinned_labelled_and_head_survive_keep_last(open_store, make_payload):
+    s = open_store(keep_last=1)
+    pinned = s.commit("a", make_payload(10, 1), pinned=True).id
+    labelled = s.commit("a", make_payload(10, 2), label="good state").id
+    plain = s.commit("a", make_payload(10, 3)).id
+    s.flush()
+    restored = s.set_head("a", plain).head  # head is protected regardless of age
+    newer = [s.commit("b", make_payload(10, i)).id for i in range(3)]
+    s.flush()
+    assert set(ids_of(s, "a")) == {pinned, labelled, plain} and restored == plain
+    assert ids_of(s, "b") == newer[-1:]
+
+
+def test_ttl_drops_idle_sessions_snapshots_with_clock(open_store, make_payload, clock):
+    s = open_store(ttl=3600)
+    keep = s.commit("old", make_payload(10, 9), pinned=True).id
+    old = [s.commit("old", make_payload(10, i), messages=[{"role": "user", "content": str(i)}]).id for i in range(2)]
+    shared = s.commit("src", make_payload(10, 5)).id
+    s.branch(shared, "fresh")
+    s.flush()
+    clock.advance(1800)
+    s.touch_session("fresh")
+    assert s.gc().deleted == {}
+    clock.advance(1801)  # "old" and "src" are idle now, "fresh" is not
+    report = s.gc()
+    assert set(report.deleted) == set(old) and set(report.deleted.values()) == {"ttl"}
+    assert set(ids_of(s)) == {keep, shared}  # pinned, and needed by a live branch
+    sess = s.get_session("old")
+    assert sess.head == keep and sess.n_messages == 2  # falls back; transcript kept
+
+
+def test_disk_budget_evicts_least_recently_used_unpinned_first(open_store, make_payload, clock):
+    from engramctl.store import snapshot_file
+
+    size = len(snapshot_file.encode(*make_payload(10, 0)))  # ~ file size (metadata adds a little)
+    s = open_store(disk=int(size * 4.5), keep_last=100)  # room for 4 files
+    p = s.commit("a", make_payload(10, 0), pinned=True).id
+    c1 = s.commit("a", make_payload(10, 1)).id
+    clock.advance(1)
+    c2 = s.commit("a", make_payload(10, 2)).id
+    clock.advance(1)
+    c3 = s.commit("a", make_payload(10, 3)).id
+    s.flush()
+    clock.advance(1)
+    s.load(c1)  # c1 is now the most recently used
+    clock.advance(1)
+    c4 = s.commit("a", make_payload(10, 4)).id
+    c5 = s.commit("a", make_payload(10, 5)).id
+    s.flush()
+    assert ids_of(s) == [p, c1, c4, c5]  # c2 (least recently used), then c3 went; pinned stayed
+    assert not set(map(str, (c2, c3))) & {f.name[:32] for f in (s.settings.paths.data_dir / "snapshots").iterdir()}
+    assert s.usage()["disk"][0] <= s.plan.budget("disk")
+
+
+def test_disk_victims_order_and_all_or_nothing(make_payload):
+    from engramctl.store.records import SnapshotRecord
+
+    def rec(i, access, **kw):
+        base = dict(id=f"{i:032x}", session="s", parent=None, n_tokens=1, nbytes=100, checksum=None,
+                    fingerprint=None, model_id=None, n_messages=0, created=i, last_access=access, pinned=False,
+                    label=None, durable=True)
+        return SnapshotRecord(**{**base, **kw})
+
+    snaps = [rec(1, 50), rec(2, 10), rec(3, 5, label="x"), rec(4, 1, pinned=True), rec(5, 2)]
+    victims, ok = retention.disk_victims(snaps, used=500, need=100, budget=400, protected={f"{5:032x}"})
+    assert ok and victims == [f"{2:032x}", f"{1:032x}"]  # LRU first, pinned/protected skipped
+    victims, ok = retention.disk_victims(snaps, used=500, need=100, budget=150, protected=set())
+    assert not ok
+    assert retention.disk_victims(snaps, used=100, need=100, budget=200, protected=set()) == ([], True)
+
+
+def test_gc_shrinks_to_new_disk_budget(open_store, make_payload):
+    s = open_store(keep_last=100)
+    ids = [s.commit("a", make_payload(10, i)).id for i in range(6)]
+    s.flush()
+    hw = s.plan.hardware
+    s.settings = s.settings.__class__(**{**s.settings.__dict__, "tier_disk_bytes": s.usage()["disk"][0] // 2})
+    s.replan(hardware=hw)
+    used, _ = s.usage()["disk"]
+    assert used <= s.plan.budget("disk")
+    remaining = ids_of(s)
+    assert remaining[-1] == ids[-1] and remaining == ids[-len(remaining):]  # oldest went first
+
+
+def test_lowered_disk_budget_applies_at_open(open_store, make_payload):
+    s = open_store(keep_last=100)
+    ids = [s.commit("a", make_payload(10, i)).id for i in range(5)]
+    s.close()
+    used = sum(p.stat().st_size for p in (s.settings.paths.data_dir / "snapshots").iterdir())
+    s = open_store(keep_last=100, disk=used // 2)
+    assert s.usage()["disk"][0] <= used // 2
+    assert ids_of(s)[-1] == ids[-1]  # the head stays

@@ -1,0 +1,134 @@
+"""Tier placement through the store: budgets hold at every moment under churn; LRU order; promotion."""
+
+from __future__ import annotations
+
+import random
+
+from checks import assert_consistent
+from payloads import nbytes, same_payload
+
+from engramctl.store import snapshot_file
+
+
+def instrument_budgets(store, violations: list[str]) -> None:
+    """Check every hot-tier insert and every file write against the budgets, at the moment it happens."""
+    placement, files = store._placement, store._files
+    place, write = placement._place, files.write
+
+    def checked_place(idx, key, value, n, stamp):
+        place(idx, key, value, n, stamp)
+        for t in placement.tiers:
+            if t.used > t.budget:
+                violations.append(f"{t.name} {t.used} > {t.budget}")
+
+    def checked_write(sid, buf):
+        on_disk = 0
+        for p in files.snapshots.iterdir():
+            try:
+                on_disk += 0 if p.name.startswith(".") else p.stat().st_size
+            except FileNotFoundError:  # deleted by the API thread meanwhile
+                pass
+        if on_disk + len(buf) > store.plan.budget("disk"):
+            violations.append(f"disk {on_disk} + {len(buf)} > {store.plan.budget('disk')}")
+        write(sid, buf)
+
+    placement._place, files.write = checked_place, checked_write
+
+
+def test_budgets_hold_under_churn_with_tiny_budgets(open_store, make_payload, clock):
+    one = len(snapshot_file.encode(*make_payload(40, 0)))
+    s = open_store(ram=int(one * 3.5), disk=int(one * 25), keep_last=3)
+    violations: list[str] = []
+    instrument_budgets(s, violations)
+    rng = random.Random(7)
+    sessions = [f"s{i}" for i in range(20)]
+    committed = []
+    for step in range(160):
+        clock.advance(rng.random())
+        name = rng.choice(sessions)
+        op = rng.random()
+        if op < 0.6 or not committed:
+            n = rng.randint(5, 40)
+            committed.append(s.commit(name, make_payload(n, step), messages=[{"role": "user", "content": str(step)}]).id)
+        elif op < 0.8:
+            sid = rng.choice(committed)
+            try:
+                s.load(sid)
+            except Exception as e:  # evicted by retention meanwhile
+                assert type(e).__name__ == "NotFound"
+        elif op < 0.87:
+            live = [r.id for r in s.list()]
+            if live:
+                s.branch(rng.choice(live), f"b{step}")
+        elif op < 0.93:
+            s.gc()
+        else:
+            victim = rng.choice(sessions + [x.name for x in s.list_sessions()])
+            if any(x.name == victim for x in s.list_sessions()):
+                s.delete_session(victim)
+        if step % 25 == 0:
+            s.flush()
+    s.flush()
+    s.gc()
+    assert not violations, violations[:5]
+    assert_consistent(s)
+    assert s.usage()["ram"][0] <= s.plan.budget("ram")
+    assert not s.write_errors
+
+
+def test_ram_lru_order_and_promotion_on_restore(open_store, make_payload):
+    p = [make_payload(20, i) for i in range(4)]
+    size = nbytes(p[0])
+    s = open_store(ram=size * 3)
+    ids = [s.commit("a", x).id for x in p[:3]]
+    s.flush()
+    assert s._placement.lru("ram") == ids
+    s.load(ids[0])  # most recently used now
+    assert s._placement.lru("ram") == [ids[1], ids[2], ids[0]]
+    d = s.commit("a", p[3]).id  # evicts the LRU one: ids[1]
+    s.flush()
+    assert s._placement.lru("ram") == [ids[2], ids[0], d]
+    assert s.info(ids[1]).tiers == ("disk",)
+    assert same_payload(s.load(ids[1]), p[1])  # restore from disk promotes into RAM, evicting ids[2]
+    assert s.info(ids[1]).tiers == ("ram", "disk") and s.info(ids[2]).tiers == ("disk",)
+
+
+def test_snapshot_being_written_is_never_evicted(open_store, make_payload):
+    size = nbytes(make_payload(20, 0))
+    s = open_store(ram=size * 2)
+    gate_open = __import__("threading").Event()
+    write = s._files.write
+    s._files.write = lambda sid, buf: (gate_open.wait(10), write(sid, buf))
+    a = s.commit("a", make_payload(20, 1)).id
+    b = s.commit("b", make_payload(20, 2)).id
+    c = s.commit("c", make_payload(20, 3)).id  # RAM is full of unwritten snapshots: c skips RAM
+    assert s.info(a).tiers == ("ram",) and s.info(b).tiers == ("ram",) and s.info(c).tiers == ()
+    assert same_payload(s.load(c), make_payload(20, 3))  # still readable from the write queue
+    gate_open.set()
+    s.flush()
+    assert all(s.info(x).durable for x in (a, b, c))
+
+
+def test_vram_tier_with_a_stand_in_device(open_store, make_payload, monkeypatch, hardware_like):
+    """No GPU here: pretend CUDA exists (hardware figures) and record the device moves instead of
+    doing them, to check that the VRAM tier is planned, filled first, demoted to RAM and promoted."""
+    import engramctl.store.core as core
+
+    moves: list[str] = []
+    monkeypatch.setattr(core, "payload_to", lambda payload, device: (moves.append(device), payload)[1])
+    p = [make_payload(20, i) for i in range(3)]
+    size = nbytes(p[0])
+    hw = hardware_like(vram_total_bytes=8 * 2**30, vram_free_bytes=6 * 2**30, gpu="Stand-in GPU")
+    s = open_store(ram=size * 2, hardware=hw)
+    assert s.plan.budget("vram") > 0  # default vram rule from the stand-in figures
+    s._placement.set_budget("vram", size)  # room for one
+    a = s.commit("a", p[0]).id
+    s.flush()  # until written, a could not be moved out of the way
+    b = s.commit("a", p[1]).id
+    s.flush()
+    assert s.info(b).tiers == ("vram", "disk") and s.info(a).tiers == ("ram", "disk")
+    s.load(a)  # restore promotes to the hottest tier; b goes down to RAM
+    assert s.info(a).tiers[0] == "vram" and s.info(b).tiers[0] == "ram"
+    assert "cuda" in moves and "cpu" in moves
+    j = s.plan_json()
+    assert j["hardware"]["gpu"] == "Stand-in GPU" and j["tiers"][0]["snapshots"] == 1

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+
+from engramctl.settings import load_settings
+from engramctl.tiers.hardware import Hardware
+from engramctl.tiers.plan import DISK_CAP, GiB, plan, plan_json
+
+
+def hw(**kw) -> Hardware:
+    base = dict(ram_total_bytes=32 * GiB, ram_available_bytes=20 * GiB, disk_total_bytes=500 * GiB,
+                disk_free_bytes=100 * GiB, cpu="Test CPU", cpu_cores=8, cpu_threads=16)
+    return Hardware(**{**base, **kw})
+
+
+def test_default_rules_cpu_only():
+    p = plan(hw(), None, model_bytes=2 * GiB, model_on_cpu=True)
+    assert [t.name for t in p.tiers] == ["vram", "ram", "disk"]
+    assert p.budget("vram") == 0 and "no CUDA" in p.tier("vram").rule
+    assert p.budget("ram") == 9 * GiB  # 50% of (20 - 2)
+    assert p.budget("disk") == DISK_CAP  # min(20 GiB, 50% of 100 GiB)
+    assert p.tier("ram").detected_bytes == 20 * GiB
+
+
+def test_default_rules_with_cuda_and_model_on_gpu():
+    h = hw(vram_total_bytes=24 * GiB, vram_free_bytes=22 * GiB, gpu="Test GPU", disk_free_bytes=10 * GiB)
+    p = plan(h, None, model_bytes=4 * GiB, model_on_cpu=False, stored_disk_bytes=2 * GiB)
+    reserve = max(GiB, int(0.1 * 24 * GiB))
+    assert p.budget("vram") == int(0.5 * (22 * GiB - 4 * GiB - reserve))
+    assert p.budget("ram") == 10 * GiB  # weights are on the GPU: nothing subtracted
+    assert p.budget("disk") == 6 * GiB  # 50% of (10 free + 2 already ours)
+    tiny = plan(hw(vram_total_bytes=2 * GiB, vram_free_bytes=GiB, gpu="small"), None, model_bytes=GiB, model_on_cpu=False)
+    assert tiny.budget("vram") == 0  # never negative
+
+
+def test_overrides_env_and_flags(engram_home, monkeypatch):
+    (engram_home / "config").mkdir(parents=True)
+    (engram_home / "config" / "config.toml").write_text('tier_ram_bytes = "1GiB"\ntier_disk_bytes = "5GB"\n')
+    monkeypatch.setenv("ENGRAM_TIER_DISK_BYTES", "512MB")
+    s = load_settings({"tier_vram_bytes": "3GiB"})
+    p = plan(hw(vram_total_bytes=24 * GiB, vram_free_bytes=22 * GiB, gpu="g"), s)
+    assert p.budget("ram") == GiB  # config.toml
+    assert p.budget("disk") == 512 * 10**6  # env beats config
+    assert p.budget("vram") == 3 * GiB  # flag
+    assert "ENGRAM_TIER_RAM_BYTES" in p.tier("ram").rule and "default rule would give" in p.tier("ram").rule
+    p_cpu = plan(hw(), s)
+    assert p_cpu.budget("vram") == 0 and "ignored" in p_cpu.tier("vram").rule
+
+
+def test_plan_json_shape():
+    p = plan(hw(), None)
+    j = plan_json(p, {"ram": (123, 2), "disk": (456, 3)})
+    json.dumps(j)
+    assert set(j) == {"hardware", "tiers"}
+    assert set(j["hardware"]) == {"ram_total_bytes", "ram_available_bytes", "vram_total_bytes", "disk_free_bytes", "cpu", "gpu"}
+    assert j["hardware"]["vram_total_bytes"] is None and j["hardware"]["gpu"] is None
+    ram = next(t for t in j["tiers"] if t["name"] == "ram")
+    assert {"name", "budget_bytes", "used_bytes", "snapshots", "rule"} <= set(ram)
+    assert (ram["used_bytes"], ram["snapshots"]) == (123, 2)
