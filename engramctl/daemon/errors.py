@@ -1,0 +1,103 @@
+"""Errors on the wire: which HTTP status each typed error gets, and the JSON body every failure has.
+
+Every non-2xx answer is `{"error": {"message", "type", "code", "param", "hint"}}` (OpenAI's shape plus
+a hint): `type` is OpenAI's coarse class, `code` the precise `EngramError.kind`, which the client maps
+back to the same exception class. No fastapi import here, so the client may import this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engramctl.errors import (
+    ContextOverflow, EngramError, ModelNotFound, NotFound, SnapshotError, UnsupportedModel, UsageError,
+)  # fmt: skip
+
+
+class QueueFull(EngramError):
+    """More generation requests are waiting than the daemon's queue holds."""
+
+    kind = "queue_full"
+
+
+class ShuttingDown(EngramError):
+    kind = "shutting_down"
+
+
+class Cancelled(EngramError):
+    """The request was cancelled (client gone, daemon stopping) before it produced anything."""
+
+    kind = "cancelled"
+
+
+class AuthenticationFailed(EngramError):
+    exit_code = 4
+    kind = "authentication_error"
+
+
+class RequestTooLarge(UsageError):
+    kind = "request_too_large"
+
+
+# kind -> HTTP status where the class alone does not decide it
+_STATUS_BY_KIND = {
+    "snapshot_in_use": 409,
+    "already_exists": 409,
+    "store_locked": 503,
+    "store_closed": 503,
+}
+
+
+def status_for(exc: BaseException) -> int:
+    kind = getattr(exc, "kind", None)
+    if kind in _STATUS_BY_KIND:
+        return _STATUS_BY_KIND[kind]
+    if isinstance(exc, AuthenticationFailed):
+        return 401
+    if isinstance(exc, RequestTooLarge):
+        return 413
+    if isinstance(exc, QueueFull):
+        return 429
+    if isinstance(exc, (ShuttingDown,)):
+        return 503
+    if isinstance(exc, Cancelled):
+        return 499  # nginx's "client closed request"; nobody is there to read it
+    if isinstance(exc, (NotFound, ModelNotFound)):
+        return 404
+    if isinstance(exc, ContextOverflow):
+        return 400
+    if isinstance(exc, SnapshotError):
+        return 409  # intact store, but this snapshot cannot be used with the loaded model
+    if isinstance(exc, UsageError):
+        return 400
+    if isinstance(exc, UnsupportedModel):
+        return 400
+    return 500
+
+
+def error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(message: str, status: int, code: str | None = None, hint: str | None = None,
+               param: str | None = None) -> dict[str, Any]:  # fmt: skip
+    err: dict[str, Any] = {"message": message, "type": error_type(status), "code": code, "param": param}
+    if hint:
+        err["hint"] = hint
+    return {"error": err}
+
+
+def body_for(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """(status, JSON body) for an exception; unexpected ones get a generic 500 message."""
+    status = status_for(exc)
+    if isinstance(exc, EngramError):
+        return status, error_body(exc.message, status, exc.kind, exc.hint)
+    return status, error_body(f"internal error: {type(exc).__name__}: {exc}", status, "internal_error")

@@ -1,0 +1,87 @@
+"""Request body size cap: a declared Content-Length over the cap is refused before reading; a chunked
+body is counted as it arrives and refused as soon as it passes the cap."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.exceptions import HTTPException
+
+from engramctl.daemon.errors import error_body
+
+MAX_BODY_BYTES = 8 * 2**20
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    return await self._refuse(send, "the Content-Length header is not a number.", 400)
+                if declared > self.max_bytes:
+                    return await self._refuse(send, self._message(declared))
+        seen = 0
+        started = False
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge(self._message(seen))
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send, self._message(seen))
+
+    def _message(self, n: int) -> str:
+        return f"the request body ({n} bytes) is larger than the {self.max_bytes // 2**20} MiB limit."
+
+    async def _refuse(self, send, message: str, status: int = 413) -> None:
+        body = json.dumps(error_body(message, status, "request_too_large" if status == 413 else "invalid_request")).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        ]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(HTTPException):
+    """An HTTPException so that FastAPI's body reader passes it through (it turns other errors into 400)."""
+
+    def __init__(self, message: str = "the request body is too large."):
+        super().__init__(status_code=413, detail=message)
+
+
+class JsonContentTypeMiddleware:
+    """Every body this API takes is JSON: treat form/text/missing content types as JSON (curl -d sends
+    application/x-www-form-urlencoded), as llama.cpp's and Ollama's servers do."""
+
+    _AS_JSON = (b"", b"application/x-www-form-urlencoded", b"text/plain")
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("method") in ("POST", "PUT", "PATCH"):
+            headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-type"]
+            current = next((v for k, v in scope.get("headers", ()) if k == b"content-type"), b"")
+            if current.split(b";")[0].strip().lower() in self._AS_JSON:
+                scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)

@@ -1,0 +1,44 @@
+"""OpenAI-compatible routes: GET /v1/models, POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from engramctl.daemon.app import daemon_of
+from engramctl.daemon.schemas import ChatCompletionRequest
+from engramctl.daemon.service import Turn
+from engramctl.daemon.streaming import Completion, answer_turn
+
+router = APIRouter()
+
+
+def _model_card(request: Request) -> dict:
+    d = daemon_of(request)
+    info = d.engine.info
+    return {
+        "id": d.model_id, "object": "model", "created": int(d.started), "owned_by": "engramctl",
+        "engram": {"family": info.family, "device": info.device, "dtype": info.dtype,
+                   "context_length": info.context_length, "fingerprint": info.fingerprint},
+    }  # fmt: skip
+
+
+@router.get("/v1/models")
+async def list_models(request: Request):
+    return {"object": "list", "data": [_model_card(request)]}
+
+
+@router.get("/v1/models/{model:path}")
+async def get_model(model: str, request: Request):
+    daemon_of(request).check_model(model)
+    return _model_card(request)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    d = daemon_of(request)
+    d.check_model(body.model)
+    turn = Turn(messages=[m.plain() for m in body.messages], session=body.session, sampling=body)
+    job = d.worker.submit(lambda job: d.service.chat(turn, job.emit, job.cancel), name="chat")
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await answer_turn(job, request, Completion(d.model_id, d.engine.info.fingerprint), body.stream, include_usage)
+

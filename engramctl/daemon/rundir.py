@@ -1,0 +1,134 @@
+"""The daemon's run directory: who runs, where it listens, where it logs.
+
+Files in settings.paths.run_dir:
+- daemon.pid  the pid, flock-ed by the daemon for its whole life: a lock nobody holds means no daemon
+              (a SIGKILLed daemon leaves the file, not the lock), so stale files are never trusted;
+- daemon.json where it listens and what it serves (pid, url, host, port, model, device, dtype, started,
+              state "loading" | "ready").
+The background daemon logs to settings.paths.log_dir/daemon.log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from engramctl.errors import EngramError
+from engramctl.settings import Settings
+
+PID_FILE = "daemon.pid"
+STATE_FILE = "daemon.json"
+LOG_FILE = "daemon.log"
+
+
+def log_file(settings: Settings) -> Path:
+    """The background daemon's log file (`engramctl daemon logs` shows it)."""
+    return settings.paths.log_dir / LOG_FILE
+
+
+def pid_path(settings: Settings) -> Path:
+    return settings.paths.run_dir / PID_FILE
+
+
+def state_path(settings: Settings) -> Path:
+    return settings.paths.run_dir / STATE_FILE
+
+
+def client_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def url_for(host: str, port: int) -> str:
+    h = client_host(host)
+    return f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}"
+
+
+class RunLock:
+    """Held by the running daemon: flock on daemon.pid."""
+
+    def __init__(self, settings: Settings):
+        self.path = pid_path(settings)
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            pid = _read_pid(self.path)
+            raise EngramError(
+                f"a daemon is already running for this data directory (pid {pid or '?'}).",
+                hint="engramctl daemon status / engramctl daemon stop",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def running_pid(settings: Settings) -> int | None:
+    """The pid of the daemon holding this data directory's lock, or None when none runs."""
+    import fcntl
+
+    path = pid_path(settings)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_pid(path) or -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_state(settings: Settings, state: dict[str, Any]) -> None:
+    path = state_path(settings)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, path)
+
+
+def read_state(settings: Settings) -> dict[str, Any] | None:
+    try:
+        return json.loads(state_path(settings).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def daemon_url(settings: Settings) -> str:
+    """Where this data directory's daemon listens: its state file while it runs, else the settings."""
+    if running_pid(settings) is not None:
+        state = read_state(settings)
+        if state and state.get("url"):
+            return str(state["url"])
+    return url_for(settings.host, settings.port)

@@ -1,0 +1,150 @@
+"""From worker-job events to HTTP answers: OpenAI chat completion JSON, SSE chunks, and client
+disconnects turned into cancellation.
+
+A job emits `start` (the turn's prompt is in the state: the `engram` extension so far), `piece` (text)
+..., then `done` (the result) or `error`. A streamed answer starts only once `start` has arrived, so
+everything that can be refused (unknown session, prompt too long, queue full) still gets its own
+HTTP status instead of a 200 that fails half-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from engramctl.daemon.errors import Cancelled, body_for
+from engramctl.daemon.service import TurnResult
+from engramctl.daemon.worker import Job
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClientGone(Cancelled):
+    pass
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body has been read already, so receive() waits for it)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class Watch:
+    """Reads a job's events while watching for the client to disconnect; a disconnect cancels the job."""
+
+    def __init__(self, job: Job, request: Request):
+        self.job = job
+        self._gone = asyncio.ensure_future(_disconnected(request))
+
+    async def next(self) -> tuple[str, Any]:
+        get = asyncio.ensure_future(self.job.events.get())
+        done, _ = await asyncio.wait({get, self._gone}, return_when=asyncio.FIRST_COMPLETED)
+        if get in done:
+            return get.result()
+        get.cancel()
+        self.job.cancel.set()
+        raise ClientGone("the client disconnected.")
+
+    def stop(self) -> None:
+        self._gone.cancel()
+
+
+async def job_result(job: Job, request: Request) -> Any:
+    """Wait for a job to finish; its error is raised here."""
+    watch = Watch(job, request)
+    try:
+        while True:
+            kind, value = await watch.next()
+            if kind == "done":
+                return value
+            if kind == "error":
+                raise value
+    finally:
+        watch.stop()
+
+
+class Completion:
+    """Builds the OpenAI-shaped objects of one completion."""
+
+    def __init__(self, model: str, fingerprint: str):
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.model = model
+        self.fingerprint = f"fp_{fingerprint[:12]}"
+
+    def response(self, r: TurnResult) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
+                         "finish_reason": r.finish_reason}],
+            "usage": r.usage,
+            "engram": r.engram,
+        }  # fmt: skip
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            **extra,
+        }  # fmt: skip
+
+    def usage_chunk(self, usage: dict) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [], "usage": usage}  # fmt: skip
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def answer_turn(job: Job, request: Request, completion: Completion, stream: bool, include_usage: bool):
+    """The HTTP answer to a generating job: a JSON completion, or an SSE stream once it has started."""
+    if not stream:
+        result = await job_result(job, request)
+        if isinstance(result, TurnResult):
+            return JSONResponse(completion.response(result))
+        return JSONResponse(result)
+    watch = Watch(job, request)
+    try:
+        kind, value = await watch.next()
+    finally:
+        watch.stop()
+    if kind == "error":
+        raise value
+    if kind == "done":  # a job that generated nothing (restore without a continuation)
+        return JSONResponse(value if not isinstance(value, TurnResult) else completion.response(value))
+    return StreamingResponse(_events(job, completion, value, include_usage), media_type="text/event-stream",
+                             headers=SSE_HEADERS)  # fmt: skip
+
+
+async def _events(job: Job, completion: Completion, start: dict, include_usage: bool) -> AsyncIterator[str]:
+    try:
+        yield sse(completion.chunk({"role": "assistant", "content": ""}, engram=start))
+        while True:
+            kind, value = await job.events.get()
+            if kind == "piece":
+                yield sse(completion.chunk({"content": value}))
+            elif kind == "done":
+                r: TurnResult = value
+                yield sse(completion.chunk({}, r.finish_reason, engram=r.engram))
+                if include_usage:
+                    yield sse(completion.usage_chunk(r.usage))
+                yield "data: [DONE]\n\n"
+                return
+            elif kind == "error":
+                _, body = body_for(value)
+                yield sse(body)
+                yield "data: [DONE]\n\n"
+                return
+    finally:
+        job.cancel.set()  # the client went away mid-stream (or we are done: then it changes nothing)

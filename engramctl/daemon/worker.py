@@ -1,0 +1,132 @@
+"""One generation at a time: a single worker thread runs jobs first come, first served.
+
+Routes submit a job from the event loop and read its events (`start`, `piece`, ..., then `done` or
+`error`) from an asyncio queue that the worker thread fills. At most `max_queue` jobs wait behind the
+running one; one more is refused at once (QueueFull -> 429) rather than queued without bound.
+Each job has a cancel event: set it (client gone, daemon stopping) and the job stops between tokens,
+or is skipped if it has not started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from engramctl.daemon.errors import Cancelled, QueueFull, ShuttingDown
+from engramctl.errors import EngramError
+
+log = logging.getLogger("engramctl.daemon")
+
+
+class Job:
+    """A unit of work for the worker thread. `fn(job)` runs there and may `job.emit(...)` events."""
+
+    def __init__(self, fn: Callable[["Job"], Any], name: str, loop: asyncio.AbstractEventLoop):
+        self.fn, self.name, self.loop = fn, name, loop
+        self.cancel = threading.Event()
+        self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.submitted = time.monotonic()
+        self.started: float | None = None
+
+    def emit(self, kind: str, value: Any = None) -> None:
+        """Thread-safe: hand an event to the route waiting on this job."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is gone (daemon stopping): nobody is listening
+            pass
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel.is_set()
+
+
+class Worker:
+    def __init__(self, max_queue: int):
+        self.max_queue = max(0, int(max_queue))
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._accepting = True
+        self.current: Job | None = None
+        self.completed = 0
+        self._thread = threading.Thread(target=self._run, name="engram-worker", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return self._waiting
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None
+
+    def submit(self, fn: Callable[[Job], Any], name: str = "job") -> Job:
+        """Queue `fn`; call from the event loop. Raises QueueFull or ShuttingDown instead of waiting."""
+        job = Job(fn, name, asyncio.get_running_loop())
+        with self._lock:
+            if not self._accepting:
+                raise ShuttingDown("the daemon is shutting down.")
+            if self._waiting >= self.max_queue and (self.current is not None or self._waiting > 0):
+                raise QueueFull(
+                    f"the daemon is busy: {self._waiting} request(s) already wait for the model.",
+                    hint="retry in a moment, or raise max_queue (ENGRAM_MAX_QUEUE)",
+                )
+            self._waiting += 1
+            self._queue.put(job)
+        return job
+
+    def begin_shutdown(self) -> None:
+        """Stop accepting; cancel the running job and everything queued."""
+        with self._lock:
+            self._accepting = False
+            current = self.current
+            pending = []
+            while True:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    pending.append(job)
+            self._waiting = 0
+            self._queue.put(None)
+        if current is not None:
+            current.cancel.set()
+        for job in pending:
+            job.cancel.set()
+            job.emit("error", ShuttingDown("the daemon is shutting down."))
+
+    def close(self, timeout: float | None = None) -> bool:
+        """begin_shutdown, then wait for the running job; False if it did not finish in time."""
+        self.begin_shutdown()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            with self._lock:
+                self._waiting -= 1
+                self.current = job
+            try:
+                if job.cancelled:
+                    job.emit("error", Cancelled("the request was cancelled before it started."))
+                    continue
+                job.started = time.monotonic()
+                result = job.fn(job)
+                job.emit("done", result)
+            except BaseException as e:  # noqa: BLE001 - every failure goes back to its request
+                if not isinstance(e, EngramError):
+                    log.exception("%s failed", job.name)
+                job.emit("error", e)
+            finally:
+                with self._lock:
+                    self.current = None
+                    self.completed += 1

@@ -1,0 +1,116 @@
+"""A real daemon in a subprocess (`python -m engramctl.daemon`) on a free loopback port, serving a tiny
+random granitemoehybrid in float32, and the helpers the daemon tests share."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FAMILY = "granitemoehybrid"
+
+
+def daemon_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    env.update(ENGRAM_HOME=str(home), ENGRAM_NO_AUTOSTART="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
+               OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)  # fmt: skip
+    return env
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen
+    home: Path
+    url: str
+    token: str
+    log: Path
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def http(self, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def start_daemon(model_dir: Path, home: Path, *args: str, timeout: float = 60.0, **env: str) -> Daemon:
+    """Start the daemon on port 0 and wait until daemon.json says where and /health answers."""
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / f"daemon-{time.monotonic_ns()}.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engramctl.daemon", "--model", str(model_dir), "--port", "0", "--dtype", "float32",
+             "--log-level", "warning", *args],
+            stdout=f, stderr=subprocess.STDOUT, env=daemon_env(home, **env), cwd=str(ROOT),
+        )  # fmt: skip
+    state_file = home / "run" / "daemon.json"
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
+        try:
+            state = json.loads(state_file.read_text())
+            if state.get("pid") == proc.pid and state.get("state") == "ready":
+                if httpx.get(state["url"] + "/health", timeout=2).status_code == 200:
+                    break
+        except (OSError, ValueError, httpx.HTTPError):
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"daemon not ready in {timeout} s:\n{log.read_text(errors='replace')}")
+        time.sleep(0.05)
+    token = env.get("ENGRAM_API_KEY") or (home / "config" / "token").read_text().strip()
+    return Daemon(proc, home, state["url"], token, log)
+
+
+@pytest.fixture(scope="module")
+def model_dir(zoo) -> Path:
+    return zoo.path(FAMILY)
+
+
+@pytest.fixture(scope="module")
+def reference_backend(model_dir):
+    """The same model loaded in the test process, for reference replies computed by a full prefill."""
+    import torch
+
+    from engramctl.engine.hf_backend import TransformersBackend
+
+    return TransformersBackend.load(model_dir, "reference", "cpu", torch.float32)
+
+
+def greedy_reference(backend, messages: list[dict], max_tokens: int) -> str:
+    """What a stateless server answers: render, tokenize, full prefill, greedy decode (the engine's own
+    generation loop, so the text is shaped the same way)."""
+    from engramctl.engine.engine import Engine
+    from engramctl.engine.sampling import SamplingParams
+
+    engine = Engine(backend, backend.tokenizer)
+    tok = backend.tokenizer
+    live = backend.new_live()
+    backend.prefill(live, tok.encode(tok.render(messages, add_generation_prompt=True)))
+    return "".join(engine.generate(live, SamplingParams(temperature=0.0, max_tokens=max_tokens)))

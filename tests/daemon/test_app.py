@@ -1,0 +1,291 @@
+"""The ASGI app in-process (Starlette TestClient): auth on every route, bad input of every kind gets a
+4xx with a message and changes nothing stored, the token file, the body cap."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from engramctl.daemon.app import create_app
+from engramctl.daemon.auth import ensure_token, token_path
+from engramctl.engine.engine import Engine
+from engramctl.engine.hf_backend import TransformersBackend
+from engramctl.settings import load_settings
+from engramctl.store.store import Store
+
+TOKEN = "test-token-123"
+USER = [{"role": "user", "content": "Hello there"}]
+ROUTES = [  # every route but /health
+    ("GET", "/v1/models"), ("GET", "/v1/models/default"), ("POST", "/v1/chat/completions"), ("GET", "/v1/status"),
+    ("GET", "/v1/tiers"), ("GET", "/v1/sessions"), ("GET", "/v1/sessions/x"), ("DELETE", "/v1/sessions/x"),
+    ("POST", "/save_snapshot"), ("POST", "/restore_snapshot"), ("POST", "/list_snapshots"), ("GET", "/list_snapshots"),
+    ("POST", "/get_snapshot_info"), ("POST", "/delete_snapshot"), ("POST", "/branch_snapshot"), ("GET", "/nope"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine(zoo):
+    backend = TransformersBackend.load(zoo.path("granitemoehybrid"), "tiny-gmh", "cpu", torch.float32)
+    return Engine(backend, backend.tokenizer)
+
+
+@pytest.fixture
+def app_client(engine, engram_home):
+    settings = load_settings({"api_key": TOKEN, "max_queue": 2})
+    settings.paths.ensure()
+    app = create_app(settings, engine=engine, store=Store.open(settings))
+    client = TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"})
+    yield client
+    app.state.daemon.close()
+
+
+def _chat(client, **body):
+    return client.post("/v1/chat/completions", json={"model": "default", "messages": USER, "max_tokens": 3,
+                                                     "temperature": 0, **body})  # fmt: skip
+
+
+def _stored(client) -> dict:
+    """Everything stored, to prove bad input changed nothing."""
+    snaps = client.post("/list_snapshots", json={}).json()["snapshots"]
+    sessions = client.get("/v1/sessions").json()["sessions"]
+    transcripts = {s["name"]: client.get(f"/v1/sessions/{s['name']}").json()["messages"] for s in sessions}
+    keep = ("snapshot_id", "session", "parent", "tokens", "pinned", "label")
+    return {"snaps": [{k: s[k] for k in keep} for s in snaps],
+            "sessions": [(s["name"], s["head"], s["n_messages"]) for s in sessions], "transcripts": transcripts}  # fmt: skip
+
+
+def test_every_route_but_health_needs_the_token(app_client):
+    assert app_client.get("/health", headers={"Authorization": ""}).status_code == 200
+    for method, path in ROUTES:
+        for auth in ("", "Bearer wrong-token", f"Basic {TOKEN}", "Bearer"):
+            r = app_client.request(method, path, headers={"Authorization": auth}, json={})
+            assert r.status_code == 401, (method, path, auth, r.status_code)
+            assert r.json()["error"]["type"] == "authentication_error"
+            assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_health_models_status(app_client, engine):
+    h = app_client.get("/health").json()
+    assert h["status"] == "ok" and h["model"] == "tiny-gmh" and h["version"]
+    models = app_client.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny-gmh"]
+    assert app_client.get("/v1/models/default").json()["id"] == "tiny-gmh"
+    st = app_client.get("/v1/status").json()
+    assert st["model"] == "tiny-gmh" and st["device"] == "cpu" and st["dtype"] == "float32"
+    assert st["rss_bytes"] > 0 and st["uptime_s"] >= 0 and st["sessions"] == 0
+    tiers = app_client.get("/v1/tiers").json()
+    assert [t["name"] for t in tiers["tiers"]] == ["vram", "ram", "disk"]
+
+
+BAD_CHAT = [  # (body overrides, expected status, words the message must contain)
+    ({"messages": []}, 400, "messages"),
+    ({"messages": "hi"}, 400, "messages"),
+    ({"messages": [{"content": "no role"}]}, 400, "role"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+    ({"messages": [{"role": "user", "content": 42}]}, 400, "content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "text"),
+    ({"temperature": "hot"}, 400, "temperature"),
+    ({"temperature": -1}, 400, "temperature"),
+    ({"top_p": 0}, 400, "top_p"),
+    ({"max_tokens": -5}, 400, "max_tokens"),
+    ({"max_tokens": 0}, 400, "max_tokens"),
+    ({"max_completion_tokens": -1}, 400, "max_completion_tokens"),
+    ({"max_tokens": "many"}, 400, "max_tokens"),
+    ({"stop": ["a"] * 17}, 400, "stop"),
+    ({"stop": 5}, 400, "stop"),
+    ({"n": 2}, 400, "n=1"),
+    ({"stream": "perhaps"}, 400, "stream"),
+    ({"session": "../../etc/passwd"}, 400, "session name"),
+    ({"session": "a" * 65}, 400, "session name"),
+    ({"session": ""}, 400, "session name"),
+    ({"session": 7}, 400, "session"),
+    ({"model": "gpt-4o"}, 404, "gpt-4o"),
+    ({"max_tokens": 5000}, 400, "context"),
+    ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "context"),
+]
+
+
+def test_bad_chat_requests_get_4xx_and_change_nothing(app_client):
+    ok = _chat(app_client, session="keep")
+    assert ok.status_code == 200, ok.text
+    before = _stored(app_client)
+    for body, status, words in BAD_CHAT:
+        for extra in ({}, {"session": "keep"}, {"stream": True}):
+            r = _chat(app_client, **{**extra, **body})
+            assert r.status_code == status, (body, extra, r.status_code, r.text)
+            err = r.json()["error"]
+            assert words.lower() in err["message"].lower(), (body, err)
+            assert err["type"] and err["code"]
+    assert _stored(app_client) == before
+    assert _chat(app_client, session="keep").status_code == 200  # still serving
+
+
+def test_malformed_bodies(app_client):
+    h = {"Content-Type": "application/json"}
+    for raw, words in ((b"{not json", "not valid JSON"), (b"[1, 2]", "JSON object"), (b"", "JSON object"),
+                       (b'"text"', "JSON object"), (b"\xff\xfe", "JSON")):  # fmt: skip
+        for path in ("/v1/chat/completions", "/save_snapshot", "/restore_snapshot", "/branch_snapshot",
+                     "/delete_snapshot", "/get_snapshot_info", "/list_snapshots"):  # fmt: skip
+            if path == "/list_snapshots" and raw == b"":
+                continue  # an empty body is allowed there: list everything
+            r = app_client.post(path, content=raw, headers=h)
+            assert r.status_code == 400, (path, raw, r.text)
+            assert words.lower() in r.json()["error"]["message"].lower(), (path, raw, r.json())
+    # curl -d sends a form content type: the body is still read as JSON
+    r = app_client.post("/v1/chat/completions", content=b'{"model":"default","messages":[{"role":"user","content":"x"}],'
+                        b'"max_tokens":2}', headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+def test_body_size_cap(app_client):
+    big = {"model": "default", "messages": [{"role": "user", "content": "x" * (9 * 2**20)}]}
+    r = app_client.post("/v1/chat/completions", json=big)
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: counted while it arrives
+        yield b'{"model": "default", "messages": [{"role": "user", "content": "'
+        for _ in range(9):
+            yield b"y" * 2**20
+        yield b'"}]}'
+
+    r = app_client.post("/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413, r.text
+
+
+def test_bad_snapshot_requests_get_4xx_and_change_nothing(app_client):
+    first = _chat(app_client, session="keep").json()
+    head = first["engram"]["snapshot_id"]
+    before = _stored(app_client)
+    cases = [
+        ("/save_snapshot", {}, 400, "session"),
+        ("/save_snapshot", {"session": "nobody"}, 404, "nobody"),
+        ("/save_snapshot", {"session": "../x"}, 400, "session name"),
+        ("/save_snapshot", {"session": "keep", "label": ""}, 400, "label"),
+        ("/save_snapshot", {"session": "keep", "label": "x\n"}, 400, "label"),
+        ("/save_snapshot", {"session": "keep", "conversation_id": "other"}, 400, "same thing"),
+        ("/restore_snapshot", {}, 400, "snapshot_id"),
+        ("/restore_snapshot", {"session": "nobody"}, 404, "nobody"),
+        ("/restore_snapshot", {"snapshot_id": "f" * 32}, 404, "snapshot"),
+        ("/restore_snapshot", {"snapshot_id": "../../x"}, 400, "snapshot id"),
+        ("/restore_snapshot", {"snapshot_id": "zz"}, 400, "snapshot id"),
+        ("/restore_snapshot", {"session": "keep", "continuation": "x", "max_tokens": -1}, 400, "max_tokens"),
+        ("/restore_snapshot", {"session": "keep", "continuation": "word " * 5000}, 400, "context"),
+        ("/restore_snapshot", {"session": "keep", "continuation": {"role": "user"}, "model": "other"}, 404, "other"),
+        ("/list_snapshots", {"session": "nobody"}, 404, "nobody"),
+        ("/list_snapshots", {"conversation_id": "bad/name"}, 400, "session name"),
+        ("/get_snapshot_info", {}, 400, "snapshot_id"),
+        ("/get_snapshot_info", {"snapshot_id": "0" * 32}, 404, "snapshot"),
+        ("/get_snapshot_info", {"snapshot_id": "0123"}, 404, "0123"),
+        ("/get_snapshot_info", {"session": "nobody"}, 404, "nobody"),
+        ("/delete_snapshot", {}, 400, "snapshot_id"),
+        ("/delete_snapshot", {"snapshot_id": "0" * 32}, 404, "snapshot"),
+        ("/delete_snapshot", {"snapshot_id": head}, 409, "head"),
+        ("/delete_snapshot", {"snapshot_id": "../" * 11}, 400, "snapshot id"),
+        ("/branch_snapshot", {"source": "keep"}, 400, "new_session"),
+        ("/branch_snapshot", {"source": "keep", "new_session": "keep"}, 409, "exists"),
+        ("/branch_snapshot", {"source": "nobody", "new_session": "b"}, 404, "nobody"),
+        ("/branch_snapshot", {"snapshot_id": "0" * 32, "new_session": "b"}, 404, "snapshot"),
+        ("/branch_snapshot", {"source": "keep", "new_session": "a/b"}, 400, "session name"),
+        ("/branch_snapshot", {"source": "keep", "snapshot_id": head, "new_session": "b"}, 400, "exactly one"),
+    ]
+    for path, body, status, words in cases:
+        r = app_client.post(path, json=body)
+        assert r.status_code == status, (path, body, r.status_code, r.text)
+        assert words.lower() in r.json()["error"]["message"].lower(), (path, body, r.json())
+    for method, path, status in (("GET", "/v1/sessions/nobody", 404), ("GET", "/v1/sessions/a..b$", 400),
+                                 ("DELETE", "/v1/sessions/nobody", 404), ("GET", "/v1/nothing", 404),
+                                 ("PUT", "/v1/chat/completions", 405), ("GET", "/v1/models/other", 404)):  # fmt: skip
+        r = app_client.request(method, path)
+        assert r.status_code == status, (method, path, r.text)
+        assert r.json()["error"]["message"]
+    assert _stored(app_client) == before
+
+
+def test_stream_answer_shape(app_client):
+    with app_client.stream("POST", "/v1/chat/completions", json={
+        "model": "default", "messages": USER, "max_tokens": 4, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}}) as r:  # fmt: skip
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    import json
+
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    first, last_choice, usage = chunks[0], chunks[-2], chunks[-1]
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["engram"]["snapshot_id"] is None and first["engram"]["session"].startswith("auto-")
+    assert last_choice["choices"][0]["finish_reason"] in ("stop", "length")
+    assert last_choice["engram"]["snapshot_id"] and usage["choices"] == []
+    assert usage["usage"]["prompt_tokens"] > 0 and "cached_tokens" in usage["usage"]["prompt_tokens_details"]
+
+
+def test_token_file_is_created_0600_and_env_key_overrides(engram_home):
+    settings = load_settings({})
+    token = ensure_token(settings)
+    path = token_path(settings)
+    assert len(token) >= 32 and path.read_text().strip() == token
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ensure_token(settings) == token  # stable across starts
+    path.chmod(0o644)
+    assert ensure_token(settings) == token and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ensure_token(load_settings({}, env={"ENGRAM_HOME": str(engram_home), "ENGRAM_API_KEY": "k"})) == "k"
+
+
+def test_non_loopback_host_needs_allow_remote(engram_home):
+    from engramctl.daemon.runner import check_host
+    from engramctl.errors import UsageError
+
+    check_host(load_settings({"host": "127.0.0.1"}))
+    check_host(load_settings({"host": "localhost"}))
+    check_host(load_settings({"host": "::1"}))
+    with pytest.raises(UsageError, match="reachable from other machines") as e:
+        check_host(load_settings({"host": "0.0.0.0"}))
+    assert "--allow-remote" in e.value.hint
+    check_host(load_settings({"host": "0.0.0.0", "allow_remote": True}))
+
+
+def _corrupt(path):
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 64] = bytes(b ^ 0xFF for b in data[mid : mid + 64])
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_head_falls_back_one_step_then_to_the_transcript(engine, engram_home):
+    settings = load_settings({"api_key": TOKEN, "tier_ram_bytes": 0})  # nothing hot: loads read the files
+    settings.paths.ensure()
+    store = Store.open(settings)
+    app = create_app(settings, engine=engine, store=store)
+    daemon = app.state.daemon
+    c = TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        def turn(text):
+            r = c.post("/v1/chat/completions", json={"model": "default", "session": "c", "max_tokens": 3,
+                                                     "temperature": 0, "messages": [{"role": "user", "content": text}]})  # fmt: skip
+            assert r.status_code == 200, r.text
+            store.flush()
+            daemon.service.invalidate()  # as after a restart: no state in memory
+            return r.json()
+
+        turn("one")
+        second = turn("two")
+        head = second["engram"]["snapshot_id"]
+        _corrupt(store._files.path(head))
+        third = turn("three")
+        # the corrupt reply snapshot is dropped; its parent (the prompt snapshot of turn 2) is used
+        assert third["engram"]["resumed"] and third["engram"]["tier"] == "disk"
+        assert third["engram"]["restored_tokens"] == second["usage"]["prompt_tokens"]
+        assert head not in {s["snapshot_id"] for s in c.post("/list_snapshots", json={}).json()["snapshots"]}
+        for s in c.post("/list_snapshots", json={"session": "c"}).json()["snapshots"]:
+            _corrupt(store._files.path(s["snapshot_id"]))
+        fourth = turn("four")
+        assert not fourth["engram"]["resumed"] and fourth["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        msgs = c.get("/v1/sessions/c").json()["messages"]
+        assert [m["content"] for m in msgs if m["role"] == "user"] == ["one", "two", "three", "four"]
+        # the re-prefilled state matches the conversation: the next turn continues it
+        assert turn("five")["engram"]["restored_tokens"] > fourth["usage"]["prompt_tokens"]
+    finally:
+        daemon.close()
