@@ -1,0 +1,165 @@
+"""`engramctl bench`: restore against re-prefill, per tier, against the bandwidth floor, and the
+multi-turn savings, measured on this machine. Registered by the root app as
+
+    app.command("bench")(bench.bench)
+
+Nothing heavy is imported at module level (torch loads inside the command).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from engramctl.errors import UsageError
+
+QUICK = {"contexts": (256, 1024), "turns": 10, "runs": 2, "reply_tokens": 16, "floor_bytes": 64 << 20}
+FULL = {"contexts": (256, 1024, 4096), "turns": 20, "runs": 3, "reply_tokens": 64, "floor_bytes": 256 << 20}
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--contexts {text!r} is not a comma-separated list of token counts.",
+                         hint="for example: --contexts 256,1024,4096") from None  # fmt: skip
+    if any(v < 1 for v in values):
+        raise UsageError("every --contexts value must be at least 1 token.")
+    return tuple(sorted(set(values)))
+
+
+class _RichProgress:
+    """Progress bars on stderr (rich draws nothing when stderr is not a terminal)."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.quiet = quiet
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=self.console, transient=True)  # fmt: skip
+        self.tasks: dict[str, Any] = {}
+        self.names: dict[str, str] = {}
+
+    def __enter__(self) -> "_RichProgress":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.stop()
+
+    def phase(self, key: str, description: str, total: int) -> None:
+        self.names[key] = description
+        self.tasks[key] = self.bar.add_task(description, total=total)
+
+    def advance(self, key: str, description: str | None = None) -> None:
+        task = self.tasks.get(key)
+        if task is None:
+            return
+        desc = f"{self.names[key]}: {description}" if description else None
+        self.bar.update(task, advance=1, **({"description": desc} if desc else {}))
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def bench(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model directory, .gguf file or hub id (default: a preset)."),
+    contexts: Optional[str] = typer.Option(None, "--contexts", help="Context lengths to sweep, comma-separated (default 256,1024,4096; --quick 256,1024)."),
+    turns: Optional[int] = typer.Option(None, "--turns", min=0, help="Turns of the multi-turn chat (default 20; --quick 10; 0 skips it)."),
+    runs: Optional[int] = typer.Option(None, "--runs", min=1, help="Measured runs per context, after one warm-up (default 3; --quick 2)."),
+    quick: bool = typer.Option(False, "--quick", help="A short run (under 2 minutes on CPU): the tiny preset unless --model/--preset is given."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout instead of the tables."),
+    plot: Optional[str] = typer.Option(None, "--plot", metavar="FILE.png", help="Also draw the results into a PNG (needs matplotlib: pip install 'engramctl[plot]')."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="Random-weight model to build: granite-4.0-h-350m (default) or tiny (default with --quick)."),
+    reply_tokens: Optional[int] = typer.Option(None, "--reply-tokens", min=1, help="Tokens generated per chat reply (default 64; --quick 16)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the preset weights and the token material."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda (default: settings)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="auto | float32 | bfloat16 | float16 (default: settings; presets: float32)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's choice)."),
+    wait_idle: float = typer.Option(0.0, "--wait-idle", metavar="SECONDS", help="Wait up to this long for other processes to go idle before measuring."),
+    keep_data: bool = typer.Option(False, "--keep-data", help="Keep the bench's snapshot store (a bench-* dir under the data dir)."),
+) -> None:
+    """Measure restore against re-prefill on this machine: a context sweep (re-prefill vs restore from
+    RAM and from a cold disk, time to first token of a new message both ways, snapshot size), the
+    bandwidth floor measured in the same run, a multi-turn chat stateful vs stateless, and snapshot
+    saves against the stream. Tables on stdout, progress on stderr; --json for one JSON object."""
+    from engramctl.bench.runner import BenchConfig, run_bench
+    from engramctl.cli import common
+    from engramctl.cli.output import Output
+
+    if model is not None and preset is not None:
+        raise UsageError("--model and --preset cannot be combined.", hint="pick one")
+    if plot is not None:
+        from engramctl.bench.report import require_matplotlib
+
+        if not plot.lower().endswith(".png"):
+            raise UsageError(f"--plot {plot!r} must name a .png file.")
+        require_matplotlib()
+    d = QUICK if quick else FULL
+    if model is None:
+        from engramctl.bench.presets import preset_name
+
+        preset = preset_name(preset or ("tiny" if quick else "granite-4.0-h-350m"))
+    st = common.settings(device=device, dtype=dtype)
+    cfg = BenchConfig(
+        contexts=_contexts(contexts) if contexts is not None else d["contexts"],
+        turns=d["turns"] if turns is None else turns,
+        runs=d["runs"] if runs is None else runs,
+        reply_tokens=d["reply_tokens"] if reply_tokens is None else reply_tokens,
+        seed=seed, quick=quick, model=model, preset=preset, device=st.device, dtype=st.dtype, threads=threads,
+        memcpy_bytes=d["floor_bytes"], disk_bytes=d["floor_bytes"], wait_idle_s=wait_idle, keep_data=keep_data,
+    )  # fmt: skip
+    cfg = _with_command(cfg)
+    out = Output()
+    _warn_daemon(st, out)
+    with _RichProgress() as progress:
+        result = run_bench(cfg, st, progress)
+    if plot is not None:
+        from engramctl.bench.report import plot as draw
+
+        draw(result, plot)
+        result["plot"] = plot
+    if json_out:
+        out.emit_json(result)
+    else:
+        from engramctl.bench.report import render
+
+        out.line(render(result))
+    if plot is not None:
+        out.note(f"plot written to {plot}")
+
+
+def _with_command(cfg):
+    """The exact command that reproduces this run, for the report."""
+    import dataclasses
+
+    parts = ["engramctl", "bench"]
+    parts += ["--model", cfg.model] if cfg.model else ["--preset", cfg.preset]
+    if cfg.quick:
+        parts.append("--quick")
+    parts += ["--contexts", ",".join(str(c) for c in cfg.contexts), "--turns", str(cfg.turns), "--runs", str(cfg.runs),
+              "--reply-tokens", str(cfg.reply_tokens), "--seed", str(cfg.seed)]  # fmt: skip
+    if cfg.threads:
+        parts += ["--threads", str(cfg.threads)]
+    if cfg.device != "auto":
+        parts += ["--device", cfg.device]
+    if cfg.dtype != "auto":
+        parts += ["--dtype", cfg.dtype]
+    return dataclasses.replace(cfg, command=" ".join(parts))
+
+
+def _warn_daemon(settings, out) -> None:
+    """The bench runs in this process; a daemon with a model loaded competes for the same cores."""
+    try:
+        from engramctl.cli import daemonlink
+
+        info = daemonlink.status(settings)
+    except Exception:  # noqa: BLE001 - a status probe must never stop a benchmark
+        return
+    if info:
+        out.warn("an engramctl daemon is running; the bench runs in this process and competes with it "
+                 "for CPU and memory. Stop it for clean figures: engramctl daemon stop")  # fmt: skip

@@ -1,0 +1,87 @@
+"""What every command group shares: the root command class (errors -> `Error:`/`Hint:` + exit code),
+the --json/-q options, and building the one Settings object. Imports nothing heavy."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Sequence
+
+import typer
+from typer.core import TyperGroup
+
+from engramctl.cli.output import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, HUMAN, JSON, QUIET, Output
+from engramctl.errors import EngramError, UsageError
+
+PROG = "engramctl"
+
+
+class EngramGroup(TyperGroup):
+    """The root command. Runs the app in non-standalone mode and turns every failure into
+    `Error: ...` / `Hint: ...` on stderr and the documented exit code."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+        from typer import exceptions as typer_exc
+        from typer._click import exceptions as click_exc
+
+        out = Output()
+        try:
+            rv = super().main(args, prog_name or PROG, complete_var, standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) else 0
+        except click_exc.NoArgsIsHelpError as e:  # `engramctl` or a group alone: help, as a usage error
+            out.stderr.write(e.format_message() + "\n")
+            code = EXIT_USAGE
+        except click_exc.UsageError as e:
+            cmd = e.ctx.command_path if e.ctx is not None else PROG
+            out.error(_sentence(e.format_message()), f"{cmd} --help")
+            code = EXIT_USAGE
+        except click_exc.ClickException as e:  # BadParameter and friends are UsageErrors; the rest
+            out.error(_sentence(e.format_message()))
+            code = e.exit_code
+        except typer_exc.Abort:
+            out.stderr.write("\n")
+            code = 130
+        except EngramError as e:
+            out.error(_sentence(e.message), e.hint)
+            code = e.exit_code if e.exit_code in (EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE) else EXIT_ERROR
+        except KeyboardInterrupt:
+            out.stderr.write("\n")
+            code = 130
+        except BrokenPipeError:
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - quiet the interpreter's flush at exit
+            code = EXIT_ERROR
+        except Exception as e:
+            if os.environ.get("ENGRAM_DEBUG"):
+                raise
+            out.error(f"unexpected {type(e).__name__}: {e}", "rerun with ENGRAM_DEBUG=1 for a traceback, and report it")
+            code = EXIT_ERROR
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def _sentence(text: str) -> str:
+    """Capitalize a message that starts with a plain lowercase word (not a path, id or option)."""
+    text = text.strip()
+    first = text.split(" ", 1)[0]
+    return text[:1].upper() + text[1:] if first.isalpha() and first.islower() else text
+
+
+# -- output mode options ------------------------------------------------------------------------------
+JsonOpt = typer.Option(False, "--json", help="Print JSON on stdout.")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="Print only ids/names, one per line.")
+
+
+def output(json_: bool = False, quiet: bool = False) -> Output:
+    if json_ and quiet:
+        raise UsageError("--json and --quiet cannot be combined.", hint="pick one")
+    return Output(JSON if json_ else QUIET if quiet else HUMAN)
+
+
+# -- settings -----------------------------------------------------------------------------------------
+def settings(**flags: Any):
+    """The one frozen Settings of this invocation: defaults < config.toml < ENGRAM_* env < flags."""
+    from engramctl.settings import load_settings
+
+    return load_settings({k: v for k, v in flags.items() if v is not None})

@@ -1,0 +1,181 @@
+"""`engramctl serve` (foreground) and `engramctl daemon start|stop|status|logs` (background).
+
+The process work is engramctl.daemon.runner's; this module only parses flags and prints."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from engramctl.cli import common
+from engramctl.cli.common import JsonOpt, QuietOpt
+from engramctl.cli.output import EXIT_UNREACHABLE, render_fields
+from engramctl.errors import UsageError
+
+app = typer.Typer(name="daemon", help="Start, stop and inspect the background daemon.", no_args_is_help=True,
+                  rich_markup_mode=None)  # fmt: skip
+
+
+def register(root: typer.Typer) -> None:
+    root.command("serve")(serve)
+    root.add_typer(app, name="daemon")
+
+
+ModelOpt = typer.Option(None, "--model", "-m", metavar="MODEL", envvar="ENGRAM_MODEL",
+                        help="Hub id, local directory or GGUF file (default: granite-4.0-h-350m, else SmolLM2).")  # fmt: skip
+HostOpt = typer.Option(None, "--host", metavar="HOST", help="Address to listen on (default 127.0.0.1).")
+PortOpt = typer.Option(None, "--port", "-p", metavar="PORT", min=1, max=65535, help="Port (default 11535).")
+RemoteOpt = typer.Option(None, "--allow-remote/--loopback-only", help="Allow a non-loopback --host.")
+DeviceOpt = typer.Option(None, "--device", metavar="auto|cpu|cuda", help="Where to run the model.")
+DtypeOpt = typer.Option(None, "--dtype", metavar="auto|float32|bfloat16|float16", help="Model dtype.")
+
+
+def _settings(model: str | None, host: str | None, port: int | None, allow_remote: bool | None,
+              device: str | None, dtype: str | None):  # fmt: skip
+    return common.settings(model=model, host=host, port=port, allow_remote=allow_remote, device=device, dtype=dtype)
+
+
+def serve(
+    model: Optional[str] = ModelOpt,
+    host: Optional[str] = HostOpt,
+    port: Optional[int] = PortOpt,
+    allow_remote: Optional[bool] = RemoteOpt,
+    device: Optional[str] = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+) -> None:
+    """Run the daemon in the foreground (logs on stderr; Ctrl-C stops it).
+
+    Serves the OpenAI API (/v1/chat/completions, /v1/models) and the snapshot routes on loopback,
+    with the bearer token from the config dir."""
+    from engramctl.daemon.runner import serve as run_serve
+
+    st = _settings(model, host, port, allow_remote, device, dtype)
+    run_serve(st)
+
+
+@app.command("start")
+def start(
+    model: Optional[str] = ModelOpt,
+    host: Optional[str] = HostOpt,
+    port: Optional[int] = PortOpt,
+    allow_remote: Optional[bool] = RemoteOpt,
+    device: Optional[str] = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    json_: bool = JsonOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Start the daemon in the background and wait until it answers (loading the model)."""
+    from engramctl.daemon.runner import daemon_status, start_background
+
+    out = common.output(json_, quiet)
+    st = _settings(model, host, port, allow_remote, device, dtype)
+    running = daemon_status(st)
+    if running is not None:
+        out.result(f"The daemon is already running ({_where(running)}).", json_obj={**running, "already_running": True},
+                   quiet_lines=[str(running.get("pid", ""))])  # fmt: skip
+        _model_mismatch(out, running, model)
+        return
+    with out.spinner("starting the daemon (loading the model)"):
+        info = start_background(st, wait=True)
+    info = info or {}
+    out.result(f"Daemon started ({_where(info)}).", json_obj={**info, "already_running": False},
+               quiet_lines=[str(info.get("pid", ""))])  # fmt: skip
+
+
+@app.command("stop")
+def stop(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
+    """Stop the background daemon (pending snapshot writes finish first)."""
+    from engramctl.daemon.runner import stop_background
+
+    out = common.output(json_, quiet)
+    st = common.settings()
+    with out.spinner("stopping the daemon"):
+        stopped = stop_background(st)
+    out.result("Daemon stopped." if stopped else "No daemon was running.", json_obj={"stopped": bool(stopped)})
+
+
+@app.command("status")
+def status(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
+    """Is the daemon running, and with what. Exit code 3 when it is not running."""
+    from engramctl.cli.status import daemon_fields
+    from engramctl.daemon.runner import daemon_status
+
+    out = common.output(json_, quiet)
+    st = common.settings()
+    info = daemon_status(st)
+    if info is None:
+        if out.json:
+            out.emit_json({"running": False})
+        else:
+            out.note("No daemon is running. Start one: engramctl daemon start")
+        raise typer.Exit(EXIT_UNREACHABLE)
+    if out.json:
+        out.emit_json({"running": True, **info})
+    elif out.quiet:
+        out.line(str(info.get("pid", "")))
+    else:
+        out.line(render_fields(daemon_fields(info)))
+
+
+@app.command("logs")
+def logs(
+    lines: int = typer.Option(50, "--lines", "-n", min=0, help="How many of the last lines to show."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
+    path: bool = typer.Option(False, "--path", help="Only print the log file's path."),
+) -> None:
+    """Show the daemon's log."""
+    from engramctl.daemon.runner import log_file
+
+    out = common.output()
+    st = common.settings()
+    f = Path(log_file(st))
+    if path:
+        out.line(str(f))
+        return
+    if not f.is_file():
+        raise UsageError(f"no daemon log yet at {f}.", hint="engramctl daemon start")
+    with f.open("r", encoding="utf-8", errors="replace") as fh:
+        for ln in deque(fh, maxlen=lines) if lines else ():
+            out.write(ln)
+        if not follow:
+            return
+        try:
+            while True:
+                ln = fh.readline()
+                if ln:
+                    out.write(ln)
+                else:
+                    time.sleep(0.25)
+        except KeyboardInterrupt:
+            return
+
+
+def _where(info: dict) -> str:
+    parts = []
+    if info.get("pid"):
+        parts.append(f"pid {info['pid']}")
+    url = info.get("url") or (f"http://{info.get('host')}:{info.get('port')}" if info.get("port") else None)
+    if url:
+        parts.append(url)
+    if info.get("model"):
+        parts.append(f"model {info['model']}")
+    return ", ".join(parts) or "running"
+
+
+def _model_mismatch(out: Any, running: dict, requested: str | None) -> None:
+    if requested and running.get("model") and not _same_model(running["model"], requested):
+        out.warn(f"it serves {running['model']}, not {requested}. To switch: engramctl daemon stop && "
+                 f"engramctl daemon start --model {requested}")  # fmt: skip
+
+
+def _same_model(served: str, requested: str) -> bool:
+    if served == requested:
+        return True
+    try:
+        return Path(requested).expanduser().resolve() == Path(served).resolve() or Path(requested).name == Path(served).name
+    except OSError:
+        return False

@@ -1,0 +1,312 @@
+"""All terminal output goes through here.
+
+stdout carries data only (tables, JSON, the chat reply); stderr carries everything else (progress,
+headers, notes, warnings, errors). Three modes:
+
+    human  borderless tables with UPPERCASE headers, human sizes and times
+    json   exactly one JSON document on stdout (NDJSON for streams); notes still go to stderr
+    quiet  ids/names only, one per line; notes are dropped, warnings and errors are not
+
+Errors print as `Error: <sentence>` then `Hint: <next command>` on stderr. Exit codes: 0 ok,
+1 error, 2 usage, 3 daemon unreachable (the EngramError subclasses carry their own).
+
+Nothing heavy is imported here: `engramctl --help` and completion load this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Iterable, Sequence, TextIO
+
+from engramctl.units import human_bytes, human_duration
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_CODES_HELP = "Exit codes: 0 ok, 1 error, 2 usage error, 3 daemon unreachable, 130 interrupted."
+
+HUMAN, JSON, QUIET = "human", "json", "quiet"
+
+
+def _tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _color_ok(stream: TextIO) -> bool:
+    return _tty(stream) and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+
+
+# -- formatting helpers -------------------------------------------------------------------------------
+def size(n: int | None) -> str:
+    return human_bytes(n)
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    if not ts:
+        return "-"
+    delta = (time.time() if now is None else now) - ts
+    if delta < 5:
+        return "just now"
+    return f"{human_duration(delta)} ago"
+
+
+def timestamp(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+def count(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def yes_no(v: Any) -> str:
+    return "yes" if v else "no"
+
+
+def short_ids(ids: Iterable[str], minimum: int = 12) -> dict[str, str]:
+    """Shortest unique prefix of each id (at least `minimum` chars), like git's abbreviated hashes.
+    Snapshot ids start with a millisecond timestamp, so short prefixes collide; 12 is the floor."""
+    ordered = sorted(set(ids))
+    out: dict[str, str] = {}
+    for i, sid in enumerate(ordered):
+        need = minimum
+        for other in (ordered[i - 1] if i else None, ordered[i + 1] if i + 1 < len(ordered) else None):
+            if other is None:
+                continue
+            common = 0
+            while common < min(len(sid), len(other)) and sid[common] == other[common]:
+                common += 1
+            need = max(need, common + 1)
+        out[sid] = sid[: min(need, len(sid))]
+    return out
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    key: str | Callable[[dict], Any]
+    align: str = "<"  # "<" or ">"
+    fmt: Callable[[Any], str] | None = None
+
+    def cell(self, row: dict) -> str:
+        value = self.key(row) if callable(self.key) else row.get(self.key)
+        if self.fmt is not None:
+            return self.fmt(value)
+        return "-" if value is None or value == "" else str(value)
+
+
+def render_table(rows: Sequence[dict], columns: Sequence[Column], gap: int = 2) -> str:
+    """A borderless table: UPPERCASE headers, columns separated by two spaces, no trailing blanks."""
+    cells = [[c.header.upper() for c in columns]] + [[c.cell(r) for c in columns] for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = []
+    for line in cells:
+        parts = []
+        for i, (text, col) in enumerate(zip(line, columns)):
+            last = i == len(columns) - 1
+            if col.align == ">":
+                parts.append(text.rjust(widths[i]))
+            else:
+                parts.append(text if last else text.ljust(widths[i]))
+        lines.append((" " * gap).join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def render_fields(fields: Sequence[tuple[str, Any]]) -> str:
+    """KEY  value lines, keys UPPERCASE and aligned (the `info` view)."""
+    width = max((len(k) for k, _ in fields), default=0)
+    return "\n".join(f"{k.upper():<{width}}  {'-' if v is None or v == '' else v}".rstrip() for k, v in fields)
+
+
+# -- the output object --------------------------------------------------------------------------------
+class Output:
+    def __init__(self, mode: str = HUMAN, *, stdout: TextIO | None = None, stderr: TextIO | None = None):
+        self.mode = mode
+        self._stdout = stdout
+        self._stderr = stderr
+
+    # Streams are looked up at call time so test runners that swap sys.stdout see the output.
+    @property
+    def stdout(self) -> TextIO:
+        return self._stdout or sys.stdout
+
+    @property
+    def stderr(self) -> TextIO:
+        return self._stderr or sys.stderr
+
+    @property
+    def json(self) -> bool:
+        return self.mode == JSON
+
+    @property
+    def quiet(self) -> bool:
+        return self.mode == QUIET
+
+    @property
+    def human(self) -> bool:
+        return self.mode == HUMAN
+
+    def stderr_tty(self) -> bool:
+        return _tty(self.stderr)
+
+    def stdout_tty(self) -> bool:
+        return _tty(self.stdout)
+
+    # -- data (stdout) -------------------------------------------------------------------------------
+    def write(self, text: str, *, end: str = "", flush: bool = True) -> None:
+        """Raw data to stdout (a streamed reply)."""
+        self.stdout.write(text + end)
+        if flush:
+            self.stdout.flush()
+
+    def line(self, text: str = "") -> None:
+        self.write(text, end="\n")
+
+    def emit_json(self, obj: Any) -> None:
+        self.line(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default))
+
+    def event(self, obj: dict) -> None:
+        """One NDJSON line (streams)."""
+        self.line(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_json_default))
+
+    def table(self, rows: Sequence[dict], columns: Sequence[Column], *, json_rows: Any = None,
+              quiet_key: str | Callable[[dict], str] = "id", empty: str | None = None) -> None:  # fmt: skip
+        """A list: a table (human), a JSON array (json), or one `quiet_key` per line (quiet)."""
+        if self.json:
+            self.emit_json(list(rows) if json_rows is None else json_rows)
+        elif self.quiet:
+            for r in rows:
+                self.line(str(quiet_key(r) if callable(quiet_key) else r[quiet_key]))
+        elif rows:
+            self.line(render_table(rows, columns))
+        elif empty:
+            self.note(empty)
+
+    def fields(self, fields: Sequence[tuple[str, Any]], *, json_obj: Any, quiet_value: str | None = None) -> None:
+        """One object: KEY value lines (human), a JSON object (json), one value (quiet)."""
+        if self.json:
+            self.emit_json(json_obj)
+        elif self.quiet:
+            if quiet_value is not None:
+                self.line(quiet_value)
+        else:
+            self.line(render_fields(fields))
+
+    def result(self, message: str, *, json_obj: Any, quiet_lines: Iterable[str] = ()) -> None:
+        """The outcome of a command that changed something: a sentence on stderr (human), a JSON
+        object on stdout (json), or the affected ids on stdout (quiet)."""
+        if self.json:
+            self.emit_json(json_obj)
+        elif self.quiet:
+            for q in quiet_lines:
+                self.line(q)
+        else:
+            self.note(message)
+
+    # -- everything else (stderr) --------------------------------------------------------------------
+    def _err(self, text: str) -> None:
+        self.stderr.write(text + "\n")
+        self.stderr.flush()
+
+    def _style(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if _color_ok(self.stderr) else text
+
+    def note(self, text: str) -> None:
+        """Progress and confirmations; dropped in quiet mode."""
+        if not self.quiet:
+            self._err(text)
+
+    def dim(self, text: str) -> None:
+        if not self.quiet:
+            self._err(self._style(text, "2"))
+
+    def warn(self, text: str) -> None:
+        self._err(f"{self._style('Warning:', '33;1')} {text}")
+
+    def error(self, message: str, hint: str | None = None) -> None:
+        self._err(f"{self._style('Error:', '31;1')} {message}")
+        if hint:
+            self._err(f"{self._style('Hint:', '36')} {hint}")
+
+    def spinner(self, text: str) -> "Spinner":
+        return Spinner(self.stderr, text, enabled=self.stderr_tty() and not self.quiet)
+
+    def confirm(self, question: str, *, stdin: TextIO | None = None) -> bool:
+        """Ask on the terminal; only call when stdin is a terminal."""
+        self.stderr.write(f"{question} [y/N] ")
+        self.stderr.flush()
+        answer = (stdin or sys.stdin).readline()
+        return answer.strip().lower() in ("y", "yes")
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "to_json"):
+        return obj.to_json()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if hasattr(obj, "__fspath__"):
+        return os.fspath(obj)
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+class Spinner:
+    """A one-line spinner on stderr while waiting (first token, daemon start). No-op off a terminal."""
+
+    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(self, stream: TextIO, text: str, enabled: bool = True, interval: float = 0.08):
+        self.stream, self.text, self.enabled, self.interval = stream, text, enabled, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._shown = False
+
+    def start(self) -> "Spinner":
+        if self.enabled and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="spinner", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.wait(self.interval if i else 0.15):
+            with self._lock:
+                if self._stop.is_set():
+                    break
+                self.stream.write(f"\r{self.FRAMES[i % len(self.FRAMES)]} {self.text}\x1b[K")
+                self.stream.flush()
+                self._shown = True
+            i += 1
+
+    def update(self, text: str) -> None:
+        self.text = text
+
+    def stop(self) -> None:
+        """Stop and erase the spinner line. Idempotent; safe to call before any frame was drawn."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1)
+            self._thread = None
+        with self._lock:
+            if self._shown:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+                self._shown = False
+
+    def __enter__(self) -> "Spinner":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,133 @@
+"""`engramctl ps` (what the daemon has loaded, and the sessions) and `engramctl tiers` (the tier plan)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+from engramctl.cli import common
+from engramctl.cli.common import JsonOpt, QuietOpt
+from engramctl.cli.output import Column, ago, count, render_fields, render_table, size
+from engramctl.units import human_duration
+
+
+def _session_tiers(s: dict) -> str:
+    return ",".join(s.get("head_tiers") or []) or ("transcript" if s.get("n_messages") else "-")
+
+
+SESSION_COLUMNS = [
+    Column("SESSION", "name"),
+    Column("SNAPSHOTS", "n_snapshots", ">", count),
+    Column("TOKENS", "head_tokens", ">", count),
+    Column("SIZE", "nbytes", ">", size),
+    Column("STATE IN", _session_tiers),
+    Column("LAST USED", "last_used", fmt=ago),
+]
+
+
+def daemon_fields(d: dict) -> list[tuple[str, Any]]:
+    """The daemon's status (runner.daemon_status) as KEY value lines."""
+    fields: list[tuple[str, Any]] = [("model", d.get("model") or "-")]
+    if d.get("family"):
+        fields.append(("family", d["family"]))
+    fields.append(("device", ", ".join(str(x) for x in (d.get("device"), d.get("dtype")) if x) or "-"))
+    mem = []
+    if d.get("weights_bytes") is not None:
+        mem.append(f"weights {size(d['weights_bytes'])}")
+    if d.get("rss_bytes") is not None:
+        mem.append(f"process {size(d['rss_bytes'])}")
+    fields.append(("memory", ", ".join(mem) or "-"))
+    if d.get("context_length"):
+        fields.append(("context", f"{count(d['context_length'])} tokens"))
+    hot = d.get("hot")
+    if isinstance(hot, dict) and hot.get("session"):
+        fields.append(("loaded", f"session {hot['session']} ({count(hot.get('tokens'))} tokens in memory)"))
+    where = d.get("url") or (f"http://{d.get('host')}:{d.get('port')}" if d.get("port") else None)
+    state = d.get("state") or ("running" if d.get("ready") else "starting")
+    up = d.get("uptime_s")
+    daemon = ", ".join(x for x in (state, f"pid {d['pid']}" if d.get("pid") else None, where,
+                                   f"up {human_duration(up)}" if up is not None else None) if x)  # fmt: skip
+    fields.append(("daemon", daemon))
+    return fields
+
+
+def ps(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
+    """Show the running daemon (model, device, dtype, memory) and the sessions: where their state
+    is and when they were last used. Works without a daemon (sessions from the local index)."""
+    from engramctl.cli import daemonlink
+    from engramctl.cli.catalog import open_catalog
+
+    out = common.output(json_, quiet)
+    st = common.settings()
+    info = daemonlink.status(st)
+    with open_catalog(st) as cat:
+        sessions = cat.sessions()
+    if out.json:
+        out.emit_json({"daemon": info, "sessions": sessions})
+        return
+    if out.human:
+        if info is None:
+            out.note("No daemon is running; sessions below are from the local index. Start one: engramctl daemon start")
+        else:
+            out.line(render_fields(daemon_fields(info)))
+            out.line()
+    out.table(sessions, SESSION_COLUMNS, quiet_key="name",
+              empty="No sessions yet. Start one with: engramctl chat --session NAME")  # fmt: skip
+
+
+def sessions(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
+    """List the sessions: snapshots, messages, tokens in the latest state, where it is, last use."""
+    from engramctl.cli.catalog import open_catalog
+
+    out = common.output(json_, quiet)
+    with open_catalog(common.settings()) as cat:
+        rows = cat.sessions()
+    cols = SESSION_COLUMNS[:2] + [Column("MESSAGES", "n_messages", ">", count)] + SESSION_COLUMNS[2:]
+    cols.insert(len(cols) - 1, Column("BRANCHED FROM", lambda s: (s.get("base") or "")[:12]))
+    out.table(rows, cols, quiet_key="name", empty="No sessions yet. Start one with: engramctl chat --session NAME")
+
+
+def tiers(json_: bool = JsonOpt) -> None:
+    """Show the tier plan: the detected hardware, the budget of each tier and the rule behind it,
+    what each tier holds now, and the retention rules."""
+    from engramctl.cli.catalog import open_catalog
+
+    out = common.output(json_, False)
+    st = common.settings()
+    with open_catalog(st) as cat:
+        plan = cat.tiers()
+    retention = {
+        "keep_last": st.keep_last,
+        "session_ttl_s": st.session_ttl_s,
+        "pins": "pinned snapshots are never evicted",
+        "write_through": "every snapshot is persisted to disk; vram/ram hold hot copies",
+    }
+    plan = {**plan, "retention": plan.get("retention") or retention}
+    if out.json:
+        out.emit_json(plan)
+        return
+    hw = plan.get("hardware") or {}
+    hw_fields = [("cpu", hw.get("cpu") or "-")]
+    ram = f"{size(hw.get('ram_total_bytes'))} total, {size(hw.get('ram_available_bytes'))} available"
+    hw_fields.append(("ram", ram))
+    gpu = hw.get("gpu")
+    hw_fields.append(("gpu", f"{gpu} ({size(hw.get('vram_total_bytes'))})" if gpu else "none (no CUDA in this process)"))
+    hw_fields.append(("disk", f"{size(hw.get('disk_free_bytes'))} free under {st.paths.data_dir}"))
+    out.line(render_fields(hw_fields))
+    out.line()
+    rows = plan.get("tiers") or []
+    out.line(render_table(rows, [
+        Column("TIER", "name"),
+        Column("BUDGET", lambda t: size(t["budget_bytes"]) if t.get("budget_bytes") else "off", ">"),
+        Column("USED", "used_bytes", ">", size),
+        Column("SNAPSHOTS", "snapshots", ">", count),
+        Column("RULE", "rule"),
+    ]))  # fmt: skip
+    out.line()
+    r = plan["retention"]
+    ttl = r.get("session_ttl_s")
+    out.line(render_fields([
+        ("keep last", f"{r.get('keep_last')} snapshots per session (pinned, labelled and in-use ones are extra)"),
+        ("session ttl", "none" if not ttl else f"unpinned snapshots of sessions idle over {human_duration(ttl)} go"),
+        ("pins", "never evicted"),
+    ]))  # fmt: skip

@@ -1,0 +1,157 @@
+"""Rendering of the chat (header, stream, NDJSON, Ctrl-C, slash commands, multi-line input) with a fake
+daemon link. Only how things are printed is tested here; tests/cli/test_daemon_cli.py drives a real
+daemon."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from engramctl.cli import repl as repl_mod
+from engramctl.cli.chat import ChatSession, describe_origin
+from engramctl.cli.output import HUMAN, JSON, Output
+from engramctl.errors import NotFound
+
+
+class FakeLink:
+    model_id = "tiny/model"
+
+    def __init__(self, pieces=("Hel", "lo", "!"), interrupt_after: int | None = None, resumed: dict | None = None):
+        self.pieces, self.interrupt_after, self.resumed = pieces, interrupt_after, resumed
+        self.sent: list[list[dict]] = []
+        self.closed = 0
+        self.saved: list = []
+        self.sessions = {"s": []}
+
+    def open_session(self, session):
+        return self.resumed
+
+    def stream(self, session, messages, sampling):
+        self.sent.append(messages)
+        try:
+            yield {"type": "start", "engram": {"session": session, "resumed": False, "restored_tokens": 0}}
+            for i, p in enumerate(self.pieces):
+                if self.interrupt_after is not None and i == self.interrupt_after:
+                    raise KeyboardInterrupt
+                yield {"type": "token", "text": p}
+            yield {"type": "done", "finish_reason": "stop",
+                   "usage": {"prompt_tokens": 10, "completion_tokens": len(self.pieces)},
+                   "engram": {"snapshot_id": "ab" * 16, "decode_ms": 30.0}}
+        finally:
+            self.closed += 1
+
+    def save(self, session, label):
+        self.saved.append((session, label))
+        return {"id": "cd" * 16, "label": label, "n_tokens": 13, "nbytes": 4096}
+
+    def branch(self, session, new):
+        if new in self.sessions:
+            raise NotFound("exists")
+        self.sessions[new] = []
+
+    def transcript(self, session):
+        return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"}]
+
+    def reset(self, session):
+        return "s.1"
+
+    def settle(self, timeout=5.0):
+        self.settled = True
+
+    def snapshot(self, sid):
+        return {"id": sid, "nbytes": 2048, "n_tokens": 13}
+
+
+def outputs(mode=HUMAN):
+    o, e = io.StringIO(), io.StringIO()
+    return Output(mode, stdout=o, stderr=e), o, e
+
+
+def test_stream_to_stdout_header_to_stderr():
+    out, o, e = outputs()
+    link = FakeLink()
+    chat = ChatSession(link, out, "s", system="be brief")
+    res = chat.send("hi")
+    assert o.getvalue() == "Hello!\n"
+    assert e.getvalue().strip() == "tiny/model · session s · new session"
+    assert link.sent[0][0] == {"role": "system", "content": "be brief"} and link.closed == 1
+    assert res["completion_tokens"] == 3 and res["tokens_per_s"] == pytest.approx(100.0)
+    chat.send("again")
+    assert link.sent[1] == [{"role": "user", "content": "again"}]  # the system prompt goes first only
+    assert e.getvalue().count("session s") == 1  # the header once
+
+
+def test_json_events():
+    out, o, e = outputs(JSON)
+    ChatSession(FakeLink(), out, "s", events=True).send("hi")
+    events = [json.loads(line) for line in o.getvalue().splitlines()]
+    assert [ev["event"] for ev in events] == ["token", "token", "token", "done"]
+    done = events[-1]
+    assert done["text"] == "Hello!" and done["snapshot_id"] == "ab" * 16 and done["finish_reason"] == "stop"
+    assert {"ttft_ms", "tokens_per_s", "prompt_tokens", "completion_tokens", "resumed", "tier"} <= set(done)
+    assert e.getvalue() == ""
+
+
+def test_ctrl_c_during_reply_closes_the_stream():
+    out, o, e = outputs()
+    link = FakeLink(interrupt_after=2)
+    res = ChatSession(link, out, "s").send("hi")
+    assert o.getvalue() == "Hello\n" and "reply stopped" in e.getvalue()
+    assert res["interrupted"] is True and res["text"] == "Hello"
+    assert link.closed == 1 and link.settled
+
+
+@pytest.mark.parametrize("ext,text", [
+    (None, "new session"),
+    ({"restored_tokens": 412, "tier": "ram", "restore_ms": 13.6}, "resumed: 412 tokens restored from ram in 14 ms"),
+    ({"tokens": 9, "tier": "live", "restore_ms": 0.0}, "resumed: 9 tokens restored from memory (already loaded) in 0 ms"),
+    ({"tokens": 0, "n_messages": 4}, "resumed from the transcript (4 messages, state rebuilt on the first turn)"),
+])  # fmt: skip
+def test_describe_origin(ext, text):
+    assert describe_origin(ext) == text
+
+
+def run_repl(script: str, link=None):
+    out, o, e = outputs()
+    link = link or FakeLink()
+    chat = ChatSession(link, out, "s")
+    reader = repl_mod.LineReader(out, stream=io.StringIO(script))
+    code = repl_mod.Repl(chat, out, reader).run()
+    return code, o.getvalue(), e.getvalue(), link, chat
+
+
+def test_help_is_generated_from_the_table():
+    text = repl_mod.help_text()
+    for c in repl_mod.COMMANDS:
+        assert c.name in text and c.help in text
+    assert {c.name for c in repl_mod.COMMANDS} == {"/?", "/bye", "/save", "/branch", "/history", "/stats", "/clear"}
+
+
+def test_repl_dispatch():
+    script = 'hi\n/save my label\n/branch idea\n/history\n/stats\n/clear\n/nope\n/?\n"""\nline 1\n\nline 3\n"""\n/bye\nnot sent\n'
+    code, o, e, link, chat = run_repl(script)
+    assert code == 0
+    assert link.saved == [("s", "my label")] and "Saved snapshot cdcdcdcdcdcd as 'my label'" in e
+    assert chat.session == "idea" and "now in 'idea'" in e
+    assert "user: hi\nassistant: Hello!" in e
+    assert "tokens in state  13" in e and "2.0 KiB" in e
+    assert "kept as session 's.1'" in e
+    assert "Error: unknown command '/nope'." in e and "Hint: /? lists the commands" in e
+    assert "Commands:" in e
+    assert link.sent[-1] == [{"role": "user", "content": "line 1\n\nline 3"}]
+    assert all(m[-1]["content"] != "not sent" for m in link.sent)
+    assert o.count("Hello!") == 2
+
+
+def test_repl_eof_exits_and_errors_do_not():
+    code, o, e, link, chat = run_repl("/branch\n/branch s\nhello\n")
+    assert code == 0 and "/branch needs a name" in e
+    assert "Error: exists" in e  # an error from the daemon is shown; the REPL goes on
+    assert link.sent == [[{"role": "user", "content": "hello"}]]
+
+
+def test_one_line_fence():
+    code, o, e, link, chat = run_repl('"""just one"""\n')
+    assert link.sent == [[{"role": "user", "content": "just one"}]]

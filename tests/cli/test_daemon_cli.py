@@ -1,0 +1,251 @@
+"""The CLI against a real daemon serving a tiny granitemoehybrid model (tests/factory.py).
+
+One daemon for the module (started in the background like `engramctl daemon start` does). Covers:
+the REPL driven by scripted stdin (resume across two invocations, /save, /branch), one-shot chat in
+every mode, snapshot commands through the daemon, ps/tiers/daemon status, a model mismatch, and
+Ctrl-C during a reply in a pseudo-terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def daemon(zoo, tmp_path_factory):
+    """`engramctl daemon start --model <tiny model>` in a home of its own; stopped at the end."""
+    from engramctl.daemon.runner import daemon_status, stop_background
+    from engramctl.settings import load_settings
+    from tests.cli.conftest import Runner
+
+    home = tmp_path_factory.mktemp("daemon-home")
+    model = zoo.path("granitemoehybrid")
+    env = {"ENGRAM_HOME": str(home), "ENGRAM_PORT": "0", "ENGRAM_NO_AUTOSTART": "1"}
+    mp = pytest.MonkeyPatch()
+    for k, v in env.items():
+        mp.setenv(k, v)
+    settings = load_settings({"model": str(model)})
+    started = Runner()("daemon", "start", "--model", str(model))
+    assert started.stderr.startswith("Daemon started (pid ") and started.stdout == ""
+    info = daemon_status(settings)
+    try:
+        yield SimpleNamespace(home=home, model=str(model), settings=settings, info=info, env=env)
+    finally:
+        stop_background(settings)
+        mp.undo()
+
+
+@pytest.fixture
+def live(daemon, monkeypatch):
+    """Point this test's commands at the module's daemon (the autouse fixture gave it a fresh home)."""
+    for k, v in daemon.env.items():
+        monkeypatch.setenv(k, v)
+    return daemon
+
+
+def chat(cli, *args, input=None, code=0):
+    return cli("chat", "--max-tokens", "6", "--seed", "1", *args, input=input, code=code)
+
+
+def test_status_ps_tiers_logs(cli, live):
+    st = cli("daemon", "status")
+    assert "MODEL" in st.stdout and live.model in st.stdout and "running" in st.stdout
+    data = cli.json("daemon", "status")
+    assert data["running"] is True and data["ready"] is True and data["model"] == live.model
+    assert cli("daemon", "status", "-q").stdout.strip() == str(data["pid"])
+    ps = cli.json("ps")
+    assert ps["daemon"]["model"] == live.model and isinstance(ps["sessions"], list)
+    assert "DAEMON" in cli("ps").stdout
+    tiers = cli.json("tiers")
+    assert [t["name"] for t in tiers["tiers"]] == ["vram", "ram", "disk"]
+    logs = cli("daemon", "logs", "-n", "5")
+    assert 0 < len(logs.stdout.splitlines()) <= 5
+    assert cli("daemon", "logs", "--path").stdout.strip().endswith("daemon.log")
+
+
+def test_repl_resume_save_branch(cli, live):
+    first = chat(cli, "-s", "notes", "-i", input="hello there\n/stats\n/save first\n/bye\n")
+    assert "session notes · new session" in first.stderr
+    assert first.stdout.strip() != ""  # the reply
+    assert "tokens in state" in first.stderr and "Saved snapshot" in first.stderr and "'first'" in first.stderr
+    snaps = cli.json("snapshots", "ls", "--session", "notes")
+    saved = [s for s in snaps if s["label"] == "first"]
+    assert len(saved) == 1 and saved[0]["pinned"] is True and saved[0]["head_of"] == ["notes"]
+
+    # a second invocation resumes from the snapshot, then forks
+    second = chat(cli, "-s", "notes", "-i", input="/history\nand then?\n/branch notes-fork\nin the fork\n/bye\n")
+    assert "session notes · resumed: " in second.stderr and "tokens restored from" in second.stderr
+    assert "user: hello there" in second.stderr
+    assert "now in 'notes-fork'" in second.stderr
+    sessions = {s["name"]: s for s in cli.json("ps")["sessions"]}
+    assert {"notes", "notes-fork"} <= set(sessions)
+    fork = cli.json("snapshots", "ls", "--session", "notes-fork")
+    assert fork and fork[-1]["head_of"] == ["notes-fork"]
+    assert fork[-1]["n_tokens"] > saved[0]["n_tokens"]
+    history = chat(cli, "-s", "notes-fork", "-i", input="/history\n").stderr
+    assert "user: hello there" in history and "user: and then?" in history and "user: in the fork" in history
+    main = chat(cli, "-s", "notes", "-i", input="/history\n").stderr
+    assert "user: in the fork" not in main
+
+
+def test_one_shot_modes(cli, live):
+    human = chat(cli, "-s", "shot", "Say something")
+    assert human.stdout.strip() and "session shot" not in human.stdout  # only the reply on stdout
+    assert "session shot · new session" in human.stderr
+
+    piped = chat(cli, "-s", "shot", input="from stdin\n")
+    assert piped.stdout.strip() and "resumed" in piped.stderr
+
+    events = [json.loads(line) for line in chat(cli, "-s", "shot", "--json", "more").stdout.splitlines()]
+    assert events[-1]["event"] == "done" and all(e["event"] == "token" for e in events[:-1])
+    done = events[-1]
+    assert done["resumed"] is True and done["session"] == "shot" and len(done["snapshot_id"]) == 32
+    assert done["completion_tokens"] == 6 and done["finish_reason"] == "length"
+    assert "".join(e["text"] for e in events[:-1]) == done["text"]
+
+    quiet = chat(cli, "-s", "shot", "-q", "quiet please")
+    assert quiet.stderr == "" and quiet.stdout.strip()
+
+    chat(cli, "-s", "sys", "--system", "Be brief.", "first")
+    chat(cli, "-s", "sys", "--system", "Be brief.", "second")
+    roles = [m["role"] for m in _transcript(live, "sys")]
+    assert roles == ["system", "user", "assistant", "user", "assistant"]  # the system prompt once
+
+    assert "stdin was empty" in chat(cli, "-s", "shot", input="", code=2).stderr
+    assert "Invalid session name" in chat(cli, "-s", "../x", "hi", code=2).stderr
+
+
+def _transcript(live, session: str) -> list[dict]:
+    from engramctl.client import Client
+
+    with Client(live.settings, autostart=False) as c:
+        return c.session(session)["messages"]
+
+
+def test_snapshots_through_the_daemon(cli, live, tmp_path):
+    chat(cli, "-s", "snap", "one")
+    chat(cli, "-s", "snap", "two")
+    rows = cli.json("snapshots", "ls", "--session", "snap")
+    assert len(rows) >= 2 and all("ram" in r["tiers"] or "disk" in r["tiers"] for r in rows)
+    human = cli("snapshots", "ls")
+    assert human.stdout.splitlines()[0].split()[:3] == ["ID", "SESSION", "TOKENS"]
+    assert set(cli("snapshots", "ls", "-q", "--session", "snap").stdout.split()) == {r["id"] for r in rows}
+    first = rows[0]["id"]
+    info = cli.json("snapshots", "info", first[:14])
+    assert info["id"] == first and info["session"] == "snap"
+    assert cli("snapshots", "info", first, "-q").stdout.strip() == first
+
+    b = cli.json("snapshots", "branch", first[:14], "snap-old")
+    assert b["name"] == "snap-old" and b["head"] == first
+    assert "Created session 'snap-via'" in cli("snapshots", "branch", "snap", "snap-via").stderr
+
+    out = tmp_path / "snap.safetensors"
+    exported = cli.json("snapshots", "export", rows[-1]["id"], str(out))
+    assert out.is_file() and exported["messages"] >= 2
+
+    refused = cli("snapshots", "rm", rows[-1]["id"], code=2)
+    assert "in use" in refused.stderr
+    dry = cli.json("snapshots", "rm", "--session", "snap-via", "--dry-run")
+    assert dry["dry_run"] is True
+    gone = cli.json("snapshots", "rm", "--session", "snap-via", "--yes")
+    assert gone["session"] == "snap-via"
+    assert "snap-via" not in cli("ps", "-q").stdout.split()
+
+    pin = cli("snapshots", "pin", first, code=1)
+    assert pin.stderr.startswith("Error: The running daemon has no route") and "Hint: engramctl daemon stop" in pin.stderr
+
+
+def test_serve_refuses_what_it_cannot_do(cli, live):
+    r = cli("serve", "--host", "0.0.0.0", code=2)
+    assert "Refusing to listen on 0.0.0.0" in r.stderr and "--allow-remote" in r.stderr
+    r = cli("serve", "--model", live.model, code=1)
+    assert "already running" in r.stderr and r.stderr.startswith("Error: ")
+
+
+def test_model_mismatch_says_how_to_switch(cli, live, tmp_path):
+    r = chat(cli, "-s", "x", "--model", str(tmp_path / "other-model"), "hi", code=1)
+    assert f"serves {live.model}" in r.stderr and "engramctl daemon stop" in r.stderr
+
+
+def test_ctrl_c_during_a_reply_in_a_terminal(live):
+    """Ctrl-C stops the reply (the stream is closed, the daemon cancels and records what was said),
+    Ctrl-C on an empty line says how to exit, Ctrl-D exits with 0."""
+    import pty
+
+    env = {**os.environ, **live.env, "TERM": "dumb", "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "engramctl", "chat", "-s", "tty", "--max-tokens", "4000", "-t", "0"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session leader with the pty as its controlling terminal
+        os.chdir(ROOT)
+        os.execve(sys.executable, args, env)
+    buf = bytearray()
+
+    def wait_for(pattern: bytes, timeout: float = 30.0, start: int = 0) -> int:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            at = buf.find(pattern, start)
+            if at >= 0:
+                return at
+            r, _, _ = select.select([fd], [], [], 0.05)
+            if r:
+                try:
+                    buf.extend(os.read(fd, 65536))
+                except OSError:
+                    break
+        raise AssertionError(f"{pattern!r} not seen; terminal so far:\n{buf.decode(errors='replace')}")
+
+    try:
+        wait_for(b">>> ")
+        os.write(fd, b"tell me a long story\r")
+        echo = wait_for(b"story\r\n")
+        end = time.monotonic() + 20
+        while len(buf) < echo + 60 and time.monotonic() < end:  # let some of the reply stream
+            if select.select([fd], [], [], 0.05)[0]:
+                buf.extend(os.read(fd, 65536))
+        os.write(fd, b"\x03")
+        stopped = wait_for(b"reply stopped")
+        prompt = wait_for(b">>> ", start=stopped)
+        os.write(fd, b"\x03")
+        wait_for(b"Use /bye or Ctrl-D to exit.", start=prompt)
+        os.write(fd, b"/history\r")
+        hist = wait_for(b"assistant: ", start=prompt)
+        wait_for(b">>> ", start=hist)
+        os.write(fd, b"\x04")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        if pid:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    # the daemon recorded the partial reply: the session is consistent and resumes
+    messages = _transcript(live, "tty")
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert 0 < len(messages[1]["content"]) and messages[1].get("finish_reason") == "cancelled"
+
+
+def test_daemon_start_when_running_then_stop(cli, live):
+    again = cli("daemon", "start")
+    assert "already running" in again.stderr
+    assert cli.json("daemon", "start")["already_running"] is True
+    assert cli("daemon", "start", "-q").stdout.strip() == str(live.info["pid"])
+    stop = cli("daemon", "stop")
+    assert "Daemon stopped." in stop.stderr
+    assert cli.json("daemon", "stop") == {"stopped": False}
+    assert cli("daemon", "stop", "-q").stdout == ""
+    st = cli("daemon", "status", code=3)
+    assert "No daemon is running" in st.stderr
+    assert cli("daemon", "status", "--json", code=3).stdout.strip() == '{\n  "running": false\n}'
+    # without a daemon and without autostart, chat is "daemon unreachable"
+    r = cli("chat", "-s", "x", "hi", code=3)
+    assert r.stderr.startswith("Error: No engramctl daemon answers") and "Hint: " in r.stderr

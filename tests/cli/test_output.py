@@ -1,0 +1,56 @@
+"""The output module: tables, fields, modes, errors."""
+
+from __future__ import annotations
+
+import io
+
+from engramctl.cli.output import JSON, QUIET, Column, Output, ago, render_fields, render_table, short_ids, size
+
+
+def test_render_table_borderless_uppercase_aligned():
+    rows = [{"name": "demo", "n": 1200}, {"name": "a-much-longer-name", "n": 3}]
+    text = render_table(rows, [Column("name", "name"), Column("tokens", "n", ">", lambda v: f"{v:,}")])
+    lines = text.splitlines()
+    assert lines[0] == "NAME                TOKENS"
+    assert lines[1] == "demo                 1,200"
+    assert lines[2] == "a-much-longer-name       3"
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_render_fields():
+    assert render_fields([("id", "x"), ("last used", None)]) == "ID         x\nLAST USED  -"
+
+
+def test_short_ids_unique_and_at_least_12():
+    ids = ["0123456789ab" + "0" * 20, "0123456789ab" + "1" + "0" * 19, "fedcba987654" + "0" * 20]
+    short = short_ids(ids)
+    assert len(set(short.values())) == 3
+    assert short[ids[2]] == "fedcba987654"
+    assert short[ids[0]] == "0123456789ab0" and all(ids_.startswith(s) for ids_, s in short.items())
+
+
+def test_human_units():
+    assert size(1536) == "1.5 KiB" and size(None) == "-"
+    assert ago(100.0, now=100.5) == "just now"
+    assert ago(100.0, now=160.0) == "1.0 min ago" or ago(100.0, now=160.0).endswith("ago")
+
+
+def test_modes_route_streams():
+    out, err = io.StringIO(), io.StringIO()
+    o = Output(JSON, stdout=out, stderr=err)
+    o.table([{"id": "a"}], [Column("ID", "id")])
+    o.note("progress")
+    assert out.getvalue().strip().startswith("[") and err.getvalue() == "progress\n"
+
+    out, err = io.StringIO(), io.StringIO()
+    q = Output(QUIET, stdout=out, stderr=err)
+    q.table([{"id": "a"}, {"id": "b"}], [Column("ID", "id")])
+    q.note("dropped")
+    q.warn("kept")
+    assert out.getvalue() == "a\nb\n" and err.getvalue() == "Warning: kept\n"
+
+
+def test_error_and_hint():
+    err = io.StringIO()
+    Output(stderr=err).error("no such thing.", "engramctl snapshots ls")
+    assert err.getvalue() == "Error: no such thing.\nHint: engramctl snapshots ls\n"

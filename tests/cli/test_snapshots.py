@@ -1,0 +1,211 @@
+"""`engramctl snapshots ...` against a real store (no daemon): every command in human, --json and -q."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engramctl.cli import snapshots as snapshots_cli
+from tests.cli.conftest import seed_store
+
+
+def test_ls_modes(cli, seeded):
+    human = cli("snapshots", "ls")
+    lines = human.stdout.splitlines()
+    assert lines[0].split() == ["ID", "SESSION", "TOKENS", "SIZE", "TIERS", "CREATED", "NOTES"]
+    assert len(lines) == 1 + 5
+    assert "│" not in human.stdout and "─" not in human.stdout  # borderless
+    assert "KiB" in human.stdout and "disk" in human.stdout and "head" in human.stdout
+    assert human.stderr == ""
+
+    rows = cli.json("snapshots", "ls")
+    assert [r["id"] for r in rows] == seeded.all_ids
+    assert {r["session"] for r in rows} == {"demo", "other"}
+    head = rows[[r["id"] for r in rows].index(seeded.sessions["demo"][-1])]
+    assert head["head_of"] == ["demo"] and head["tiers"] == ["disk"] and head["durable"] is True
+
+    quiet = cli("snapshots", "ls", "-q")
+    assert quiet.stdout.split() == seeded.all_ids
+
+    one = cli.json("snapshots", "ls", "--session", "other")
+    assert [r["id"] for r in one] == seeded.sessions["other"]
+    assert "SESSION" not in cli("snapshots", "ls", "-s", "other").stdout.splitlines()[0]
+
+
+def test_ls_empty_and_unknown_session(cli):
+    r = cli("snapshots", "ls")
+    assert r.stdout == "" and "No snapshots yet" in r.stderr
+    assert cli.json("snapshots", "ls") == []
+    assert cli("snapshots", "ls", "-q").stdout == ""
+    bad = cli("snapshots", "ls", "--session", "nope", code=1)
+    assert bad.stdout == "" and bad.stderr.startswith("Error: ") and "Hint: " in bad.stderr
+
+
+def test_json_and_quiet_conflict(cli):
+    r = cli("snapshots", "ls", "--json", "-q", code=2)
+    assert "Error:" in r.stderr
+
+
+def test_info_modes_and_prefixes(cli, seeded):
+    sid = seeded.sessions["demo"][0]
+    human = cli("snapshots", "info", sid)
+    assert f"ID           {sid}" in human.stdout
+    assert "SESSION      demo" in human.stdout and "CHECKSUM" in human.stdout
+    info = cli.json("snapshots", "info", sid[:20])
+    assert info["id"] == sid and info["n_tokens"] == 8 and info["path"].endswith(f"{sid}.safetensors")
+    assert cli("snapshots", "info", sid, "-q").stdout.strip() == sid
+    # ids start with a millisecond timestamp: a short prefix shared by several ids is ambiguous
+    ambiguous = cli("snapshots", "info", sid[:6], code=2)
+    assert "give more characters" in ambiguous.stderr or "matches" in ambiguous.stderr
+    assert "too short" in cli("snapshots", "info", sid[:5], code=2).stderr
+    assert cli("snapshots", "info", "f" * 12, code=1).stderr.startswith("Error: No snapshot id starts with")
+    assert "not a snapshot id" in cli("snapshots", "info", "../etc", code=2).stderr
+
+
+def test_rm_preview_dry_run_yes(cli, seeded):
+    old = seeded.sessions["demo"][0]
+    dry = cli("snapshots", "rm", old, "--dry-run")
+    assert "Will delete 1 snapshot(s), freeing" in dry.stderr and old[:12] in dry.stdout
+    assert "nothing deleted" in dry.stderr.lower()
+    assert cli.json("snapshots", "rm", old, "--dry-run")["dry_run"] is True
+    assert old in cli("snapshots", "ls", "-q").stdout
+
+    done = cli.json("snapshots", "rm", old, "--yes")
+    assert done["deleted"] == [old] and done["freed_bytes"] > 0 and done["dry_run"] is False
+    assert old not in cli("snapshots", "ls", "-q").stdout
+
+    second = seeded.sessions["demo"][1]
+    q = cli("snapshots", "rm", second, "--yes", "-q")
+    assert q.stdout.split() == [second]
+
+
+def test_rm_refuses_without_terminal_and_asks_on_one(cli, seeded, monkeypatch):
+    old = seeded.sessions["demo"][0]
+    refused = cli("snapshots", "rm", old, input="y\n", code=2)
+    assert "stdin is not a terminal" in refused.stderr and "--yes" in refused.stderr
+    assert old in cli("snapshots", "ls", "-q").stdout
+
+    monkeypatch.setattr(snapshots_cli, "stdin_is_tty", lambda: True)
+    no = cli("snapshots", "rm", old, input="n\n", code=1)
+    assert "[y/N]" in no.stderr and "Nothing deleted" in no.stderr
+    assert old in cli("snapshots", "ls", "-q").stdout
+    yes = cli("snapshots", "rm", old, input="y\n")
+    assert "Deleted 1 snapshot(s)" in yes.stderr
+    assert old not in cli("snapshots", "ls", "-q").stdout
+
+
+def test_rm_in_use_needs_force(cli, seeded):
+    head = seeded.sessions["demo"][-1]
+    r = cli("snapshots", "rm", head, "--yes", code=2)
+    assert "in use" in r.stderr and "head of demo" in r.stderr and "--force" in r.stderr
+    forced = cli.json("snapshots", "rm", head, "--yes", "--force")
+    assert forced["deleted"] == [head]
+    # the session fell back to the parent snapshot
+    rows = cli.json("snapshots", "ls", "--session", "demo")
+    assert rows[-1]["head_of"] == ["demo"]
+
+
+def test_rm_session(cli, seeded):
+    cli("snapshots", "branch", seeded.sessions["demo"][0], "fork")
+    preview = cli("snapshots", "rm", "--session", "demo", "--dry-run")
+    assert "Will delete session 'demo': 2 snapshot(s)" in preview.stderr
+    assert "1 snapshot(s) stay" in preview.stderr
+    data = cli.json("snapshots", "rm", "--session", "demo", "--dry-run")
+    assert data["kept_for_branches"] == [seeded.sessions["demo"][0]] and data["messages"] == 6
+    cli("snapshots", "rm", "--session", "demo", code=2)  # stdin not a terminal
+    done = cli.json("snapshots", "rm", "--session", "demo", "--yes")
+    assert sorted(done["deleted"]) == sorted(seeded.sessions["demo"][1:])
+    sessions = {s["name"] for s in cli.json("ps")["sessions"]}
+    assert sessions == {"fork", "other"}
+    cli("snapshots", "rm", "--session", "demo", "--yes", code=1)
+
+
+def test_rm_usage(cli, seeded):
+    assert "one of the two" in cli("snapshots", "rm", code=2).stderr
+    assert "one of the two" in cli("snapshots", "rm", seeded.all_ids[0], "--session", "demo", code=2).stderr
+
+
+def test_branch_from_session_and_prefix(cli, seeded):
+    human = cli("snapshots", "branch", "demo", "fork1")
+    assert "Created session 'fork1' from session 'demo'" in human.stderr and human.stdout == ""
+    first = seeded.sessions["demo"][0]
+    data = cli.json("snapshots", "branch", first[:16], "fork2")
+    assert data["name"] == "fork2" and data["head"] == first
+    assert cli("snapshots", "branch", "other", "fork3", "-q").stdout.strip() == "fork3"
+    assert "already exists" in cli("snapshots", "branch", "demo", "fork1", code=2).stderr
+    assert cli("snapshots", "branch", "nosuch", "x", code=1).stderr.startswith("Error: No session or snapshot")
+
+
+def test_pin_unpin(cli, seeded):
+    sid = seeded.sessions["other"][0]
+    r = cli("snapshots", "pin", sid, "--label", "before refactor")
+    assert "Pinned" in r.stderr and r.stdout == ""
+    info = cli.json("snapshots", "info", sid)
+    assert info["pinned"] is True and info["label"] == "before refactor"
+    assert "pinned" in cli("snapshots", "ls").stdout
+    assert cli.json("snapshots", "unpin", sid)["pinned"] is False
+    assert cli("snapshots", "pin", sid, "-q").stdout.strip() == sid
+    assert cli("snapshots", "unpin", sid, "-q").stdout.strip() == sid
+    assert "Unpinned" in cli("snapshots", "unpin", sid).stderr
+
+
+def test_export_import_roundtrip(cli, seeded, tmp_path):
+    sid = seeded.sessions["demo"][1]
+    out = tmp_path / "x.safetensors"
+    r = cli("snapshots", "export", sid, str(out))
+    assert out.is_file() and "Exported" in r.stderr
+    assert "already exists" in cli("snapshots", "export", sid, str(out), code=2).stderr
+    data = cli.json("snapshots", "export", sid, str(out), "--force")
+    assert data["messages"] == 4 and data["n_tokens"] == 16
+    assert cli("snapshots", "export", sid, str(out), "--force", "-q").stdout.strip() == str(out)
+
+    assert "already exists" in cli("snapshots", "import", str(out), code=2).stderr  # session 'demo' exists
+    imp = cli.json("snapshots", "import", str(out), "--session", "restored", "--label", "imported")
+    assert imp["session"] == "restored" and imp["n_tokens"] == 16 and imp["messages"] == 4
+    assert imp["label"] == "imported"
+    q = cli("snapshots", "import", str(out), "--session", "restored2", "-q")
+    assert len(q.stdout.strip()) == 32
+    h = cli("snapshots", "import", str(out), "--session", "restored3")
+    assert "Imported x.safetensors as session 'restored3'" in h.stderr
+
+
+def test_import_rejects_damaged_file(cli, seeded, tmp_path):
+    out = tmp_path / "x.safetensors"
+    cli("snapshots", "export", seeded.sessions["demo"][0], str(out))
+    raw = bytearray(out.read_bytes())
+    raw[-5] ^= 0xFF
+    out.write_bytes(bytes(raw))
+    r = cli("snapshots", "import", str(out), "--session", "bad", code=1)
+    assert "checksum" in r.stderr and r.stderr.startswith("Error: ")
+    assert "bad" not in {s["name"] for s in cli.json("ps")["sessions"]}
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a snapshot at all")
+    assert cli("snapshots", "import", str(junk), "--session", "bad", code=1).stderr.startswith("Error: ")
+
+
+def test_gc_modes(cli, monkeypatch):
+    monkeypatch.setenv("ENGRAM_KEEP_LAST", "1")
+    ids = seed_store({"long": 4}).sessions["long"]
+    dry = cli("snapshots", "ls", "-q").stdout.split()
+    assert len(dry) >= 1
+    res = cli.json("snapshots", "gc")
+    assert set(res["deleted"]) <= set(ids[:-1])
+    assert ids[-1] in cli("snapshots", "ls", "-q").stdout
+    h = cli("snapshots", "gc")
+    assert h.stderr.startswith("Deleted 0 snapshot(s)")
+    assert cli("snapshots", "gc", "-q").stdout == ""
+
+
+def test_path(cli, engram_home):
+    assert cli("snapshots", "path").stdout.strip() == str(engram_home.resolve())
+    data = cli.json("snapshots", "path")
+    assert data["index"].endswith("index.db") and data["config_dir"].startswith(str(engram_home.resolve()))
+    assert cli("snapshots", "path", "-q").stdout.strip() == str(engram_home.resolve())
+
+
+@pytest.mark.parametrize("args", [["snapshots", "info"], ["snapshots", "pin"], ["snapshots", "export", "abcdef"]])
+def test_missing_arguments_are_usage_errors(cli, args):
+    r = cli(*args, code=2)
+    assert r.stderr.startswith("Error: ") and "--help" in r.stderr
+    json.dumps(r.stderr)
