@@ -1,0 +1,278 @@
+"""The bench result as text (header + aligned tables, for stdout) and as a PNG plot.
+
+The JSON object itself is built by runner.run_bench; its schema is documented in BENCHMARKS.md
+("engramctl bench") and checked by tests/bench. Nothing heavy is imported here (matplotlib only
+inside plot()).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from engramctl.errors import UsageError
+from engramctl.units import human_bytes
+
+PLOT_HINT = "pip install 'engramctl[plot]'   (or: pip install matplotlib)"
+
+
+# -- formatting ---------------------------------------------------------------------------------------
+def fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    if ms >= 1000:
+        return f"{ms / 1000:.2f} s"
+    if ms >= 10:
+        return f"{ms:.0f} ms"
+    return f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"
+
+
+def fmt_spread(ms: float | None, spread: Sequence[float] | None) -> str:
+    if ms is None:
+        return "-"
+    if not spread or len(spread) != 2 or spread[0] == spread[1]:
+        return fmt_ms(ms)
+    return f"{fmt_ms(ms)} [{fmt_ms(spread[0])}-{fmt_ms(spread[1])}]"
+
+
+def fmt_rate(bps: float | None) -> str:
+    if not bps:
+        return "-"
+    return f"{human_bytes(int(bps))}/s"
+
+
+def fmt_x(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}x" if v >= 10 else f"{v:.1f}x"
+
+
+def fmt_ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def fmt_int(v: int | None) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
+    """Borderless, UPPERCASE headers, two-space gaps (the CLI's table style)."""
+    right = right or [i > 0 for i in range(len(headers))]
+    cells = [[h.upper() for h in headers]] + [list(r) for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(headers))]
+    out = []
+    for line in cells:
+        parts = [text.rjust(w) if r else text.ljust(w) for text, w, r in zip(line, widths, right)]
+        out.append("  ".join(parts).rstrip())
+    return "\n".join(out)
+
+
+def fields(items: Sequence[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in items)
+    return "\n".join(f"{k.upper():<{width}}  {v}".rstrip() for k, v in items)
+
+
+# -- the text report ----------------------------------------------------------------------------------
+def header(r: dict[str, Any]) -> str:
+    m, mo, s = r["machine"], r["model"], r["settings"]
+    gpu = f"{m['gpu']} ({human_bytes(m['vram_total_bytes'])})" if m.get("gpu") else "none"
+    lb, la = m["load_before"], m["load_after"]
+
+    def load(x: dict) -> str:
+        state = "idle" if x["idle"] else "BUSY"
+        avg = "-" if not x.get("loadavg") else f"{x['loadavg'][0]:.2f}"
+        return f"{state} (other processes {x['other_processes_cores']:.2f} cores, loadavg {avg})"
+
+    layers = ", ".join(f"{n} {k}" for k, n in mo["layers"].items())
+    tiers = ", ".join(
+        f"{name} {'off' if not t['budget_bytes'] else human_bytes(t['budget_bytes'])}" for name, t in r["tiers"].items()
+    )
+    return fields([
+        ("bench", f"{r['mode']}, {r['created']}, {r['duration_s']:.0f} s"),
+        ("command", r["command"]),
+        ("cpu", f"{m['cpu']}, {m['cpu_cores']} cores / {m['cpu_threads']} threads, torch threads {m['torch_threads']}"),
+        ("ram", f"{human_bytes(m['ram_total_bytes'])} total, {human_bytes(m['ram_available_bytes'])} available"),
+        ("gpu", gpu),
+        ("software", f"{m['os']}, python {m['python']}, torch {m['torch']}, transformers {m['transformers']}"),
+        ("load", f"before: {load(lb)}; after: {load(la)}"),
+        ("model", f"{mo['id']} ({mo['family']}, {mo['n_params'] / 1e6:.1f} M params, {layers} layers)"),
+        ("dtype", f"{mo['dtype']} on {mo['device']}"),
+        ("tiers", tiers),
+        ("method", f"{s['runs']} runs + 1 warm-up (not counted), seed {s['seed']}, {s['sampling']}; "
+                   "times: median [min-max]; cpu/wall = process CPU time / wall time"),
+    ])  # fmt: skip
+
+
+def bandwidth_text(bw: dict[str, Any]) -> str:
+    d = bw["disk_read"]
+    cold = d.get("cached_fraction_before_read")
+    cold_txt = "page cache state unknown" if cold is None else f"{cold:.0%} cached before each read"
+    rows = [
+        ["memcpy (torch copy_)", fmt_rate(bw["memcpy_bytes_per_s"]), human_bytes(bw["memcpy"]["bytes"]),
+         fmt_ratio(bw["memcpy"]["cpu_per_wall"]), ""],
+        ["disk read, cold", fmt_rate(bw["disk_read_bytes_per_s"]), human_bytes(d["bytes"]),
+         fmt_ratio(d["cpu_per_wall"]), f"evicted with fadvise; {cold_txt}"],
+        ["disk read, page cache", fmt_rate(bw.get("disk_read_warm_bytes_per_s")), human_bytes(d["bytes"]), "", ""],
+    ]  # fmt: skip
+    return table(["floor", "bandwidth", "size", "cpu/wall", "note"], rows, [False, True, True, True, False])
+
+
+def contexts_text(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for c in rows:
+        sp, cw = c["spread_ms"], c["cpu_per_wall"]
+        out.append([
+            fmt_int(c["tokens"]), human_bytes(c["snapshot_bytes"]),
+            fmt_spread(c["prefill_ms"], sp.get("prefill")), fmt_ratio(cw.get("prefill")),
+            fmt_spread(c["restore_ram_ms"], sp.get("restore_ram")),
+            fmt_spread(c["restore_disk_ms"], sp.get("restore_disk")), fmt_ratio(cw.get("restore_disk")),
+            fmt_x(c["speedup_restore_ram"]), fmt_x(c["speedup_restore_disk"]),
+            fmt_ratio(c["restore_disk_efficiency"]),
+        ])  # fmt: skip
+    t1 = table(["tokens", "snapshot", "re-prefill", "cpu/wall", "restore ram", "restore disk", "cpu/wall",
+                "x ram", "x disk", "disk eff"], out)  # fmt: skip
+    out2 = []
+    for c in rows:
+        sp, cw = c["spread_ms"], c["cpu_per_wall"]
+        out2.append([
+            fmt_int(c["tokens"]), fmt_spread(c["ttft_prefill_ms"], sp.get("ttft_prefill")),
+            fmt_spread(c["ttft_restored_ms"], sp.get("ttft_restored")),
+            fmt_spread(c["ttft_restored_disk_ms"], sp.get("ttft_restored_disk")), fmt_ratio(cw.get("ttft_restored")),
+            fmt_x(c["speedup_ttft"]), fmt_ms(c["save_write_ms"]), f"{c['max_abs_logit_diff']:.1e}",
+        ])  # fmt: skip
+    t2 = table(["tokens", "ttft re-prefill", "ttft restored (ram)", "ttft restored (disk)", "cpu/wall",
+                "x ttft", "save (fsync)", "logit diff"], out2)  # fmt: skip
+    return t1 + "\n\n" + t2
+
+
+def multiturn_text(mt: dict[str, Any]) -> str:
+    if mt.get("skipped"):
+        return f"skipped: {mt['skipped']}"
+    a, b = mt["stateful"], mt["stateless"]
+    comp = mt["prompt_tokens_computed"]
+    summary = table(
+        ["", "stateful", "stateless"],
+        [
+            ["prompt tokens computed", fmt_int(comp["stateful"]), fmt_int(comp["stateless"])],
+            ["time per turn (median)", fmt_spread(a["time_per_turn_ms"], a["time_per_turn_spread_ms"]),
+             fmt_spread(b["time_per_turn_ms"], b["time_per_turn_spread_ms"])],
+            ["ttft (median)", fmt_spread(a["ttft_ms"], a["ttft_spread_ms"]), fmt_spread(b["ttft_ms"], b["ttft_spread_ms"])],
+            ["ttft of the last turn", fmt_ms(a["last_turn_ttft_ms"]), fmt_ms(b["last_turn_ttft_ms"])],
+            ["total time", fmt_ms(a["total_s"] * 1000), fmt_ms(b["total_s"] * 1000)],
+            ["cpu/wall (median)", fmt_ratio(a["cpu_per_wall"]), fmt_ratio(b["cpu_per_wall"])],
+        ],
+        [False, True, True],
+    )  # fmt: skip
+    red = mt["token_reduction"]
+    lines = [
+        summary,
+        "",
+        f"token reduction: {'-' if red is None else f'{red:.1%}'} "
+        f"(1 - {fmt_int(comp['stateful'])} / {fmt_int(comp['stateless'])}); prompt tokens sent: "
+        f"{fmt_int(mt['prompt_tokens_sent'])}; identical replies: {mt['same_replies']}/{mt['turns']}; "
+        f"template resets: {mt['resets']}",
+        "",
+    ]
+    per = [[str(p["turn"]), fmt_int(p["prompt_tokens"]), fmt_int(p["computed_stateful"]), fmt_int(p["computed_stateless"]),
+            fmt_ms(p["restore_ms"]), fmt_ms(p["ttft_stateful_ms"]), fmt_ms(p["ttft_stateless_ms"]),
+            fmt_ms(p["time_stateful_ms"]), fmt_ms(p["time_stateless_ms"]), "yes" if p["same_reply"] else "no"]
+           for p in mt["per_turn"]]  # fmt: skip
+    lines.append(table(["turn", "prompt", "computed sf", "computed sl", "restore", "ttft sf", "ttft sl",
+                        "time sf", "time sl", "same reply"], per))  # fmt: skip
+    return "\n".join(lines)
+
+
+def save_text(s: dict[str, Any]) -> str:
+    if not s.get("snapshots"):
+        return "no snapshots saved (no multi-turn chat ran)"
+    sp = s["spread_ms"]
+    request = (f"settle {fmt_spread(s['settle_ms'], sp['settle'])}, capture {fmt_spread(s['capture_ms'], sp['capture'])}, "
+               f"commit {fmt_spread(s['commit_ms'], sp['commit'])}; last token -> stream closed "
+               f"{fmt_spread(s['stream_close_ms'], sp['stream_close'])}")  # fmt: skip
+    overlap = (f"{s['writes_after_turn_end']}/{s['snapshots']} writes finished after their turn returned (background); "
+               f"durable before the next turn: {s['durable_before_next_turn']}/{max(0, s['turns'] - 1)} turns")  # fmt: skip
+    return fields([
+        ("snapshots", f"{s['snapshots']} (prompt + reply per turn), {human_bytes(int(s['snapshot_bytes'] or 0))} median"),
+        ("request thread", request),
+        ("writer thread", f"commit -> durable {fmt_spread(s['write_ms'], sp['write'])} (encode, checksum, write, fsync)"),
+        ("last token", "not delayed: every save started after it" if s["after_last_token"] else "DELAYED by a save"),
+        ("overlap", overlap),
+    ])  # fmt: skip
+
+
+def targets_text(t: dict[str, Any]) -> str:
+    names = {
+        "restore_speedup_at_1024": ("restore >= 100x faster than re-prefill at 1,024 tokens", fmt_x),
+        "restore_disk_efficiency": ("disk restore efficiency >= 0.75 (best context)", fmt_ratio),
+        "token_reduction": (">= 95% fewer prompt tokens computed over the chat", lambda v: f"{v:.1%}"),
+    }
+    rows = [[names[k][0], names[k][1](v["measured"]), "met" if v["met"] else "NOT met"] for k, v in t.items()]
+    if not rows:
+        return "no target applies to this run"
+    return table(["target (reported, not asserted)", "measured", ""], rows, [False, True, False])
+
+
+def render(r: dict[str, Any]) -> str:
+    parts = [header(r), "", "BANDWIDTH FLOOR (same run)", bandwidth_text(r["bandwidth"])]
+    if r["contexts"]:
+        parts += ["", "CONTEXT SWEEP: re-prefill vs restore (new message: "
+                      f"{r['contexts'][0]['message_tokens']} tokens)", contexts_text(r["contexts"])]  # fmt: skip
+    mt = r["multiturn"]
+    parts += ["", f"MULTI-TURN CHAT: {mt['turns']} turns, {mt.get('reply_tokens', '-')}-token replies, stateful vs stateless",
+              multiturn_text(mt)]  # fmt: skip
+    parts += ["", "SNAPSHOT SAVES (stateful chat)", save_text(r["save"])]
+    parts += ["", "TARGETS", targets_text(r["targets"])]
+    return "\n".join(parts)
+
+
+# -- plot ---------------------------------------------------------------------------------------------
+def require_matplotlib() -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("--plot needs matplotlib, which is not installed.", hint=PLOT_HINT) from None
+    del matplotlib
+
+
+def plot(r: dict[str, Any], path: str) -> None:
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    rows = r["contexts"]
+    if rows:
+        xs = [c["tokens"] for c in rows]
+        for key, label, style in (("prefill_ms", "re-prefill", "o-"), ("restore_ram_ms", "restore (RAM)", "s-"),
+                                  ("restore_disk_ms", "restore (disk, cold)", "^-"),
+                                  ("ttft_prefill_ms", "TTFT re-prefill", "o:"),
+                                  ("ttft_restored_ms", "TTFT restored (RAM)", "s:")):  # fmt: skip
+            ax1.plot(xs, [c[key] for c in rows], style, label=label)
+        ax1.set_xscale("log", base=2)
+        ax1.set_yscale("log")
+        ax1.set_xlabel("context (tokens)")
+        ax1.set_ylabel("time (ms, median)")
+        ax1.set_title("restore vs re-prefill")
+        ax1.grid(True, which="both", alpha=0.3)
+        ax1.legend(fontsize=8)
+    else:
+        ax1.set_axis_off()
+    mt = r["multiturn"]
+    if mt.get("per_turn"):
+        turns = [p["turn"] for p in mt["per_turn"]]
+        ax2.plot(turns, [p["computed_stateless"] for p in mt["per_turn"]], "o-", label="stateless (whole history)")
+        ax2.plot(turns, [p["computed_stateful"] for p in mt["per_turn"]], "s-", label="stateful (new tokens only)")
+        ax2.xaxis.get_major_locator().set_params(integer=True)
+        ax2.set_xlabel("turn")
+        ax2.set_ylabel("prompt tokens computed")
+        red = mt["token_reduction"]
+        ax2.set_title(f"tokens computed per turn (reduction {red:.1%})" if red is not None else "tokens computed per turn")
+        ax2.grid(True, alpha=0.3)
+        ax2.legend(fontsize=8)
+    else:
+        ax2.set_axis_off()
+    fig.suptitle(f"engramctl bench: {r['model']['id']} ({r['model']['dtype']}, {r['machine']['cpu']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,277 @@
+"""Runs the workloads in order and assembles the one JSON object the report prints.
+
+    result = run_bench(BenchConfig(...), progress)
+
+Everything runs in this process on the same engine and store code the daemon uses ("mode":
+"in-process"). The store lives in a fresh directory under the settings' data dir (so ENGRAM_HOME and
+the config file are honoured, the disk measured is the data dir's disk, and the user's own snapshots
+are never touched); it is deleted at the end unless keep_data is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from engramctl.bench.timing import machine_load, wait_idle
+from engramctl.errors import UsageError
+
+SCHEMA = "engramctl-bench/1"
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    contexts: tuple[int, ...] = (256, 1024, 4096)
+    turns: int = 20
+    runs: int = 3
+    reply_tokens: int = 16
+    message_tokens: int = 32
+    seed: int = 0
+    quick: bool = False
+    model: str | None = None  # --model reference (directory, .gguf, hub id); None = preset
+    preset: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    memcpy_bytes: int = 256 * MiB
+    disk_bytes: int = 256 * MiB
+    wait_idle_s: float = 0.0
+    keep_data: bool = False
+    command: str = "engramctl bench"
+
+    def validate(self) -> None:
+        if not self.contexts and self.turns == 0:
+            raise UsageError("nothing to run: give --contexts and/or --turns.")
+        if any(c < 1 for c in self.contexts):
+            raise UsageError("every context length must be at least 1 token.")
+        if self.runs < 1:
+            raise UsageError("--runs must be at least 1.")
+        if self.turns < 0 or self.reply_tokens < 1:
+            raise UsageError("--turns must be >= 0 and --reply-tokens >= 1.")
+
+
+class Progress:
+    """What the runner tells its caller; the CLI draws rich progress bars on stderr from it."""
+
+    def phase(self, key: str, description: str, total: int) -> None: ...
+
+    def advance(self, key: str, description: str | None = None) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+class StoreBox:
+    """The bench's Store, which the disk-restore measurement closes and reopens (a fresh process's view)."""
+
+    def __init__(self, settings) -> None:
+        from engramctl.store.files import SnapshotFiles
+        from engramctl.store.store import Store
+
+        self._open = lambda: Store.open(settings)
+        self._files = SnapshotFiles(settings.paths.data_dir)
+        self.store = self._open()
+
+    def reopen(self):
+        self.store.close()
+        self.store = self._open()
+        return self.store
+
+    def snapshot_path(self, sid: str) -> Path:
+        return self._files.path(sid)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _machine(engine_device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    from engramctl.tiers.hardware import detect_hardware
+
+    hw = detect_hardware(Path.home())
+    return {
+        "cpu": hw.cpu,
+        "cpu_cores": hw.cpu_cores,
+        "cpu_threads": hw.cpu_threads,
+        "ram_total_bytes": hw.ram_total_bytes,
+        "ram_available_bytes": hw.ram_available_bytes,
+        "gpu": hw.gpu,
+        "vram_total_bytes": hw.vram_total_bytes,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "device": engine_device,
+    }
+
+
+def _model(engine, cfg: BenchConfig, source: str, load_s: float) -> dict[str, Any]:
+    info, spec = engine.info, engine.spec
+    kinds = [layer.kind for layer in spec.layers]
+    return {
+        "id": info.model_id,
+        "source": source,
+        "preset": cfg.preset if source == "preset" else None,
+        "family": info.family,
+        "architecture": info.architecture,
+        "n_params": info.n_params,
+        "weights_bytes": info.weights_bytes,
+        "dtype": info.dtype,
+        "device": info.device,
+        "context_length": info.context_length,
+        "layers": {k: kinds.count(k) for k in sorted(set(kinds))},
+        "fingerprint": info.fingerprint,
+        "chat_template": engine.tokenizer.has_chat_template,
+        "prefix_stable": engine.prefix_stable,
+        "load_s": round(load_s, 3),
+    }
+
+
+def load_model(cfg: BenchConfig, settings, note: Callable[[str], None]):
+    """(engine, source). A preset is built in memory; --model goes through the daemon's loader."""
+    if cfg.model is None:
+        from engramctl.bench.presets import preset_engine
+
+        dtype = "float32" if cfg.dtype == "auto" else cfg.dtype
+        device = "cpu" if cfg.device == "auto" else cfg.device
+        return preset_engine(cfg.preset or "tiny", seed=cfg.seed, dtype=dtype, device=device), "preset"
+    from engramctl.engine.engine import load_engine
+
+    return load_engine(cfg.model, settings.paths.cache_dir, cfg.device, cfg.dtype, progress=note), "model"
+
+
+def _warm_up(engine) -> None:
+    """Not counted: first calls allocate, load kernels and fill caches."""
+    from engramctl.bench.material import filler_ids
+    from engramctl.engine.sampling import SamplingParams
+
+    live = engine.new_live()
+    engine.backend.prefill(live, filler_ids(engine.tokenizer, 64, 99))
+    live2 = engine.inject(engine.capture(live))
+    for _ in engine.generate(live2, SamplingParams(temperature=0.0, max_tokens=4)):
+        pass
+
+
+def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> dict[str, Any]:
+    import torch
+
+    from engramctl.bench.workloads import bandwidth, contexts, multiturn, save
+
+    cfg.validate()
+    progress = progress or Progress()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    load_before = machine_load()
+    if cfg.wait_idle_s > 0 and not load_before["idle"]:
+        progress.note(f"waiting up to {cfg.wait_idle_s:.0f} s for the machine to be idle "
+                      f"(other processes use {load_before['other_processes_cores']} cores)")  # fmt: skip
+        load_before = wait_idle(cfg.wait_idle_s)
+    if not load_before["idle"]:
+        progress.note(f"Warning: other processes use {load_before['other_processes_cores']} cores; "
+                      "timings will be slower and noisier than on an idle machine")  # fmt: skip
+    started = time.time()
+    progress.phase("load", "loading model", 1)
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    engine, source = load_model(cfg, settings, progress.note)
+    load_s = time.perf_counter() - t0
+    progress.advance("load")
+    limit = engine.info.context_length
+    if cfg.contexts and limit is not None and max(cfg.contexts) + cfg.message_tokens + 1 > limit:
+        raise UsageError(f"context {max(cfg.contexts)} + a {cfg.message_tokens}-token message does not fit the "
+                         f"model's context of {limit} tokens.", hint="pass smaller --contexts")  # fmt: skip
+    multiturn_skip = None
+    if cfg.turns and not engine.tokenizer.has_chat_template:
+        multiturn_skip = "the model has no chat template"
+
+    data_root = settings.paths.data_dir
+    data_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    bench_dir = Path(tempfile.mkdtemp(prefix="bench-", dir=data_root))
+    bench_settings = dataclasses.replace(settings, paths=dataclasses.replace(settings.paths, data_dir=bench_dir))
+    box = StoreBox(bench_settings)
+    try:
+        _warm_up(engine)
+        plan = box.store.plan_json()
+        progress.phase("bandwidth", "bandwidth floor", 2)
+        bw = bandwidth.measure(bench_dir, cfg.memcpy_bytes, cfg.disk_bytes, cfg.runs,
+                               step=lambda: progress.advance("bandwidth"))  # fmt: skip
+        rows: list[dict[str, Any]] = []
+        if cfg.contexts:
+            progress.phase("contexts", "context sweep", 1 + cfg.runs * len(cfg.contexts))
+            rows = contexts.run(engine, box, list(cfg.contexts), cfg.runs, cfg.seed, cfg.message_tokens,
+                                step=lambda d: progress.advance("contexts", d))  # fmt: skip
+            for row in rows:
+                _efficiency(row, bw)
+        mt: dict[str, Any] | None = None
+        save_summary: dict[str, Any] = {"snapshots": 0}
+        if cfg.turns and multiturn_skip is None:
+            progress.phase("multiturn", "multi-turn chat", cfg.turns)
+            raw = multiturn.run(engine, box, cfg.turns, cfg.reply_tokens,
+                                step=lambda d: progress.advance("multiturn", d))  # fmt: skip
+            mt = multiturn.summarize(raw, cfg.turns, cfg.reply_tokens)
+            save_summary = save.summarize(raw["rows"])
+    finally:
+        box.close()
+        if not cfg.keep_data:
+            shutil.rmtree(bench_dir, ignore_errors=True)
+    load_after = machine_load(0.5)
+    return {
+        "schema": SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "command": cfg.command,
+        "mode": "in-process",
+        "duration_s": round(time.time() - started, 1),
+        "machine": {**_machine(engine.info.device), "load_before": load_before, "load_after": load_after},
+        "model": _model(engine, cfg, source, load_s),
+        "settings": {
+            "contexts": list(cfg.contexts), "turns": cfg.turns, "runs": cfg.runs, "warmup_runs": 1,
+            "reply_tokens": cfg.reply_tokens, "message_tokens": cfg.message_tokens, "seed": cfg.seed,
+            "quick": cfg.quick, "sampling": "greedy", "data_dir": str(bench_dir),
+            "data_kept": cfg.keep_data,
+        },  # fmt: skip
+        "tiers": {t["name"]: {"budget_bytes": t["budget_bytes"], "rule": t["rule"]} for t in plan["tiers"]},
+        "bandwidth": bw,
+        "contexts": rows,
+        "multiturn": mt if mt is not None else {"turns": 0, "prompt_tokens_sent": 0,
+                                                "prompt_tokens_computed": {"stateful": 0, "stateless": 0},
+                                                "token_reduction": None, "skipped": multiturn_skip or "--turns 0"},
+        "save": save_summary,
+        "targets": targets(rows, mt),
+    }
+
+
+def _efficiency(row: dict[str, Any], bw: dict[str, Any]) -> None:
+    """efficiency = (bytes / floor bandwidth) / measured time: 1.0 = the restore ran at the floor."""
+    if row["restore_disk_ms"]:
+        ideal = row["snapshot_bytes"] / bw["disk_read_bytes_per_s"]
+        row["restore_disk_efficiency"] = round(ideal / (row["restore_disk_ms"] / 1000), 4)
+    if row["restore_ram_ms"]:
+        ideal = row["state_bytes"] / bw["memcpy_bytes_per_s"]
+        row["restore_ram_efficiency"] = round(ideal / (row["restore_ram_ms"] / 1000), 4)
+
+
+def targets(rows: list[dict[str, Any]], mt: dict[str, Any] | None) -> dict[str, Any]:
+    """The issue's targets, reported (never asserted)."""
+    out: dict[str, Any] = {}
+    at = next((r for r in rows if r["tokens"] == 1024), None)
+    if at is not None and at["speedup_restore_ram"] is not None:
+        out["restore_speedup_at_1024"] = {"target": 100, "measured": at["speedup_restore_ram"],
+                                          "met": at["speedup_restore_ram"] >= 100}  # fmt: skip
+    effs = [r["restore_disk_efficiency"] for r in rows if r["restore_disk_efficiency"] is not None]
+    if effs:
+        best = max(effs)
+        out["restore_disk_efficiency"] = {"target": 0.75, "measured": best, "at_tokens": rows[effs.index(best)]["tokens"],
+                                          "met": best >= 0.75}  # fmt: skip
+    if mt is not None and mt.get("token_reduction") is not None:
+        out["token_reduction"] = {"target": 0.95, "measured": mt["token_reduction"], "turns": mt["turns"],
+                                  "met": mt["token_reduction"] >= 0.95}  # fmt: skip
+    return out
