@@ -44,7 +44,9 @@ def to_payload(state: SessionState, spec: StateSpec, extra: dict[str, str]) -> t
 
 def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
     for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        # A NaN/Inf anywhere makes the sum non-finite, and a sum is ~10x cheaper than isfinite().all();
+        # only a non-finite sum (possibly a mere overflow) pays for the exact check.
+        if t.is_floating_point() and not bool(torch.isfinite(t.sum())) and not bool(torch.isfinite(t).all()):
             raise SnapshotCorrupt(f"{what} holds NaN or Inf values in {name}; refusing it.")
 
 

@@ -77,7 +77,7 @@ class SnapshotRecord:
     parent: str | None
     n_tokens: int
     nbytes: int  # file size once durable; payload bytes before that
-    checksum: str | None  # sha256 of the file (set when durable)
+    checksum: str | None  # the file header's payload checksum, "xxh3_128:<hex>" (set when durable)
     fingerprint: str | None
     model_id: str | None
     n_messages: int  # transcript messages this state has consumed: transcript[:n_messages]

@@ -5,8 +5,10 @@ SessionState onto the flat tensor dict and checks it against the model.
 
 Layout of the file (plain safetensors, readable by any safetensors tool):
     8-byte little-endian header length | header JSON (with "__metadata__") | tensor bytes
-The checksum is sha256 over the canonical header JSON without the checksum entry, then the tensor
-bytes, so a flipped byte anywhere in the file is caught.
+The checksum covers the canonical header JSON without the checksum entry, then the tensor bytes, so
+a flipped byte anywhere in the file is caught. It is XXH3-128: it detects damage, not tampering (files
+are 0600 under the user's own data dir), and at ~28 GB/s against sha256's ~1.8 GB/s here it keeps
+verification from dominating a disk restore. sha256 files are still verified.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+from xxhash import xxh3_128
 
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
 
@@ -35,10 +38,14 @@ def _canonical(header: dict) -> bytes:
     return json.dumps({**header, "__metadata__": meta}, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _checksum(header: dict, data: memoryview | bytes) -> str:
-    h = hashlib.sha256(_canonical(header))
+_HASHES = {"xxh3_128": xxh3_128, "sha256": hashlib.sha256}
+WRITE_HASH = "xxh3_128"
+
+
+def _checksum(header: dict, data: memoryview | bytes, algo: str = WRITE_HASH) -> str:
+    h = _HASHES[algo](_canonical(header))
     h.update(data)
-    return "sha256:" + h.hexdigest()
+    return f"{algo}:{h.hexdigest()}"
 
 
 def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
@@ -77,7 +84,8 @@ def decode(buf: bytes, source: str = "snapshot") -> tuple[dict[str, torch.Tensor
     expected_len = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     if len(data) != expected_len:
         raise SnapshotCorrupt(f"{source} is truncated or padded: {len(data)} data bytes, header needs {expected_len}.")
-    if meta.get("checksum") != _checksum(header, data):
+    algo = str(meta.get("checksum", "")).partition(":")[0]
+    if algo not in _HASHES or meta.get("checksum") != _checksum(header, data, algo):
         raise SnapshotCorrupt(f"{source} failed its checksum: the file was modified or damaged.")
     try:
         tensors = st_load(bytes(buf))

@@ -22,7 +22,7 @@ def test_commit_is_hot_at_once_then_durable(store, make_payload):
     assert same_payload(store.load(rec.id), p)  # readable before the write finished
     assert store.flush(timeout=10)
     info = store.info(rec.id)
-    assert info.durable and info.tiers == ("ram", "disk") and info.checksum.startswith("sha256:")
+    assert info.durable and info.tiers == ("ram", "disk") and info.checksum.startswith("xxh3_128:")
     assert store.get_session("chat").head == rec.id
 
 
