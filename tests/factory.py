@@ -6,8 +6,8 @@ in well under a second per model. Hybrids always mix recurrent and attention lay
 kinds of state (conv/SSM and K/V) show up in snapshots. Shapes follow
 shared/reference/hf-cache-notes.md ("Tiny configs used").
 
-The tokenizer is a byte-level BPE trained on a built-in corpus (no hub access), saved next to the
-model so `AutoTokenizer.from_pretrained(dir)` works with HF_HUB_OFFLINE=1.
+The tokenizer is engramctl.bench.presets' byte-level BPE trained on a built-in corpus (no hub access),
+saved next to the model so `AutoTokenizer.from_pretrained(dir)` works with HF_HUB_OFFLINE=1.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     BambaConfig,
@@ -41,19 +40,9 @@ FAMILIES: tuple[str, ...] = (
     "qwen3_next", "lfm2", "jamba", "mamba", "falcon_mamba", "llama",
 )
 
-VOCAB = 512
-# Specials get the first ids (SmolLM2 layout), so their ids do not depend on the BPE training.
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # <|endoftext|>, <|im_start|>, <|im_end|>
+from engramctl.bench import presets
+from engramctl.bench.presets import BOS_ID, CHATML_TEMPLATE, EOS_ID, PAD_ID, SPECIALS, VOCAB  # noqa: F401
 
-# ChatML exactly like SmolLM2's, minus its default system prompt: render(history) is a prefix of
-# render(history + [msg], add_generation_prompt=True), which incremental resume relies on.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 # Deliberately NOT prefix-stable: a header carries the running message count, so every new turn
 # rewrites the start of the prompt. Tests use it to prove the instability check fires.
 UNSTABLE_TEMPLATE = (
@@ -62,53 +51,12 @@ UNSTABLE_TEMPLATE = (
 )
 TEMPLATES = {"chatml": CHATML_TEMPLATE, "unstable": UNSTABLE_TEMPLATE}
 
-# Varied text (prose, code, numbers, chat-ish lines, a little non-ASCII) so BPE finds far more than
-# the ~250 merges a 512-entry vocab needs. Byte-level BPE still encodes anything outside it.
-_CORPUS = """\
-The quick brown fox jumps over the lazy dog. A state space model keeps a fixed-size recurrent state,
-while attention layers keep a key/value cache that grows with every token of the conversation.
-Hello! How are you today? I am fine, thank you. Can you summarise the previous answer in one line?
-Snapshots are written to disk, restored in a fresh process, and generation continues from there.
-def forward(self, input_ids, past_key_values=None, use_cache=True):
-    return self.model(input_ids=input_ids, past_key_values=past_key_values, use_cache=use_cache)
-{"role": "user", "content": "What is the capital of France?"} {"role": "assistant", "content": "Paris."}
-Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 256 512 1024 2048 4096 3.14159 2.71828 -1 1e-5 0x1f.
-Café, naïve, résumé, Zürich, smörgåsbord; 日本語のテキスト; Привет, мир; γειά σου κόσμε.
-user assistant system tool message content conversation history context window tokens layer cache
-Once upon a time, in a small village by the sea, there lived an old fisherman and his curious cat.
-Every morning they walked down to the harbour, counted the boats, and listened to the gulls.
-"""
-
 
 def build_tokenizer(vocab_size: int = VOCAB, template: str = "chatml") -> PreTrainedTokenizerFast:
-    """Byte-level BPE with exactly `vocab_size` entries, ChatML specials and a chat template."""
+    """The bench presets' offline byte-level BPE (ChatML specials at ids 0, 1, 2) with the chosen template."""
     if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}; expected one of {sorted(TEMPLATES)}")
-    tok = Tokenizer(models.BPE())
-    # add_prefix_space=False + ByteLevel decoder => decode(encode(text)) == text for any text.
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIALS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: no <unk> ever needed
-        min_frequency=1,
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
-    if tok.get_vocab_size() != vocab_size:  # corpus too small for the requested size
-        raise RuntimeError(f"BPE trained {tok.get_vocab_size()} entries, wanted {vocab_size}")
-    assert [tok.token_to_id(s) for s in SPECIALS] == [PAD_ID, BOS_ID, EOS_ID]
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        chat_template=TEMPLATES[template],
-        clean_up_tokenization_spaces=False,  # would otherwise alter text on decode
-        model_max_length=4096,
-    )
+    return presets.build_tokenizer(vocab_size, chat_template=TEMPLATES[template])
 
 
 def _config(family: str):

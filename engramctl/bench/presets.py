@@ -19,7 +19,7 @@ embedding and the LM head cost what they cost in the real model) but the embeddi
 tokenizer's 512 are zeroed: those logits are then 0 while the max of ~500 random logits is positive,
 so greedy decoding only ever picks tokens the tokenizer can decode. Compute is unchanged.
 
-tests/factory.py holds the same tokenizer builder; it could import `build_tokenizer` from here.
+tests/factory.py builds its tokenizers with `build_tokenizer` from here.
 """
 
 from __future__ import annotations
