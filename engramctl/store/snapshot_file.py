@@ -58,7 +58,7 @@ def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     header["__metadata__"]["checksum"] = _checksum(header, data)
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # safetensors aligns the data section to 8 bytes
-    return struct.pack("<Q", len(head)) + head + bytes(data)
+    return b"".join((struct.pack("<Q", len(head)), head, data))  # one copy of the tensor bytes, not two
 
 
 def decode(buf: bytes, source: str = "snapshot") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
