@@ -173,7 +173,9 @@ class Client:
         self._autostarted = True
         start_background(self.settings, wait=True)
 
-    def _request(self, method: str, path: str, body: Any = None, *, long: bool = False, auth: bool = True) -> Any:
+    def _request(self, method: str, path: str, body: Any = None, *, long: bool = False, auth: bool = True,
+                 content: bytes | None = None, params: dict | None = None) -> Any:  # fmt: skip
+        """JSON `body`, or raw `content` (sent as application/octet-stream); `params` go in the query."""
         timeout = httpx.Timeout(self._http.timeout.write, connect=5.0, read=None) if long else None
         while True:
             url = self.base_url + path
@@ -181,6 +183,11 @@ class Client:
                 kwargs: dict[str, Any] = {"headers": self._headers() if auth else {}}
                 if body is not None:
                     kwargs["json"] = body
+                if content is not None:
+                    kwargs["content"] = content
+                    kwargs["headers"]["Content-Type"] = "application/octet-stream"
+                if params:
+                    kwargs["params"] = {k: v for k, v in params.items() if v is not None}
                 if timeout is not None:
                     kwargs["timeout"] = timeout
                 r = self._http.request(method, url, **kwargs)
@@ -318,6 +325,35 @@ class Client:
         a unique id prefix). Returns the new session."""
         return self._request("POST", "/branch_snapshot", {"source": source, "new_session": new_session})
 
+    def pin_snapshot(self, snapshot_id: str, *, label: str | None = None) -> dict:
+        """POST /pin_snapshot: pin any snapshot (id or unique id prefix), optionally labelling it."""
+        return self._request("POST", "/pin_snapshot", {"snapshot_id": snapshot_id, "label": label})
+
+    def unpin_snapshot(self, snapshot_id: str) -> dict:
+        """POST /unpin_snapshot: retention may delete it again."""
+        return self._request("POST", "/unpin_snapshot", {"snapshot_id": snapshot_id})
+
+    def label_snapshot(self, snapshot_id: str, label: str | None) -> dict:
+        """POST /label_snapshot: set a snapshot's label (None clears it)."""
+        return self._request("POST", "/label_snapshot", {"snapshot_id": snapshot_id, "label": label})
+
+    def snapshot_transcript(self, snapshot_id: str) -> dict:
+        """POST /get_snapshot_transcript: {snapshot_id, session, n_messages, messages}, the transcript
+        exactly as it was when the snapshot was taken."""
+        return self._request("POST", "/get_snapshot_transcript", {"snapshot_id": snapshot_id})
+
+    def gc_snapshots(self) -> dict:
+        """POST /gc_snapshots: apply retention now. Returns {deleted: {id: reason}, freed_bytes,
+        messages_removed}."""
+        return self._request("POST", "/gc_snapshots", long=True)
+
+    def import_snapshot(self, data: bytes, *, session: str | None = None, label: str | None = None) -> dict:
+        """POST /import_snapshot: the bytes of a `snapshots export` file become a new session (default
+        name: the one the file records). The daemon verifies it against the loaded model first
+        (SnapshotMismatch for another model's snapshot; nothing is stored then). Returns the snapshot."""
+        return self._request("POST", "/import_snapshot", content=data, params={"session": session, "label": label},
+                             long=True)  # fmt: skip
+
     # -- sessions ------------------------------------------------------------------------------------
     def sessions(self) -> list[dict]:
         """GET /v1/sessions."""
@@ -330,3 +366,20 @@ class Client:
     def delete_session(self, name: str) -> dict:
         """DELETE /v1/sessions/{name}: the session, its transcript and the snapshots only it uses."""
         return self._request("DELETE", f"/v1/sessions/{validate_session_name(name)}")
+
+    def reset_session(self, name: str) -> dict:
+        """POST /v1/sessions/{name}/reset: start the session over (no state, empty transcript); its
+        snapshots are kept. Returns the session plus `previous_head`."""
+        return self._request("POST", f"/v1/sessions/{validate_session_name(name)}/reset", long=True)
+
+    # -- agent tools (engramctl.agent.tools) -------------------------------------------------------------
+    def agent_tools(self, *, include_chat: bool = False) -> dict:
+        """GET /v1/agent/tools: {"tools": [OpenAI function tools], "results": {name: result JSON Schema}}."""
+        return self._request("GET", "/v1/agent/tools" + ("?include_chat=true" if include_chat else ""))
+
+    def agent_call(self, tool: str, arguments: dict | None = None) -> dict:
+        """POST /v1/agent/call: run one agent tool (checkpoint, branch, restore, list_checkpoints,
+        delete_checkpoint, session_info, chat). Returns its result; bad arguments raise UsageError naming
+        the field."""
+        body = {"tool": tool, "arguments": arguments or {}}
+        return self._request("POST", "/v1/agent/call", body, long=True)["result"]

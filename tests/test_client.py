@@ -12,7 +12,9 @@ import pytest
 from engramctl import client as client_mod
 from engramctl.client import ChatStream, Client, error_from_body
 from engramctl.daemon.errors import AuthenticationFailed, QueueFull, ShuttingDown
-from engramctl.errors import ContextOverflow, DaemonUnreachable, EngramError, InvalidName, ModelNotFound, NotFound
+from engramctl.errors import (
+    ContextOverflow, DaemonUnreachable, EngramError, InvalidName, ModelNotFound, NotFound, SnapshotMismatch,
+)  # fmt: skip
 from engramctl.settings import load_settings
 from engramctl.store.errors import SnapshotInUse
 
@@ -156,3 +158,39 @@ def test_autostart_starts_the_daemon_once_when_allowed(engram_home, monkeypatch)
             c.health()
     assert calls == [True]
     assert client_mod.Client(allowed, autostart=False).autostart is False
+
+
+def test_management_methods_hit_their_routes():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        ctype = request.headers.get("content-type", "")
+        is_json = ctype.startswith("application/json") and request.content
+        body = json.loads(request.content) if is_json else request.content
+        seen.append((request.url.path, dict(request.url.params), ctype, body))
+        if request.url.path == "/import_snapshot":
+            return httpx.Response(409, json={"error": {"message": "the snapshot belongs to model 'x'", "type": "x",
+                                                       "code": "snapshot_mismatch", "hint": "serve x"}})  # fmt: skip
+        return httpx.Response(200, json={"success": True})
+
+    with _mock(handler) as c:
+        c.pin_snapshot("abcdef12", label="keep")
+        c.unpin_snapshot("abcdef12")
+        c.label_snapshot("abcdef12", None)
+        c.snapshot_transcript("abcdef12")
+        c.gc_snapshots()
+        c.reset_session("notes")
+        with pytest.raises(SnapshotMismatch, match="belongs to model") as e:
+            c.import_snapshot(b"\x00file bytes", session="copy")
+        assert e.value.hint == "serve x" and e.value.exit_code == 1
+        with pytest.raises(InvalidName):
+            c.reset_session("../x")
+    assert seen[:4] == [
+        ("/pin_snapshot", {}, "application/json", {"snapshot_id": "abcdef12", "label": "keep"}),
+        ("/unpin_snapshot", {}, "application/json", {"snapshot_id": "abcdef12"}),
+        ("/label_snapshot", {}, "application/json", {"snapshot_id": "abcdef12", "label": None}),
+        ("/get_snapshot_transcript", {}, "application/json", {"snapshot_id": "abcdef12"}),
+    ]
+    assert [s[0] for s in seen[4:]] == ["/gc_snapshots", "/v1/sessions/notes/reset", "/import_snapshot"]
+    assert seen[-1][1:] == ({"session": "copy"}, "application/octet-stream", b"\x00file bytes")
+    assert AuthenticationFailed("x").exit_code == 1  # the documented scheme: 0 ok, 1 error, 2 usage, 3 unreachable

@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from engramctl import __version__
-from engramctl.cli import bench, chat, daemon, models, snapshots, status
+from engramctl.cli import bench, chat, daemon, mcp, models, snapshots, status
 from engramctl.cli.common import EngramGroup
 
 EPILOG = """\b
@@ -54,6 +54,7 @@ app.command("models")(models.models)
 app.command("tiers")(status.tiers)
 app.add_typer(snapshots.app, name="snapshots")
 app.command("bench")(bench.bench)
+app.command("mcp")(mcp.mcp)
 daemon.register(app)  # serve, daemon ...
 
 

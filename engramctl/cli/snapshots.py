@@ -310,7 +310,8 @@ def import_(
     quiet: bool = QuietOpt,
 ) -> None:
     """Import a snapshot file as a new session. The file is verified like a restore (checksum,
-    format); the model fingerprint is checked when the daemon loads it."""
+    format); with the daemon running it also must fit the loaded model (fingerprint, dtype, layout),
+    else nothing is stored. Without a daemon the model is checked when the daemon first loads it."""
     from engramctl.cli import transfer
 
     out = common.output(json_, quiet)

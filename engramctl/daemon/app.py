@@ -128,7 +128,7 @@ def create_app(settings: Settings, engine: Engine | None = None, store: Store | 
                reuse: bool = True, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:  # fmt: skip
     """The daemon's ASGI app. Without engine/store it loads settings.model and opens the store now.
     The app owns the store from here on: its lifespan shutdown (or app.state.daemon.close()) closes it."""
-    from engramctl.daemon import routes_openai, routes_snapshots, routes_status
+    from engramctl.daemon import routes_agent, routes_openai, routes_snapshots, routes_status
 
     if engine is None or store is None:
         if store is not None or engine is not None:
@@ -147,6 +147,7 @@ def create_app(settings: Settings, engine: Engine | None = None, store: Store | 
     app.include_router(routes_status.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_snapshots.router)
+    app.include_router(routes_agent.router)
     _install_error_handlers(app)
     # add_middleware wraps: the last added runs first. On the way in: size cap, auth, content type.
     app.add_middleware(JsonContentTypeMiddleware)

@@ -31,7 +31,8 @@ class Cancelled(EngramError):
 
 
 class AuthenticationFailed(EngramError):
-    exit_code = 4
+    """The daemon refused the token (exit code 1, like any other error)."""
+
     kind = "authentication_error"
 
 

@@ -1,5 +1,6 @@
 """Request body size cap: a declared Content-Length over the cap is refused before reading; a chunked
-body is counted as it arrives and refused as soon as it passes the cap."""
+body is counted as it arrives and refused as soon as it passes the cap. JSON routes get MAX_BODY_BYTES;
+the few routes that take a file (LARGE_BODY_PATHS) get their own, larger cap."""
 
 from __future__ import annotations
 
@@ -10,23 +11,27 @@ from starlette.exceptions import HTTPException
 from engramctl.daemon.errors import error_body
 
 MAX_BODY_BYTES = 8 * 2**20
+MAX_IMPORT_BYTES = 4 * 2**30  # a snapshot file: a constant state plus the attention KV of its tokens
+LARGE_BODY_PATHS = {"/import_snapshot": MAX_IMPORT_BYTES}
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES):
+    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES, large: dict[str, int] | None = None):
         self.app, self.max_bytes = app, max_bytes
+        self.large = LARGE_BODY_PATHS if large is None else large
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.large.get(scope.get("path", ""), self.max_bytes)
         for key, value in scope.get("headers", ()):
             if key == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     return await self._refuse(send, "the Content-Length header is not a number.", 400)
-                if declared > self.max_bytes:
-                    return await self._refuse(send, self._message(declared))
+                if declared > limit:
+                    return await self._refuse(send, self._message(declared, limit))
         seen = 0
         started = False
 
@@ -35,8 +40,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge(self._message(seen))
+                if seen > limit:
+                    raise _TooLarge(self._message(seen, limit))
             return message
 
         async def tracking_send(message):
@@ -49,10 +54,11 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await self._refuse(send, self._message(seen))
+                await self._refuse(send, self._message(seen, limit))
 
-    def _message(self, n: int) -> str:
-        return f"the request body ({n} bytes) is larger than the {self.max_bytes // 2**20} MiB limit."
+    @staticmethod
+    def _message(n: int, limit: int) -> str:
+        return f"the request body ({n} bytes) is larger than the {limit // 2**20} MiB limit."
 
     async def _refuse(self, send, message: str, status: int = 413) -> None:
         body = json.dumps(error_body(message, status, "request_too_large" if status == 413 else "invalid_request")).encode()

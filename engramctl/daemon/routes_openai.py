@@ -37,6 +37,10 @@ async def get_model(model: str, request: Request):
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     d = daemon_of(request)
     d.check_model(body.model)
+    if body.tools:  # the model may call tools: engramctl/agent/calls.py
+        from engramctl.daemon.routes_agent import chat_with_tools
+
+        return await chat_with_tools(body, request)
     turn = Turn(messages=[m.plain() for m in body.messages], session=body.session, sampling=body)
     job = d.worker.submit(lambda job: d.service.chat(turn, job.emit, job.cancel), name="chat")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -1,5 +1,7 @@
 """Snapshot routes compatible with the original Engram server (POST + JSON bodies;
-`conversation_id` and `session` name the same thing), plus /branch_snapshot."""
+`conversation_id` and `session` name the same thing), plus /branch_snapshot and the management
+routes the CLI needs while the daemon owns the store: /pin_snapshot, /unpin_snapshot,
+/label_snapshot, /get_snapshot_transcript, /gc_snapshots, /import_snapshot (raw file body)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import re
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from engramctl.daemon.app import daemon_of
 from engramctl.daemon.schemas import (
-    BranchSnapshotRequest, DeleteSnapshotRequest, ListSnapshotsRequest, RestoreSnapshotRequest,
-    SaveSnapshotRequest, SnapshotInfoRequest, session_json, snapshot_json,
+    BranchSnapshotRequest, DeleteSnapshotRequest, LabelSnapshotRequest, ListSnapshotsRequest, PinSnapshotRequest,
+    RestoreSnapshotRequest, SaveSnapshotRequest, SnapshotInfoRequest, SnapshotRef, session_json, snapshot_json,
 )  # fmt: skip
 from engramctl.daemon.streaming import Completion, answer_turn, job_result
 from engramctl.errors import NotFound, UsageError
@@ -86,6 +89,64 @@ async def branch_snapshot(body: BranchSnapshotRequest, request: Request):
         source = body.source_ref
     info = d.store.branch(source, body.new_session)
     return {"success": True, "source": source, **session_json(info)}
+
+
+@router.post("/pin_snapshot")
+async def pin_snapshot(body: PinSnapshotRequest, request: Request):
+    """Pin any snapshot (retention never deletes it), optionally labelling it too."""
+    d = daemon_of(request)
+    sid = d.store.resolve(body.snapshot_id)
+    if body.label is not None:
+        d.store.label(sid, body.label)
+    return {"success": True, **snapshot_json(d.store.pin(sid))}
+
+
+@router.post("/unpin_snapshot")
+async def unpin_snapshot(body: SnapshotRef, request: Request):
+    d = daemon_of(request)
+    return {"success": True, **snapshot_json(d.store.unpin(d.store.resolve(body.snapshot_id)))}
+
+
+@router.post("/label_snapshot")
+async def label_snapshot(body: LabelSnapshotRequest, request: Request):
+    """Set (or with null, clear) a snapshot's label."""
+    d = daemon_of(request)
+    return {"success": True, **snapshot_json(d.store.label(d.store.resolve(body.snapshot_id), body.label))}
+
+
+@router.post("/get_snapshot_transcript")
+async def get_snapshot_transcript(body: SnapshotRef, request: Request):
+    """The transcript exactly as it was when the snapshot was taken (whatever its session did since)."""
+    d = daemon_of(request)
+    rec = d.store.info(d.store.resolve(body.snapshot_id))
+    messages = d.store.snapshot_transcript(rec.id)
+    return {"success": True, "snapshot_id": rec.id, "session": rec.session, "conversation_id": rec.session,
+            "n_messages": len(messages), "messages": messages}  # fmt: skip
+
+
+@router.post("/gc_snapshots")
+async def gc_snapshots(request: Request):
+    """Apply retention now (keep-last-N, TTL, disk budget; pins and session heads are never deleted).
+    Returns {deleted: {snapshot_id: reason}, freed_bytes, messages_removed}."""
+    report = await run_in_threadpool(daemon_of(request).store.gc)
+    return {"success": True, **report.to_json()}
+
+
+@router.post("/import_snapshot")
+async def import_snapshot(request: Request, session: str | None = None, conversation_id: str | None = None,
+                          label: str | None = None):  # fmt: skip
+    """Body: the raw bytes of a file written by `snapshots export`. Query: session (default: the one the
+    file records), label. Verified like a restore, then stored as the head of a new session."""
+    from engramctl.daemon.imports import import_file
+
+    d = daemon_of(request)
+    if session is not None and conversation_id is not None and session != conversation_id:
+        raise UsageError("session and conversation_id name the same thing; give one.")
+    name = session if session is not None else conversation_id
+    buf = await request.body()
+    job = d.worker.submit(lambda job: import_file(d.engine, d.store, buf, name, label), name="import_snapshot")
+    rec, n_messages = await job_result(job, request)
+    return {"success": True, **snapshot_json(rec), "messages": n_messages}
 
 
 def _required_session(name: str | None) -> str:

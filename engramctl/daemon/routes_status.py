@@ -1,4 +1,5 @@
-"""Daemon routes for people and the CLI: /health (no auth), /v1/status, /v1/sessions, /v1/tiers."""
+"""Daemon routes for people and the CLI: /health (no auth), /v1/status, /v1/sessions (list, show,
+delete, reset), /v1/tiers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from fastapi import APIRouter, Request
 from engramctl import __version__
 from engramctl.daemon.app import daemon_of
 from engramctl.daemon.schemas import session_json
+from engramctl.daemon.streaming import job_result
 from engramctl.store.names import validate_session_name
 
 router = APIRouter()
@@ -22,7 +24,7 @@ async def health(request: Request):
 async def status(request: Request):
     d = daemon_of(request)
     server = request.scope.get("server") or (None, None)
-    return {**d.status(), "host": server[0], "port": server[1]}
+    return {**d.status(), "notices": list(d.engine.notices), "host": server[0], "port": server[1]}
 
 
 @router.get("/v1/tiers")
@@ -51,3 +53,14 @@ async def delete_session(name: str, request: Request):
     deleted = d.store.delete_session(validate_session_name(name))
     d.service.invalidate(name)
     return {"success": True, "session": name, "deleted_snapshots": deleted}
+
+
+@router.post("/v1/sessions/{name}/reset")
+async def reset_session(name: str, request: Request):
+    """Start the session over (the REPL's /clear, `chat --new`): no state, an empty transcript. Nothing
+    is deleted: its snapshots stay listed, each with the transcript it was taken at."""
+    d = daemon_of(request)
+    validate_session_name(name)
+    job = d.worker.submit(lambda job: d.service.reset(name), name="reset_session")  # not in the middle of a turn
+    previous, info = await job_result(job, request)
+    return {"success": True, **session_json(info), "previous_head": previous}

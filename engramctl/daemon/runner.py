@@ -33,8 +33,16 @@ _ENV_FIELDS = ("model", "host", "port", "allow_remote", "device", "dtype", "api_
 
 # -- model ---------------------------------------------------------------------------------------------
 def load_model(settings: Settings):
-    """Load settings.model (or the default model) on settings.device/dtype; logs progress."""
+    """Load settings.model (or the default model) on settings.device/dtype; logs progress. What the
+    user should know about the choice (the SmolLM2 fallback) is logged as a warning and kept in
+    engine.notices, which /v1/status reports and the CLI prints once after starting the daemon."""
     from engramctl.engine.engine import load_engine
+
+    notices: list[str] = []
+
+    def say(message: str) -> None:
+        log.warning("%s", message)
+        notices.append(message)
 
     ref = settings.model
     if ref is None:
@@ -42,7 +50,7 @@ def load_model(settings: Settings):
             from engramctl.engine.models import default_model_ref  # type: ignore[import-not-found]
         except ImportError:
             raise UsageError("no model given.", hint="pass --model DIR|FILE.gguf|hub-id, or set ENGRAM_MODEL") from None
-        ref = default_model_ref(settings.paths.cache_dir)
+        ref = default_model_ref(settings.paths.cache_dir, say=say)
     path = Path(ref).expanduser()
     if path.exists():
         ref = str(path.resolve())
@@ -58,6 +66,7 @@ def load_model(settings: Settings):
     i = engine.info
     log.info("model ready in %.1f s: %s (%s, %s, %s, context %s)", time.perf_counter() - t0, i.model_id, i.family,
              i.device, i.dtype, i.context_length)  # fmt: skip
+    engine.notices.extend(notices)
     return engine
 
 
@@ -144,7 +153,8 @@ def serve(settings: Settings, *, reuse: bool = True, log_level: str = "info") ->
         write_state(settings, state)
         log.info("engramctl %s serving %s on %s (pid %d); token: %s", __version__, info.model_id, state["url"],
                  os.getpid(), "ENGRAM_API_KEY" if settings.api_key else settings.paths.config_dir / "token")  # fmt: skip
-        config = uvicorn.Config(app, log_config=None, access_log=True, lifespan="on", http="h11", ws="none",
+        config = uvicorn.Config(app, log_config=None, access_log=True, lifespan="on", http="h11",
+                                ws="websockets-sansio",  # /v1/agent/ws
                                 timeout_graceful_shutdown=int(GRACEFUL_S), server_header=False)  # fmt: skip
         server = _make_server(config, daemon)
         server.run(sockets=[sock])
@@ -313,7 +323,8 @@ def _reap(pid: int) -> None:
 
 def daemon_status(settings: Settings, timeout: float = 2.0) -> dict[str, Any] | None:
     """None when no daemon runs for this data directory; else {pid, model, device, dtype, host, port,
-    url, uptime_s, started, version, log_file, ready, state ("loading"|"starting"|"running"), ...}."""
+    url, uptime_s, started, version, log_file, ready, state ("loading"|"starting"|"running"), and from
+    /v1/status: rss_bytes, weights_bytes, n_params, sessions, queue, hot, notices, ...}."""
     pid = running_pid(settings)
     if pid is None:
         return None
@@ -338,8 +349,8 @@ def daemon_status(settings: Settings, timeout: float = 2.0) -> dict[str, Any] | 
             r = httpx.get(f"{state['url']}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
             if r.status_code == 200:
                 s = r.json()
-                for key in ("uptime_s", "rss_bytes", "sessions", "queue", "turns", "hot", "pending_writes", "family",
-                            "context_length", "started"):  # fmt: skip
+                for key in ("uptime_s", "rss_bytes", "weights_bytes", "n_params", "sessions", "queue", "turns", "hot",
+                            "pending_writes", "family", "context_length", "started", "notices"):  # fmt: skip
                     out[key] = s.get(key)
     except httpx.HTTPError:
         pass

@@ -3,7 +3,7 @@
 Requests follow OpenAI's chat completion schema plus two extensions: `session` (continue that
 session with the daemon's own state) and `top_k`. Unknown OpenAI fields (user, penalties, ...) are
 accepted and ignored, as other local servers do; fields that would change the answer in a way we
-cannot honour (n > 1, tools, logprobs) are refused with a 400.
+cannot honour (n > 1, logprobs) are refused with a 400. `tools` go to routes_agent.chat_with_tools.
 """
 
 from __future__ import annotations
@@ -112,8 +112,6 @@ class ChatCompletionRequest(Sampling):
     def _supported(self):
         if self.n != 1:
             raise ValueError("only n=1 is supported")
-        if self.tools:
-            raise ValueError("tools are not supported by this server")
         if self.logprobs:
             raise ValueError("logprobs are not supported by this server")
         _session_field(self.session)
@@ -183,6 +181,21 @@ class DeleteSnapshotRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     snapshot_id: str
     force: bool = False
+
+
+class SnapshotRef(BaseModel):
+    """One snapshot by id or unique id prefix (/unpin_snapshot, /get_snapshot_transcript)."""
+
+    model_config = ConfigDict(extra="ignore")
+    snapshot_id: str
+
+
+class PinSnapshotRequest(SnapshotRef):
+    label: str | None = None  # also set this label
+
+
+class LabelSnapshotRequest(SnapshotRef):
+    label: str | None = Field(...)  # null clears it
 
 
 class BranchSnapshotRequest(SessionRef):

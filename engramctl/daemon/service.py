@@ -36,6 +36,7 @@ from engramctl.errors import ContextOverflow, NotFound, SnapshotCorrupt, Snapsho
 from engramctl.state import SessionState
 from engramctl.state.codec import from_payload, to_payload
 from engramctl.store.names import validate_label, validate_session_name
+from engramctl.store.records import SessionInfo
 from engramctl.store.store import Store
 
 log = logging.getLogger("engramctl.daemon")
@@ -444,6 +445,14 @@ class ConversationService:
             return True
         except NotFound:
             return False
+
+    def reset(self, session: str) -> tuple[str | None, SessionInfo]:
+        """Start the session over (no state, empty transcript) and drop its hot state; its snapshots
+        are kept, each with the transcript it was taken at. Returns (previous head, SessionInfo)."""
+        previous = self.store.get_session(session).head
+        info = self.store.reset_session(session)
+        self.invalidate(session)
+        return previous, info
 
     def invalidate(self, session: str | None = None) -> None:
         """Forget the hot state (of `session`, or whichever)."""

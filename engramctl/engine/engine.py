@@ -30,6 +30,7 @@ class Engine:
         self.info = backend.info
         self.spec = backend.spec
         self.prefix_stable = tokenizer.has_chat_template and is_prefix_stable(tokenizer)
+        self.notices: list[str] = []  # what loading it had to tell the user (e.g. a fallback model)
 
     def new_live(self) -> Live:
         return self.backend.new_live()

@@ -62,7 +62,7 @@ class StoreCore:
         self._check_open()
         rec = self._index.snapshot(validate_snapshot_id(snapshot_id))
         if rec is None:
-            raise NotFound(f"no snapshot {snapshot_id}.", hint="engramctl snapshots lists them")
+            raise NotFound(f"no snapshot {snapshot_id}.", hint="engramctl snapshots ls")
         return rec
 
     def _set(self, snapshot_id: str, **fields: Any) -> SnapshotRecord:

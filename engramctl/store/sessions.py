@@ -31,7 +31,7 @@ class SessionsMixin(StoreCore):
             self._check_open()
             s = self._index.session(name)
         if s is None:
-            raise NotFound(f"no session named {name!r}.", hint="engramctl sessions lists them")
+            raise NotFound(f"no session named {name!r}.", hint="engramctl sessions")
         return s
 
     def list_sessions(self) -> list[SessionInfo]:
@@ -109,6 +109,14 @@ class SessionsMixin(StoreCore):
                     fields["tip"] = self._index.snapshot_tip(rec.id)
             self._index.update_session(session, **fields)
             return self._index.session(session)  # type: ignore[return-value]
+
+    def reset_session(self, name: str) -> SessionInfo:
+        """Start the session over: no head, an empty transcript. Nothing is deleted: its snapshots stay
+        (retention may still apply to them later) and each keeps the transcript it was taken at."""
+        self.get_session(name)
+        with self._lock, self._index.tx():
+            self._index.update_session(name, head=None, tip=None, last_used=self.clock())
+            return self._index.session(name)  # type: ignore[return-value]
 
     # -- transcripts ---------------------------------------------------------------------------------
     def append_messages(self, session: str, messages: Sequence[dict]) -> int:

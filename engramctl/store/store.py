@@ -18,7 +18,8 @@ API (errors: InvalidName for bad names/ids, NotFound, SnapshotCorrupt, store.err
 AlreadyExists / StoreLocked):
   open(settings, clock, hardware, *, model_bytes, model_on_cpu, verify) / close() / flush(timeout)
   sessions:    create_session, get_session, list_sessions, touch_session, head, history, delete_session,
-               branch(source_session_or_snapshot_id, new_session), set_head(session, id|None)
+               branch(source_session_or_snapshot_id, new_session), set_head(session, id|None),
+               reset_session(session)
   transcripts: append_messages, transcript, snapshot_transcript, set_transcript, truncate_transcript
   snapshots:   commit, wait_durable, load, promote, info, list, resolve, delete, pin, unpin, label,
                find_prefix(token_ids, fingerprint, session=None)

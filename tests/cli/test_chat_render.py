@@ -55,7 +55,7 @@ class FakeLink:
         return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"}]
 
     def reset(self, session):
-        return "s.1"
+        return {"session": session, "kept_snapshots": 2, "previous_head": "ab" * 16}
 
     def settle(self, timeout=5.0):
         self.settled = True
@@ -137,7 +137,8 @@ def test_repl_dispatch():
     assert chat.session == "idea" and "now in 'idea'" in e
     assert "user: hi\nassistant: Hello!" in e
     assert "tokens in state  13" in e and "2.0 KiB" in e
-    assert "kept as session 's.1'" in e
+    assert "Cleared: the next message starts 'idea' from an empty state; its 2 earlier snapshot(s) are kept " \
+           "(engramctl snapshots ls --session idea)." in e
     assert "Error: unknown command '/nope'." in e and "Hint: /? lists the commands" in e
     assert "Commands:" in e
     assert link.sent[-1] == [{"role": "user", "content": "line 1\n\nline 3"}]
@@ -155,3 +156,20 @@ def test_repl_eof_exits_and_errors_do_not():
 def test_one_line_fence():
     code, o, e, link, chat = run_repl('"""just one"""\n')
     assert link.sent == [[{"role": "user", "content": "just one"}]]
+
+
+def test_autostart_prints_the_daemons_notices_once(monkeypatch, engram_home):
+    """The fallback-model line is worded once, by the daemon (runner.load_model -> /v1/status
+    notices); the CLI prints what the daemon it started reports."""
+    from engramctl.cli import remote
+    from engramctl.daemon import runner
+    from engramctl.settings import load_settings
+
+    line = "the default model is not available offline; using the fallback."
+    monkeypatch.setattr(runner, "daemon_status", lambda settings: None)
+    monkeypatch.setattr(runner, "start_background", lambda settings, wait=True: {
+        "ready": True, "model": "fallback", "notices": [line]})  # fmt: skip
+    out, o, e = outputs()
+    link = remote.connect_chat(load_settings({"no_autostart": False}), out, requested_model=None)
+    link.close()
+    assert e.getvalue().count(line) == 1 and o.getvalue() == "" and link.model_id == "fallback"

@@ -64,7 +64,12 @@ def test_status_ps_tiers_logs(cli, live):
     assert cli("daemon", "status", "-q").stdout.strip() == str(data["pid"])
     ps = cli.json("ps")
     assert ps["daemon"]["model"] == live.model and isinstance(ps["sessions"], list)
-    assert "DAEMON" in cli("ps").stdout
+    assert ps["daemon"]["weights_bytes"] > 0 and ps["daemon"]["notices"] == []
+    human = cli("ps").stdout
+    assert "DAEMON" in human and "weights " in human and "process " in human
+    # a token the daemon refuses is an ordinary error: exit code 1
+    bad = cli("snapshots", "ls", env={"ENGRAM_API_KEY": "wrong"}, code=1)
+    assert bad.stderr.startswith("Error: ")
     tiers = cli.json("tiers")
     assert [t["name"] for t in tiers["tiers"]] == ["vram", "ram", "disk"]
     logs = cli("daemon", "logs", "-n", "5")
@@ -160,8 +165,73 @@ def test_snapshots_through_the_daemon(cli, live, tmp_path):
     assert gone["session"] == "snap-via"
     assert "snap-via" not in cli("ps", "-q").stdout.split()
 
-    pin = cli("snapshots", "pin", first, code=1)
-    assert pin.stderr.startswith("Error: The running daemon has no route") and "Hint: engramctl daemon stop" in pin.stderr
+    # pin / unpin / gc / import go through the daemon too
+    pin = cli("snapshots", "pin", first[:14], "--label", "keep me")
+    assert pin.stderr.startswith(f"Pinned {first[:12]} as 'keep me'.")
+    info = cli.json("snapshots", "info", first)
+    assert info["pinned"] is True and info["label"] == "keep me"
+    assert cli.json("snapshots", "unpin", first)["pinned"] is False
+    gc = cli.json("snapshots", "gc")
+    assert set(gc) == {"deleted", "freed_bytes", "messages_removed"}
+    assert cli("snapshots", "gc").stderr.startswith("Deleted ")
+
+    imp = cli.json("snapshots", "import", str(out), "--session", "snap-imp", "--label", "imported")
+    assert imp["session"] == "snap-imp" and imp["label"] == "imported" and imp["n_tokens"] == rows[-1]["n_tokens"]
+    assert imp["messages"] == exported["messages"] and imp["file"] == str(out.resolve())
+    assert _transcript(live, "snap-imp") == _transcript(live, "snap")[: exported["messages"]]
+    assert "resumed: " in chat(cli, "-s", "snap-imp", "go on").stderr
+    assert "already exists" in cli("snapshots", "import", str(out), "--session", "snap-imp", code=2).stderr
+
+
+def test_export_takes_the_snapshots_own_transcript(cli, live, tmp_path):
+    chat(cli, "-s", "line", "one")
+    chat(cli, "-s", "line", "two")
+    rows = cli.json("snapshots", "ls", "--session", "line")
+    from engramctl.client import Client
+
+    with Client(live.settings, autostart=False) as c:  # the session goes another way after turn one
+        c.restore_snapshot(rows[1]["id"], session="line")
+    chat(cli, "-s", "line", "three")
+    out = tmp_path / "old.safetensors"
+    exported = cli.json("snapshots", "export", rows[-1]["id"], str(out))
+    assert exported["messages"] == 4
+    from engramctl.store.exchange import unpack
+
+    _, messages, recorded = unpack(out.read_bytes())
+    assert recorded == "line" and [m["content"] for m in messages if m["role"] == "user"] == ["one", "two"]
+
+
+def test_import_of_another_models_snapshot_is_refused(cli, live, tmp_path):
+    from engramctl.store.exchange import pack
+    from tests.cli.conftest import make_payload
+
+    alien = tmp_path / "alien.safetensors"
+    alien.write_bytes(pack(make_payload(8, fingerprint="another-model"), [{"role": "user", "content": "x"}], "alien"))
+    r = cli("snapshots", "import", str(alien), code=1)
+    assert r.stderr.startswith("Error: Cannot import: the snapshot belongs to model 'test/tiny-hybrid'"), r.stderr
+    assert "Hint: import it into a daemon serving that model: engramctl daemon stop && " in r.stderr
+    assert "alien" not in cli("sessions", "-q").stdout.split()
+
+
+def test_clear_and_new_start_over_and_keep_the_old_snapshots(cli, live):
+    def said(session):
+        return [(m["role"], m["content"]) for m in _transcript(live, session)]
+
+    chat(cli, "-s", "clr-ref", "-t", "0", "hello there")
+    chat(cli, "-s", "clr", "-t", "0", "-i", input="first words\n/bye\n")
+    old = cli("snapshots", "ls", "-q", "--session", "clr").stdout.split()
+    r = chat(cli, "-s", "clr", "-t", "0", "-i", input="/clear\nhello there\n/bye\n")
+    assert "Cleared: the next message starts 'clr' from an empty state; its 2 earlier snapshot(s) are kept" in r.stderr
+    assert said("clr") == said("clr-ref")  # the same greedy reply as a fresh session's
+    listed = cli("snapshots", "ls", "-q", "--session", "clr").stdout.split()
+    assert listed[:2] == old and len(listed) == 4
+
+    r = chat(cli, "-s", "clr", "--new", "-t", "0", "hello there")
+    assert "Starting 'clr' over; its 4 earlier snapshot(s) are kept" in r.stderr and "new session" in r.stderr
+    assert said("clr") == said("clr-ref")
+    assert cli("snapshots", "ls", "-q", "--session", "clr").stdout.split()[:4] == listed
+    fresh = chat(cli, "-s", "clr-brand-new", "--new", "hi")
+    assert "Starting" not in fresh.stderr and "new session" in fresh.stderr
 
 
 def test_serve_refuses_what_it_cannot_do(cli, live):

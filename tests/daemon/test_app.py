@@ -23,6 +23,9 @@ ROUTES = [  # every route but /health
     ("GET", "/v1/tiers"), ("GET", "/v1/sessions"), ("GET", "/v1/sessions/x"), ("DELETE", "/v1/sessions/x"),
     ("POST", "/save_snapshot"), ("POST", "/restore_snapshot"), ("POST", "/list_snapshots"), ("GET", "/list_snapshots"),
     ("POST", "/get_snapshot_info"), ("POST", "/delete_snapshot"), ("POST", "/branch_snapshot"), ("GET", "/nope"),
+    ("POST", "/pin_snapshot"), ("POST", "/unpin_snapshot"), ("POST", "/label_snapshot"),
+    ("POST", "/get_snapshot_transcript"), ("POST", "/gc_snapshots"), ("POST", "/import_snapshot"),
+    ("POST", "/v1/sessions/x/reset"),
 ]  # fmt: skip
 
 
@@ -76,6 +79,7 @@ def test_health_models_status(app_client, engine):
     st = app_client.get("/v1/status").json()
     assert st["model"] == "tiny-gmh" and st["device"] == "cpu" and st["dtype"] == "float32"
     assert st["rss_bytes"] > 0 and st["uptime_s"] >= 0 and st["sessions"] == 0
+    assert st["weights_bytes"] == engine.info.weights_bytes > 0 and st["notices"] == []
     tiers = app_client.get("/v1/tiers").json()
     assert [t["name"] for t in tiers["tiers"]] == ["vram", "ram", "disk"]
 
@@ -128,7 +132,8 @@ def test_malformed_bodies(app_client):
     for raw, words in ((b"{not json", "not valid JSON"), (b"[1, 2]", "JSON object"), (b"", "JSON object"),
                        (b'"text"', "JSON object"), (b"\xff\xfe", "JSON")):  # fmt: skip
         for path in ("/v1/chat/completions", "/save_snapshot", "/restore_snapshot", "/branch_snapshot",
-                     "/delete_snapshot", "/get_snapshot_info", "/list_snapshots"):  # fmt: skip
+                     "/delete_snapshot", "/get_snapshot_info", "/list_snapshots", "/pin_snapshot", "/unpin_snapshot",
+                     "/label_snapshot", "/get_snapshot_transcript"):  # fmt: skip
             if path == "/list_snapshots" and raw == b"":
                 continue  # an empty body is allowed there: list everything
             r = app_client.post(path, content=raw, headers=h)
@@ -190,12 +195,27 @@ def test_bad_snapshot_requests_get_4xx_and_change_nothing(app_client):
         ("/branch_snapshot", {"snapshot_id": "0" * 32, "new_session": "b"}, 404, "snapshot"),
         ("/branch_snapshot", {"source": "keep", "new_session": "a/b"}, 400, "session name"),
         ("/branch_snapshot", {"source": "keep", "snapshot_id": head, "new_session": "b"}, 400, "exactly one"),
+        ("/pin_snapshot", {}, 400, "snapshot_id"),
+        ("/pin_snapshot", {"snapshot_id": "0" * 32}, 404, "snapshot"),
+        ("/pin_snapshot", {"snapshot_id": "zz"}, 400, "snapshot id"),
+        ("/pin_snapshot", {"snapshot_id": head, "label": "x\n"}, 400, "label"),  # refused before pinning
+        ("/unpin_snapshot", {"snapshot_id": "../x"}, 400, "snapshot id"),
+        ("/label_snapshot", {"snapshot_id": head}, 400, "label"),
+        ("/label_snapshot", {"snapshot_id": head, "label": ""}, 400, "label"),
+        ("/get_snapshot_transcript", {"snapshot_id": "0123"}, 404, "0123"),
+        ("/get_snapshot_transcript", {}, 400, "snapshot_id"),
     ]
     for path, body, status, words in cases:
         r = app_client.post(path, json=body)
         assert r.status_code == status, (path, body, r.status_code, r.text)
         assert words.lower() in r.json()["error"]["message"].lower(), (path, body, r.json())
-    for method, path, status in (("GET", "/v1/sessions/nobody", 404), ("GET", "/v1/sessions/a..b$", 400),
+    for content, query, status, words in ((b"", "", 400, "snapshot file"), (b"junk", "", 409, "truncated"),
+                                          (b"junk", "?session=../x", 400, "session name")):  # fmt: skip
+        r = app_client.post(f"/import_snapshot{query}", content=content,
+                            headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+        assert r.status_code == status and words in r.json()["error"]["message"], (query, r.text)
+    for method, path, status in (("POST", "/v1/sessions/nobody/reset", 404), ("POST", "/v1/sessions/a..b$/reset", 400),
+                                 ("GET", "/v1/sessions/nobody", 404), ("GET", "/v1/sessions/a..b$", 400),
                                  ("DELETE", "/v1/sessions/nobody", 404), ("GET", "/v1/nothing", 404),
                                  ("PUT", "/v1/chat/completions", 405), ("GET", "/v1/models/other", 404)):  # fmt: skip
         r = app_client.request(method, path)
@@ -289,3 +309,48 @@ def test_corrupt_head_falls_back_one_step_then_to_the_transcript(engine, engram_
         assert turn("five")["engram"]["restored_tokens"] > fourth["usage"]["prompt_tokens"]
     finally:
         daemon.close()
+
+
+def test_import_is_verified_against_the_loaded_model_and_stores_nothing_when_refused(app_client):
+    from engramctl.store import exchange
+    from tests.cli.conftest import make_payload
+
+    first = _chat(app_client, session="src").json()
+    sid, tokens = first["engram"]["snapshot_id"], first["usage"]["total_tokens"]
+    store = app_client.app.state.daemon.store
+    messages = app_client.post("/get_snapshot_transcript", json={"snapshot_id": sid[:24]}).json()["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    own = exchange.pack(store.load(sid), messages, "src")
+    alien = exchange.pack(make_payload(8, fingerprint="another-model"), [{"role": "user", "content": "x"}], "alien")
+    raw = {"Content-Type": "application/octet-stream"}
+    before = _stored(app_client)
+    r = app_client.post("/import_snapshot", content=alien, headers=raw)
+    err = r.json()["error"]
+    assert r.status_code == 409 and err["code"] == "snapshot_mismatch" and "fingerprint" in err["message"], r.text
+    assert "daemon start --model test/tiny-hybrid" in err["hint"] and "tiny-gmh" in err["message"]
+    r = app_client.post("/import_snapshot", content=own, headers=raw)  # the session it records exists
+    assert r.status_code == 409 and r.json()["error"]["code"] == "already_exists"
+    assert _stored(app_client) == before
+    r = app_client.post("/import_snapshot?session=copy&label=imported", content=own, headers=raw)
+    assert r.status_code == 200, r.text
+    imp = r.json()
+    assert imp["session"] == "copy" and imp["label"] == "imported" and imp["tokens"] == tokens
+    assert imp["messages"] == 2 and imp["durable"] and imp["snapshot_id"] != sid
+    assert app_client.get("/v1/sessions/copy").json()["messages"] == messages
+    cont = _chat(app_client, session="copy", messages=[{"role": "user", "content": "And?"}]).json()
+    assert cont["engram"]["restored_tokens"] == tokens and cont["engram"]["resumed"]
+
+
+def test_load_model_logs_the_fallback_notice_and_keeps_it(zoo, engram_home, monkeypatch, caplog):
+    from engramctl.daemon import runner
+    from engramctl.engine import models
+
+    def fallback(cache_dir, say=None):
+        say("the default model is not available offline; using the fallback.")
+        return str(zoo.path("granitemoehybrid"))
+
+    monkeypatch.setattr(models, "default_model_ref", fallback)
+    with caplog.at_level("WARNING", logger="engramctl.daemon"):
+        engine = runner.load_model(load_settings({"device": "cpu", "dtype": "float32"}))
+    assert engine.notices == ["the default model is not available offline; using the fallback."]
+    assert "not available offline" in caplog.text

@@ -89,3 +89,23 @@ def test_unicode_and_nested_messages_round_trip(store):
     msg = {"role": "assistant", "content": "héllo ✓ \u0000 end", "tool_calls": [{"id": "1", "args": {"k": [1, 2]}}]}
     store.append_messages("u", [msg])
     assert store.transcript("u") == [msg]
+
+
+def test_reset_session_starts_over_and_keeps_every_snapshot_and_its_transcript(store, make_payload):
+    a = store.commit("main", make_payload(10, 1), messages=[U("1")])
+    b = store.commit("main", make_payload(12, 2), messages=[A("one"), U("2")])
+    info = store.reset_session("main")
+    assert info.head is None and info.n_messages == 0 and info.n_snapshots == 2
+    assert store.transcript("main") == [] and [r.id for r in store.list("main")] == [a.id, b.id]
+    store.flush()
+    store.gc()  # the old messages stay reachable through the snapshots that were taken at them
+    assert store.snapshot_transcript(b.id) == [U("1"), A("one"), U("2")]
+    c = store.commit("main", make_payload(5, 3), messages=[U("again")])
+    assert c.parent is None and store.transcript("main") == [U("again")]
+    assert store.history("main") == [store.info(c.id)]
+    with pytest.raises(NotFound) as e:
+        store.reset_session("nobody")
+    assert e.value.hint == "engramctl sessions"
+    with pytest.raises(NotFound) as e:
+        store.info("0" * 32)
+    assert e.value.hint == "engramctl snapshots ls"

@@ -1,0 +1,286 @@
+"""Running an agent tool inside the daemon, against its store and conversation service.
+
+    result = await Dispatcher(daemon).call("checkpoint", {"session": "s", "label": "before"})
+
+Arguments are validated first (tools.validate_arguments): bad ones raise ToolArgumentError and nothing
+is touched. Tools that change state (checkpoint, branch, restore, delete_checkpoint, chat) run as jobs
+on the daemon's single worker thread, in turn with generation: a checkpoint taken while a reply is
+being generated captures the state after that reply, and the conversation service's in-memory "hot"
+state is only ever touched from that thread. Read-only tools answer at once.
+
+Semantics (what an agent can rely on):
+- checkpoint pins the session's head (snapshotting it first if the session has only a transcript) and
+  labels it; a checkpoint is a pinned or labelled snapshot, never evicted by retention.
+- restore accepts a checkpoint of the session's own history: a snapshot the session owns, or one its
+  head descends from (a branch's source history), and also one grown from those (a branch explored
+  from it: restoring there adopts the branch's result). Labels resolve to the newest match, the
+  session's own first. The head moves there, the transcript follows (it becomes the one that snapshot
+  was taken with), and the state is loaded into the model, so the next turn continues exactly from it;
+  later snapshots stay listed (restore forward works too). A snapshot of an unrelated conversation is
+  refused: branch from it instead.
+- branch never copies: the new session points at the source state and shares the transcript up to it.
+- delete_checkpoint unpins and unlabels, then deletes the data unless a session still continues or
+  branches from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from engramctl.agent.tools import Tool, ToolArgumentError, get_tool, validate_arguments
+from engramctl.errors import NotFound, UsageError
+from engramctl.store.names import is_snapshot_id
+
+_HEX = frozenset("0123456789abcdef")
+_SAMPLING_KEYS = ("temperature", "max_tokens", "top_p", "top_k", "seed", "stop")
+
+
+def _is_id_prefix(text: str) -> bool:
+    return 4 <= len(text) < 32 and set(text) <= _HEX
+
+
+def is_checkpoint(rec) -> bool:
+    return bool(rec.pinned or rec.label)
+
+
+async def wait_job(job, request=None) -> Any:
+    """A worker job's result (its error raised here). With an HTTP request, a client disconnect
+    cancels the job; a cancelled caller (WebSocket closed) cancels it too."""
+    if request is not None:
+        from engramctl.daemon.streaming import job_result
+
+        return await job_result(job, request)
+    try:
+        while True:
+            kind, value = await job.events.get()
+            if kind == "done":
+                return value
+            if kind == "error":
+                raise value
+    except asyncio.CancelledError:
+        job.cancel.set()
+        raise
+
+
+class Dispatcher:
+    def __init__(self, daemon):
+        self.daemon = daemon
+        self.store = daemon.store
+        self.service = daemon.service
+
+    async def call(self, name: str, arguments: Any, *, session: str | None = None, request=None) -> dict:
+        """Validate and run one tool; `session` is the calling conversation's (fills a missing one)."""
+        tool: Tool = get_tool(name)
+        args = validate_arguments(tool, arguments, session=session)
+        run = getattr(self, f"_{tool.name}")
+        if not tool.mutates:
+            return run(args, None)
+        job = self.daemon.worker.submit(lambda job: run(args, job), name=f"tool {tool.name}")
+        return await wait_job(job, request)
+
+    # -- lookups ---------------------------------------------------------------------------------------
+    def _pool(self, session: str) -> tuple[dict[str, Any], set[str]]:
+        """The snapshots a session may go back to: those it owns and those its head descends from."""
+        owned = self.store.list(session)
+        history = self.store.history(session)
+        pool = {r.id: r for r in owned}
+        pool.update((r.id, r) for r in history)
+        return pool, {r.id for r in history}
+
+    def _related(self, rec, pool: dict[str, Any]) -> bool:
+        """Does `rec` descend from (or is it) one of the pool's snapshots: the same conversation tree?"""
+        for _ in range(1_000_000):
+            if rec.id in pool:
+                return True
+            if not rec.parent:
+                return False
+            try:
+                rec = self.store.info(rec.parent)
+            except NotFound:
+                return False
+        return False
+
+    def _in_history(self, session: str, ref: str):
+        """A checkpoint `session` may move to, by snapshot id, unique id prefix or label (newest match): one
+        it owns or descends from, or one grown from those (a branch explored from it: adopting its result)."""
+        pool, _ = self._pool(session)
+
+        def unrelated(rec):
+            return ToolArgumentError(
+                f"checkpoint: snapshot {rec.id} belongs to session {rec.session!r}, which did not grow from "
+                f"session {session!r}'s history.", "checkpoint",
+                hint="branch from it into a new session instead")  # fmt: skip
+
+        if is_snapshot_id(ref):
+            if ref in pool:
+                return pool[ref]
+            rec = self.store.info(ref)  # NotFound when it does not exist at all
+            if self._related(rec, pool):
+                return rec
+            raise unrelated(rec)
+        labelled = [r for r in pool.values() if r.label == ref]
+        if not labelled:
+            labelled = [r for r in self.store.list() if r.label == ref and self._related(r, pool)]
+        if labelled:
+            return max(labelled, key=lambda r: r.id)  # ids sort by creation time
+        if _is_id_prefix(ref):
+            matches = [r for sid, r in pool.items() if sid.startswith(ref)]
+            if len(matches) > 1:
+                raise ToolArgumentError(f"checkpoint: snapshot id prefix {ref!r} is ambiguous; give more digits.",
+                                        "checkpoint")  # fmt: skip
+            if matches:
+                return matches[0]
+            try:
+                rec = self.store.info(self.store.resolve(ref))
+            except NotFound:
+                rec = None
+            except UsageError as e:
+                raise ToolArgumentError(f"checkpoint: {e.message}", "checkpoint") from None
+            if rec is not None:
+                if self._related(rec, pool):
+                    return rec
+                raise unrelated(rec)
+        raise NotFound(f"session {session!r} has no checkpoint {ref!r} (label or snapshot id) in its history.",
+                       hint="list_checkpoints shows them")  # fmt: skip
+
+    def _session_exists(self, name: str) -> bool:
+        try:
+            self.store.get_session(name)
+            return True
+        except (NotFound, UsageError):
+            return False
+
+    def _branch_source(self, source: str, checkpoint: str | None) -> tuple[str, str | None]:
+        """(what store.branch takes: a snapshot id or a session name, the source session)."""
+        if checkpoint is not None:
+            if not self._session_exists(source):
+                raise NotFound(f"no session named {source!r} (with `checkpoint`, the source is a session).")
+            return self._in_history(source, checkpoint).id, source
+        if is_snapshot_id(source):
+            return source, self.store.info(source).session
+        if self._session_exists(source):
+            return source, source
+        if _is_id_prefix(source):
+            try:
+                sid = self.store.resolve(source)
+                return sid, self.store.info(sid).session
+            except NotFound:
+                pass
+        labelled = [r for r in self.store.list() if r.label == source]
+        sessions = {r.session for r in labelled}
+        if len(sessions) > 1:
+            raise ToolArgumentError(
+                f"source: the label {source!r} is used in several sessions ({', '.join(sorted(sessions))}).", "source",
+                hint="give the session as source and the label as checkpoint")  # fmt: skip
+        if labelled:
+            rec = max(labelled, key=lambda r: r.id)
+            return rec.id, rec.session
+        raise NotFound(f"no session, snapshot or checkpoint label {source!r} to branch from.")
+
+    @staticmethod
+    def _item(rec, head: str | None, history: set[str]) -> dict:
+        return {
+            "snapshot_id": rec.id, "session": rec.session, "label": rec.label, "pinned": bool(rec.pinned),
+            "tokens": rec.n_tokens, "n_messages": rec.n_messages, "bytes": rec.nbytes, "created": rec.created,
+            "tier": rec.tiers[0] if rec.tiers else None, "is_head": rec.id == head, "in_history": rec.id in history,
+        }  # fmt: skip
+
+    # -- tools (mutating ones run on the worker thread) -------------------------------------------------
+    def _checkpoint(self, args: dict, job) -> dict:
+        sid = self.service.save(args["session"], args.get("label"), True)
+        rec = self.store.info(sid)
+        return {"snapshot_id": rec.id, "session": args["session"], "label": rec.label, "pinned": bool(rec.pinned),
+                "tokens": rec.n_tokens, "n_messages": rec.n_messages, "created": rec.created}  # fmt: skip
+
+    def _branch(self, args: dict, job) -> dict:
+        ref, source_session = self._branch_source(args["source"], args.get("checkpoint"))
+        info = self.store.branch(ref, args["new_session"])
+        rec = self.store.info(info.head) if info.head else None
+        return {"session": info.name, "source_session": source_session, "snapshot_id": info.head,
+                "tokens": rec.n_tokens if rec else 0, "n_messages": info.n_messages}  # fmt: skip
+
+    def _restore(self, args: dict, job) -> dict:
+        from engramctl.daemon.schemas import Sampling
+
+        session = args["session"]
+        before = self.store.get_session(session)
+        rec = self._in_history(session, args["checkpoint"])
+        # The service moves the head (rewinding the transcript) and loads the state into the model as
+        # the session's hot state, so the next turn continues from exactly this point.
+        out = self.service.restore(rec.id, session, None, Sampling(), job.emit, job.cancel)
+        return {"session": session, "snapshot_id": rec.id, "label": rec.label, "previous_head": before.head,
+                "tokens": out["tokens"], "n_messages": out["n_messages"], "tier": out["tier"],
+                "restore_ms": out["restore_ms"]}  # fmt: skip
+
+    def _list_checkpoints(self, args: dict, job) -> dict:
+        session = args["session"]
+        info = self.store.get_session(session)
+        pool, history = self._pool(session)
+        turns = bool(args.get("include_turns"))
+        items = [self._item(r, info.head, history) for _, r in sorted(pool.items()) if turns or is_checkpoint(r)]
+        return {"session": session, "head": info.head, "checkpoints": items}
+
+    def _delete_checkpoint(self, args: dict, job) -> dict:
+        from engramctl.store.errors import SnapshotInUse
+
+        try:
+            sid = self.store.resolve(args["id"])
+        except NotFound:
+            raise
+        except UsageError as e:  # an ambiguous prefix
+            raise ToolArgumentError(f"id: {e.message}", "id", e.hint) from None
+        rec = self.store.info(sid)
+        if rec.pinned:
+            self.store.unpin(sid)
+        if rec.label is not None:
+            self.store.label(sid, None)
+        try:
+            self.store.delete(sid)
+            deleted, reason = True, None
+        except SnapshotInUse as e:
+            deleted, reason = False, e.message
+        hot = self.service.hot
+        if deleted and hot is not None and hot.head == sid:
+            self.service.invalidate()
+        return {"snapshot_id": sid, "session": rec.session, "deleted": deleted, "reason": reason}
+
+    def _session_info(self, args: dict, job) -> dict:
+        session = args["session"]
+        info = self.store.get_session(session)
+        head = self.store.info(info.head) if info.head else None
+        pool, _ = self._pool(session)
+        hot = self.service.hot
+        return {
+            "session": session, "head": info.head, "tokens": head.n_tokens if head else 0,
+            "snapshot_bytes": head.nbytes if head else 0,
+            "stored_bytes": sum(r.nbytes for r in pool.values() if r.session == session),
+            "tier": head.tiers[0] if head and head.tiers else None,
+            "hot": head is not None and hot is not None and hot.session == session and hot.head == head.id,
+            "n_messages": info.n_messages, "n_snapshots": info.n_snapshots,
+            "n_checkpoints": sum(1 for r in pool.values() if is_checkpoint(r)), "base": info.base,
+            "model_id": info.model_id, "created": info.created, "last_used": info.last_used,
+        }  # fmt: skip
+
+    def _chat(self, args: dict, job) -> dict:
+        from engramctl.daemon.schemas import Sampling
+        from engramctl.daemon.service import Turn
+
+        sampling = Sampling(**{k: args[k] for k in _SAMPLING_KEYS if k in args})
+        turn = Turn(messages=[{"role": "user", "content": args["message"]}], session=args["session"], sampling=sampling)
+        return chat_result(self.service.chat(turn, job.emit, job.cancel))
+
+
+def chat_result(r) -> dict:
+    """A TurnResult as the chat tool's result."""
+    e = r.engram
+    usage = r.usage
+    return {
+        "session": e["session"], "reply": r.text, "finish_reason": e.get("finish_reason") or r.finish_reason,
+        "snapshot_id": e.get("snapshot_id"),
+        "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+                  "total_tokens": usage["total_tokens"],
+                  "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
+        "resumed": bool(e.get("resumed")), "restored_tokens": int(e.get("restored_tokens") or 0),
+        "tier": e.get("tier"), "restore_ms": e.get("restore_ms"),
+    }  # fmt: skip

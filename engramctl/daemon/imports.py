@@ -1,0 +1,61 @@
+"""POST /import_snapshot's work: an export file (engramctl.store.exchange) -> a new session.
+
+The file is verified like a restore before anything is stored: checksum and format, then the state
+against the loaded model (fingerprint, dtype, layer layout, every shape, finite values). A snapshot
+of another model is refused (SnapshotMismatch -> 409) and nothing is written. Runs on the worker
+thread, so it cannot interleave with a turn creating the same session.
+"""
+
+from __future__ import annotations
+
+from engramctl.engine.engine import Engine
+from engramctl.errors import SnapshotMismatch, UsageError
+from engramctl.state.codec import from_payload
+from engramctl.store.errors import AlreadyExists
+from engramctl.store.exchange import unpack
+from engramctl.store.names import validate_label, validate_session_name
+from engramctl.store.records import SnapshotRecord
+from engramctl.store.store import Store
+
+DURABLE_WAIT_S = 60.0
+
+
+def import_file(engine: Engine, store: Store, buf: bytes, session: str | None,
+                label: str | None) -> tuple[SnapshotRecord, int]:  # fmt: skip
+    """Store the file as the head of a new session; returns (its record, transcript length)."""
+    if session is not None:
+        validate_session_name(session)
+    if label is not None:
+        validate_label(label)
+    if not buf:
+        raise UsageError("the request body must be the bytes of a snapshot file written by `snapshots export`.")
+    payload, messages, recorded = unpack(buf, source="the uploaded snapshot file")
+    name = session or recorded
+    if not name:
+        raise UsageError("the snapshot file does not record a session name; give one (session=NAME).")
+    validate_session_name(name)
+    tensors, meta = payload
+    spec = engine.spec
+    if meta.get("fingerprint") != spec.fingerprint:  # another model first: a dtype hint would mislead
+        model = meta.get("model_id") or "the model that wrote it"
+        raise SnapshotMismatch(
+            f"cannot import: the snapshot belongs to model {model!r} (fingerprint {meta.get('fingerprint')}); "
+            f"this daemon serves {spec.model_id!r} (fingerprint {spec.fingerprint}).",
+            hint=f"import it into a daemon serving that model: engramctl daemon stop && engramctl daemon start "
+            f"--model {model}",
+        )
+    try:
+        from_payload(tensors, meta, spec)  # dtype, layout, every shape, finite values: as a restore does
+    except SnapshotMismatch as e:
+        raise SnapshotMismatch(f"cannot import: {e.message}", hint=e.hint) from None
+    try:
+        store.create_session(name)
+    except AlreadyExists:
+        raise AlreadyExists(f"session {name!r} already exists.",
+                            hint="import it under another name: --session NEW") from None  # fmt: skip
+    try:
+        rec = store.commit(name, payload, messages=messages or None, label=label)
+    except BaseException:
+        store.delete_session(name)
+        raise
+    return store.wait_durable(rec.id, timeout=DURABLE_WAIT_S), len(messages)
