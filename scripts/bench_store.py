@@ -110,7 +110,7 @@ def baselines(size: int, tmp: Path, repeat: int) -> dict:
 
 
 def codec(payload, repeat: int) -> dict:
-    """The CPU part of a save and a load: snapshot_file.encode (serialize + sha256) and decode (verify + parse)."""
+    """The CPU part of a save and a load: snapshot_file.encode (serialize + checksum) and decode (verify + parse)."""
     from engramctl.store import snapshot_file
 
     buf = snapshot_file.encode(*payload)
