@@ -18,8 +18,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
-from safetensors import safe_open
 
 from engramctl.store import snapshot_file
 from engramctl.store.errors import StoreLocked
@@ -79,6 +77,9 @@ class SnapshotFiles:
 
     def token_ids(self, snapshot_id: str) -> list[int] | None:
         """Only the token ids, without reading (or verifying) the rest of the file."""
+        import torch  # only here, when a prefix candidate is read: listings never load torch
+        from safetensors import safe_open
+
         try:
             with safe_open(str(self.path(snapshot_id)), framework="pt") as f:
                 if TOKEN_IDS not in f.keys():

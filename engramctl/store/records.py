@@ -8,13 +8,14 @@ A payload is `(tensors, metadata)`: the flat tensor dict and string metadata of 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engramctl.errors import UsageError
 
-Payload = tuple[dict[str, torch.Tensor], dict[str, str]]
+if TYPE_CHECKING:  # torch loads only where tensors are handled: listings stay instant
+    import torch
+
+Payload = tuple[dict[str, "torch.Tensor"], dict[str, str]]
 TOKEN_IDS = "token_ids"
 
 
@@ -31,6 +32,8 @@ def payload_to(payload: Payload, device: str) -> Payload:
 
 def check_payload(payload: Any) -> tuple[list[int] | None, int]:
     """Validate the payload's shape; return (token ids or None, n_tokens)."""
+    import torch
+
     if not (isinstance(payload, tuple) and len(payload) == 2):
         raise UsageError("a snapshot payload is a (tensors, metadata) pair.")
     tensors, meta = payload

@@ -20,10 +20,12 @@ import struct
 import tempfile
 from pathlib import Path
 
-import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from typing import TYPE_CHECKING
+
 from xxhash import xxh3_128
+
+if TYPE_CHECKING:  # torch is imported where tensors are (de)serialized, so listings stay instant
+    import torch
 
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
 
@@ -50,6 +52,8 @@ def _checksum(header: dict, data: memoryview | bytes, algo: str = WRITE_HASH) ->
 
 def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     """Serialize tensors + metadata into the bytes of a complete, checksummed snapshot file."""
+    from safetensors.torch import save as st_save
+
     meta = {**{k: str(v) for k, v in metadata.items()}, "format": FORMAT, "format_version": FORMAT_VERSION}
     raw = st_save({k: t.detach().contiguous().cpu() for k, t in tensors.items()}, metadata=meta)
     (n,) = struct.unpack("<Q", raw[:_HEADER_LEN_BYTES])
@@ -87,6 +91,8 @@ def decode(buf: bytes, source: str = "snapshot") -> tuple[dict[str, torch.Tensor
     algo = str(meta.get("checksum", "")).partition(":")[0]
     if algo not in _HASHES or meta.get("checksum") != _checksum(header, data, algo):
         raise SnapshotCorrupt(f"{source} failed its checksum: the file was modified or damaged.")
+    from safetensors.torch import load as st_load
+
     try:
         tensors = st_load(bytes(buf))
     except Exception as e:  # safetensors raises its own error types
