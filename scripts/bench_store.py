@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from engramctl.bench.coldio import evict
+
 
 def bench_payload(state_mb: float, n_tokens: int, seed: int = 0) -> tuple[dict, dict]:
     g = torch.Generator().manual_seed(seed)
@@ -70,15 +72,6 @@ def timed(fn, repeat: int, setup=None) -> dict:
     return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "min_wall_s": min(walls)}
 
 
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def baselines(size: int, tmp: Path, repeat: int) -> dict:
     src = torch.empty(size // 4, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
@@ -102,7 +95,7 @@ def baselines(size: int, tmp: Path, repeat: int) -> dict:
         with open(path, "rb", buffering=0) as f:
             f.readinto(buf)
 
-    out["seq_read_cold"] = timed(read, repeat, setup=lambda: drop_cache(path))
+    out["seq_read_cold"] = timed(read, repeat, setup=lambda: evict(path))
     out["seq_read_warm"] = timed(read, repeat)
     for p in tmp.glob("raw*.bin"):
         p.unlink()
@@ -144,7 +137,7 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
         store = Store.open(settings)
         if cold:
             for p in (home / "snapshots").glob("*.safetensors"):
-                drop_cache(p)
+                evict(p)
 
     pick = iter(ids * 4)
     store = Store.open(settings)

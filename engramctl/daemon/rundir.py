@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engramctl.errors import EngramError
+from engramctl.pidlock import try_lock
 from engramctl.settings import Settings
 
 PID_FILE = "daemon.pid"
@@ -57,21 +58,14 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        import fcntl
-
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = try_lock(self.path)
+        if fd is None:
             pid = _read_pid(self.path)
             raise EngramError(
                 f"a daemon is already running for this data directory (pid {pid or '?'}).",
                 hint="engramctl daemon status / engramctl daemon stop",
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+            )
         self.fd = fd
 
     def release(self) -> None:

@@ -19,18 +19,13 @@ import time
 from pathlib import Path
 
 
+from engramctl.pidlock import try_lock
 from engramctl.store import snapshot_file
 from engramctl.store.errors import StoreLocked
 from engramctl.store.names import id_from_filename, snapshot_filename
 from engramctl.store.records import TOKEN_IDS, Payload
 
 log = logging.getLogger("engramctl.store")
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory lock, single-process use is on the user
-    fcntl = None  # type: ignore[assignment]
-
 
 class SnapshotFiles:
     def __init__(self, data_dir: Path):
@@ -45,18 +40,12 @@ class SnapshotFiles:
 
     # -- process lock --------------------------------------------------------------------------------
     def lock(self) -> None:
-        fd = os.open(self.root / "store.lock", os.O_CREAT | os.O_RDWR, 0o600)
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise StoreLocked(
-                    f"the snapshot store in {self.root} is already open in another process.",
-                    hint="stop the other engramctl daemon, or use another ENGRAM_HOME",
-                ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        fd = try_lock(self.root / "store.lock")
+        if fd is None:
+            raise StoreLocked(
+                f"the snapshot store in {self.root} is already open in another process.",
+                hint="stop the other engramctl daemon, or use another ENGRAM_HOME",
+            )
         self._lock_fd = fd
 
     def unlock(self) -> None:
