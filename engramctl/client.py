@@ -20,7 +20,7 @@ torch is never imported here.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import httpx
 
@@ -173,65 +173,68 @@ class Client:
         self._autostarted = True
         start_background(self.settings, wait=True)
 
+    def _send(self, path: str, open_response: Callable[[str], Any]) -> Any:
+        """`open_response(url)`, starting the daemon once and retrying when nothing listens there.
+        Headers are built inside `open_response`: an autostarted daemon may have just written the token."""
+        while True:
+            url = self.base_url + path
+            try:
+                return open_response(url)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                if self._can_autostart():
+                    self._autostart()
+                    continue
+                raise self._unreachable(url, e) from None
+            except httpx.HTTPError as e:
+                raise DaemonUnreachable(f"the request to {url} failed: {e}.") from None
+
     def _request(self, method: str, path: str, body: Any = None, *, long: bool = False, auth: bool = True,
                  content: bytes | None = None, params: dict | None = None) -> Any:  # fmt: skip
         """JSON `body`, or raw `content` (sent as application/octet-stream); `params` go in the query."""
         timeout = httpx.Timeout(self._http.timeout.write, connect=5.0, read=None) if long else None
-        while True:
-            url = self.base_url + path
-            try:
-                kwargs: dict[str, Any] = {"headers": self._headers() if auth else {}}
-                if body is not None:
-                    kwargs["json"] = body
-                if content is not None:
-                    kwargs["content"] = content
-                    kwargs["headers"]["Content-Type"] = "application/octet-stream"
-                if params:
-                    kwargs["params"] = {k: v for k, v in params.items() if v is not None}
-                if timeout is not None:
-                    kwargs["timeout"] = timeout
-                r = self._http.request(method, url, **kwargs)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-                if self._can_autostart():
-                    self._autostart()
-                    continue
-                raise self._unreachable(url, e) from None
-            except httpx.HTTPError as e:
-                raise DaemonUnreachable(f"the request to {url} failed: {e}.") from None
-            if r.status_code >= 400:
-                raise _error_from_response(r)
-            return r.json()
+
+        def send(url: str) -> httpx.Response:
+            kwargs: dict[str, Any] = {"headers": self._headers() if auth else {}}
+            if body is not None:
+                kwargs["json"] = body
+            if content is not None:
+                kwargs["content"] = content
+                kwargs["headers"]["Content-Type"] = "application/octet-stream"
+            if params:
+                kwargs["params"] = {k: v for k, v in params.items() if v is not None}
+            if timeout is not None:
+                kwargs["timeout"] = timeout
+            return self._http.request(method, url, **kwargs)
+
+        r = self._send(path, send)
+        if r.status_code >= 400:
+            raise _error_from_response(r)
+        return r.json()
 
     def _stream(self, path: str, body: dict) -> ChatStream:
         timeout = httpx.Timeout(self._http.timeout.write, connect=5.0, read=None)
-        while True:
-            url = self.base_url + path
+
+        def open_stream(url: str):
             cm = self._http.stream("POST", url, json=body, headers=self._headers(), timeout=timeout)
+            return cm, cm.__enter__()
+
+        cm, response = self._send(path, open_stream)
+        if response.status_code >= 400:
             try:
-                response = cm.__enter__()
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-                if self._can_autostart():
-                    self._autostart()
-                    continue
-                raise self._unreachable(url, e) from None
-            except httpx.HTTPError as e:
-                raise DaemonUnreachable(f"the request to {url} failed: {e}.") from None
-            if response.status_code >= 400:
-                try:
-                    response.read()
-                    raise _error_from_response(response)
-                finally:
-                    cm.__exit__(None, None, None)
-            if not response.headers.get("content-type", "").startswith("text/event-stream"):
-                try:  # a job that generated nothing answers with plain JSON
-                    response.read()
-                    stream = ChatStream(None, response)
-                    stream.engram = response.json()
-                    stream.done = True
-                    return stream
-                finally:
-                    cm.__exit__(None, None, None)
-            return ChatStream(cm, response)
+                response.read()
+                raise _error_from_response(response)
+            finally:
+                cm.__exit__(None, None, None)
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            try:  # a job that generated nothing answers with plain JSON
+                response.read()
+                stream = ChatStream(None, response)
+                stream.engram = response.json()
+                stream.done = True
+                return stream
+            finally:
+                cm.__exit__(None, None, None)
+        return ChatStream(cm, response)
 
     def close(self) -> None:
         self._http.close()
