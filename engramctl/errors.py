@@ -56,6 +56,12 @@ class ContextOverflow(UsageError):
     kind = "context_length_exceeded"
 
 
+class Cancelled(EngramError):
+    """The request was cancelled (client gone, daemon stopping) before it produced anything."""
+
+    kind = "cancelled"
+
+
 class DaemonUnreachable(EngramError):
     exit_code = 3
     kind = "daemon_unreachable"

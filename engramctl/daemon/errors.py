@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from engramctl.errors import (
-    ContextOverflow, EngramError, ModelNotFound, NotFound, SnapshotError, UnsupportedModel, UsageError,
+    Cancelled, ContextOverflow, EngramError, ModelNotFound, NotFound, SnapshotError, UnsupportedModel, UsageError,
 )  # fmt: skip
+
+__all__ = ["Cancelled"]  # re-exported: the daemon and client import it from here
 
 
 class QueueFull(EngramError):
@@ -22,12 +24,6 @@ class QueueFull(EngramError):
 
 class ShuttingDown(EngramError):
     kind = "shutting_down"
-
-
-class Cancelled(EngramError):
-    """The request was cancelled (client gone, daemon stopping) before it produced anything."""
-
-    kind = "cancelled"
 
 
 class AuthenticationFailed(EngramError):

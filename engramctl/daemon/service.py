@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engramctl.daemon.errors import Cancelled
 from engramctl.daemon.schemas import Sampling
 from engramctl.engine.backend import Live
 from engramctl.engine.chat import plan_turn
@@ -398,17 +397,8 @@ class ConversationService:
     def _prefill(self, live: Live, ids: list[int], cancel: threading.Event) -> float:
         """Feed `ids`, checking for cancellation between chunks. Returns milliseconds."""
         t0 = time.perf_counter()
-        if not ids:
-            return 0.0
-        backend = self.engine.backend
-        if not live.token_ids and self.engine.info.resume == "token_by_token":
-            step = len(ids)  # from an empty state one scan is exact and much faster
-        else:
-            step = max(1, int(getattr(backend, "chunk_tokens", 256)))
-        for i in range(0, len(ids), step):
-            if cancel.is_set():
-                raise Cancelled("the request was cancelled during the prompt prefill.")
-            backend.prefill(live, ids[i : i + step])
+        if ids:
+            self.engine.backend.prefill(live, ids, cancel)
         return (time.perf_counter() - t0) * 1000
 
     def _room(self, prompt_tokens: int, requested: int | None) -> int:

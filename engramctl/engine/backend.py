@@ -3,6 +3,7 @@ say) implements the same methods and the state/store/daemon layers do not change
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -42,8 +43,9 @@ class Backend(Protocol):
 
     def new_live(self) -> Live: ...
 
-    def prefill(self, live: Live, token_ids: Sequence[int]) -> torch.Tensor:
-        """Feed tokens into the state; returns the logits after the last one, (vocab,) float32."""
+    def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor:
+        """Feed tokens into the state; returns the logits after the last one, (vocab,) float32.
+        Raises errors.Cancelled, between chunks, once `cancel` is set."""
 
     def decode(self, live: Live, token_id: int) -> torch.Tensor: ...
 

@@ -40,14 +40,6 @@ class Engine:
         if limit is not None and n_tokens > limit:
             raise ContextOverflow(f"the conversation needs {n_tokens} tokens; the model's context is {limit} tokens.")
 
-    def feed_text(self, live: Live, text: str) -> int:
-        ids = self.tokenizer.encode(text)
-        if ids:
-            self.check_context(len(live.token_ids) + len(ids))
-            self.backend.prefill(live, ids)
-        live.text += text
-        return len(ids)
-
     def feed_messages(self, live: Live, messages: list[dict], reserve_tokens: int = 0) -> tuple[Live, Fed]:
         """Bring `live` up to `messages` + the generation prompt. Returns the live state to continue (a new
         one when the template forced a reset) and what it cost."""

@@ -13,6 +13,7 @@ Traps this file handles (reference/hf-cache-notes.md):
 from __future__ import annotations
 
 import inspect
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -22,7 +23,7 @@ from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.families import Family, family_for
 from engramctl.engine.fingerprint import model_fingerprint
 from engramctl.engine.tokenizer import ChatTokenizer
-from engramctl.errors import EngramError, SnapshotMismatch, UnsupportedModel
+from engramctl.errors import Cancelled, EngramError, SnapshotMismatch, UnsupportedModel
 from engramctl.state import AttentionState, EmptyState, HybridState, RecurrentState, SessionState
 from engramctl.state.layers import TOKEN_DIM
 from engramctl.state.spec import TOKENS, LayerSpec, StateSpec, TensorSpec
@@ -119,11 +120,13 @@ class TransformersBackend:
         live.token_ids.extend(int(i) for i in ids)
         live.last_logits = out.logits[0, -1].float()
 
-    def prefill(self, live: Live, token_ids: Sequence[int]) -> torch.Tensor:
+    def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor:
         ids = list(token_ids)
         if not ids:
             raise EngramError("prefill needs at least one token.")
         while ids:
+            if cancel is not None and cancel.is_set():  # between chunks: the state holds whole chunks only
+                raise Cancelled("the request was cancelled during the prompt prefill.")
             if self.family.token_by_token and live.token_ids:
                 n = 1
             elif self.family.token_by_token:

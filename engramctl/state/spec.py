@@ -21,15 +21,6 @@ class LayerSpec:
     kind: str  # "empty" | "recurrent" | "attention" | "hybrid"
     tensors: dict[str, TensorSpec]
 
-    def nbytes_at(self, n_tokens: int, itemsize: dict[str, int]) -> int:
-        total = 0
-        for t in self.tensors.values():
-            n = 1
-            for d in t.shape_at(n_tokens):
-                n *= d
-            total += n * itemsize[t.dtype]
-        return total
-
 
 @dataclass(frozen=True)
 class StateSpec:

@@ -44,3 +44,18 @@ def test_token_by_token_family_feeds_one_token_per_forward_after_the_first(zoo, 
     backend.prefill(live, list(range(3, 7)))
     assert sizes == [20, 1, 1, 1, 1]
     assert torch.isfinite(live.last_logits).all()
+
+
+def test_prefill_stops_between_chunks_when_cancelled(zoo, load_backend):
+    import threading
+
+    from engramctl.errors import Cancelled
+
+    backend = load_backend(zoo.path("granitemoehybrid"), chunk_tokens=16)
+    cancel = threading.Event()
+    original = backend._forward
+    backend._forward = lambda live, ids: (original(live, ids), cancel.set())[0]  # cancel after chunk 1
+    live = backend.new_live()
+    with pytest.raises(Cancelled, match="prompt prefill"):
+        backend.prefill(live, list(range(3, 43)), cancel)
+    assert len(live.token_ids) == 16  # whole chunks only: the state stays consistent
