@@ -71,30 +71,31 @@ def _one_run(engine, box, L: int, ids: list[int], msg: list[int], run: int) -> _
     r.v["snapshot_bytes"] = info.nbytes
     r.v["ram_tier"] = info.tiers[0] if info.tiers else None
     # 3. restore from RAM
-    live_ram, samples = _restore(engine, store, rec.id)
-    r.s.update({f"restore_ram_{k}": v for k, v in samples.items()})
-    with Clock() as c:
-        backend.prefill(live_ram, msg)
-        logits_ram = live_ram.last_logits
-        first_token(engine, live_ram)
-    r.s["ttft_restored"] = samples["total"] + c.sample
+    logits_ram = _restore_and_answer(engine, store, rec.id, msg, r, "restore_ram", "ttft_restored")
     # 4. restore from disk (cold)
     store = box.reopen()
     path = box.snapshot_path(rec.id)
     r.v["evicted"] = coldio.evict(path)
     r.v["cached_fraction"] = coldio.cached_fraction(path)
     r.v["disk_tier"] = (store.info(rec.id).tiers or ("?",))[0]
-    live_disk, samples = _restore(engine, store, rec.id)
-    r.s.update({f"restore_disk_{k}": v for k, v in samples.items()})
-    with Clock() as c:
-        backend.prefill(live_disk, msg)
-        logits_disk = live_disk.last_logits
-        first_token(engine, live_disk)
-    r.s["ttft_restored_disk"] = samples["total"] + c.sample
+    logits_disk = _restore_and_answer(engine, store, rec.id, msg, r, "restore_disk", "ttft_restored_disk")
     r.v["max_abs_logit_diff"] = max(
         float((logits_ram - ref_logits).abs().max()), float((logits_disk - ref_logits).abs().max())
     )
     return r
+
+
+def _restore_and_answer(engine, store, sid: str, msg: list[int], r: _Run, restore_key: str, ttft_key: str):
+    """Restore `sid`, feed the new message, sample its first token; records the restore's parts under
+    `restore_key`_* and restore + first token under `ttft_key`. Returns the logits after the message."""
+    live, samples = _restore(engine, store, sid)
+    r.s.update({f"{restore_key}_{k}": v for k, v in samples.items()})
+    with Clock() as c:
+        engine.backend.prefill(live, msg)
+        logits = live.last_logits
+        first_token(engine, live)
+    r.s[ttft_key] = samples["total"] + c.sample
+    return logits
 
 
 def _restore(engine, store, sid: str):
