@@ -144,7 +144,7 @@ def load_model(cfg: BenchConfig, settings, note: Callable[[str], None]):
         dtype = "float32" if cfg.dtype == "auto" else cfg.dtype
         device = "cpu" if cfg.device == "auto" else cfg.device
         return preset_engine(cfg.preset or "tiny", seed=cfg.seed, dtype=dtype, device=device), "preset"
-    from engramctl.engine.engine import load_engine
+    from engramctl.engine.loading import load_engine
 
     return load_engine(cfg.model, settings.paths.cache_dir, cfg.device, cfg.dtype, progress=note), "model"
 

@@ -36,7 +36,7 @@ def load_model(settings: Settings):
     """Load settings.model (or the default model) on settings.device/dtype; logs progress. What the
     user should know about the choice (the SmolLM2 fallback) is logged as a warning and kept in
     engine.notices, which /v1/status reports and the CLI prints once after starting the daemon."""
-    from engramctl.engine.engine import load_engine
+    from engramctl.engine.loading import load_engine
 
     notices: list[str] = []
 

@@ -35,6 +35,8 @@ class ModelInfo:
     context_length: int | None  # max positions the model was built for; None = unbounded (pure recurrent)
     fingerprint: str
     resume: str  # "chunked" | "token_by_token" (Mamba1 scans ignore an initial state for >1 token)
+    backend: str = "transformers"  # "transformers" | "llama.cpp"
+    weight_type: str = ""  # how the weights are held: "float32", "bfloat16", "Q4_1", "Q8_0", "F16", ...
 
 
 class Backend(Protocol):
@@ -52,3 +54,6 @@ class Backend(Protocol):
     def capture(self, live: Live) -> SessionState: ...
 
     def inject(self, state: SessionState) -> Live: ...
+
+    def release(self, live: Live) -> None:
+        """Free what `live` holds inside the backend (a llama.cpp sequence, say). `live` is unusable after."""

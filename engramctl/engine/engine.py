@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
 
 from engramctl.engine.backend import Backend, Live
 from engramctl.engine.chat import is_prefix_stable, plan_turn
@@ -66,15 +64,3 @@ class Engine:
     def inject(self, state: SessionState) -> Live:
         return self.backend.inject(state)
 
-
-def load_engine(
-    ref: str, cache_dir: Path, device: str = "auto", dtype: str = "auto", progress: Callable[[str], None] | None = None
-) -> Engine:
-    from engramctl.engine.device import pick_device, pick_dtype
-    from engramctl.engine.hf_backend import TransformersBackend
-    from engramctl.engine.loading import resolve_model
-
-    resolved = resolve_model(ref, cache_dir, progress=progress)
-    dev = pick_device(device)
-    backend = TransformersBackend.load(resolved.model_dir, resolved.model_id, dev, pick_dtype(dtype, dev))
-    return Engine(backend, backend.tokenizer)

@@ -63,6 +63,8 @@ class TransformersBackend:
             context_length=getattr(model.config, "max_position_embeddings", None),
             fingerprint=fingerprint,
             resume="token_by_token" if self.family.token_by_token else "chunked",
+            backend="transformers",
+            weight_type=_dtype_name(next(model.parameters())),
         )
         self.spec = self._probe_spec()
 
@@ -140,6 +142,9 @@ class TransformersBackend:
     def decode(self, live: Live, token_id: int) -> torch.Tensor:
         self._forward(live, [token_id])
         return live.last_logits
+
+    def release(self, live: Live) -> None:
+        live.cache = None  # the tensors go with the last reference; nothing is held outside Python
 
     # -- state ---------------------------------------------------------------------------------------
     def capture(self, live: Live) -> SessionState:

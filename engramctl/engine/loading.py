@@ -177,3 +177,24 @@ def _hub_snapshot(ref: str, say: Callable[[str], None]) -> Path:
     if not (model_dir / "config.json").is_file() or not any(model_dir.glob("*.safetensors")):
         raise UnsupportedModel(f"hub model {ref!r} has no config.json or no safetensors weights.", hint=_LOCAL_HINT)
     return model_dir
+
+
+BACKENDS = ("auto", "transformers", "llama.cpp")
+
+
+def load_engine(ref: str, cache_dir: Path, device: str = "auto", dtype: str = "auto", backend: str = "auto",
+                progress: Callable[[str], None] | None = None):  # fmt: skip
+    """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
+    and transformers for a directory or hub repo of safetensors."""
+    from engramctl.engine.device import pick_device, pick_dtype
+    from engramctl.engine.engine import Engine
+    from engramctl.engine.hf_backend import TransformersBackend
+
+    if backend not in BACKENDS:
+        raise UnsupportedModel(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
+    if backend == "llama.cpp":
+        raise UnsupportedModel("the llama.cpp backend is not available yet.")
+    resolved = resolve_model(ref, cache_dir, progress=progress)
+    dev = pick_device(device)
+    tb = TransformersBackend.load(resolved.model_dir, resolved.model_id, dev, pick_dtype(dtype, dev))
+    return Engine(tb, tb.tokenizer)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engramctl.engine.engine import load_engine
+from engramctl.engine.loading import load_engine
 from engramctl.engine.sampling import SamplingParams
 from engramctl.state.snapshot_io import read_state, write_state
 
