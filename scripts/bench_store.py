@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_store.py [--state-mb 23] [--tokens 1000] [--repeat 10] [--json out.json]
 
-The payload imitates a Granite-4.0-H-350M-shaped conversation state (DESIGN.md): a constant recurrent
+The payload imitates a Granite-4.0-H-350M-shaped conversation state: a constant recurrent
 part (--state-mb, float32 conv + SSM tensors over 28 layers) plus attention K/V of 8 KiB per token
 over 4 layers, token ids and last logits. Everything runs in a temporary ENGRAM_HOME.
 

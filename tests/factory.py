@@ -3,8 +3,7 @@
 Each family gets a real transformers config shrunk to hidden 64 / 2-5 layers / vocab 512, so the
 tests exercise the same modeling and cache code (DynamicCache layer types) as the real checkpoints,
 in well under a second per model. Hybrids always mix recurrent and attention layers so that both
-kinds of state (conv/SSM and K/V) show up in snapshots. Shapes follow
-shared/reference/hf-cache-notes.md ("Tiny configs used").
+kinds of state (conv/SSM and K/V) show up in snapshots.
 
 The tokenizer is engramctl.bench.presets' byte-level BPE trained on a built-in corpus (no hub access),
 saved next to the model so `AutoTokenizer.from_pretrained(dir)` works with HF_HUB_OFFLINE=1.

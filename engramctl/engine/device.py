@@ -1,5 +1,5 @@
 """Pick device and dtype. On CPU, float32 unless the CPU computes bf16 natively: on AVX2-only CPUs bf16
-measured 3-4x slower than float32 (reference/hf-cache-notes.md section 4)."""
+measured 3-4x slower than float32 on this project's 2-core AVX2 machines."""
 
 from __future__ import annotations
 
