@@ -25,10 +25,12 @@ from typing import Any, Callable, Iterator, Sequence
 import httpx
 
 from engramctl.daemon.errors import AuthenticationFailed, Cancelled, QueueFull, RequestTooLarge, ShuttingDown
+from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
 from engramctl.errors import (
     ContextOverflow, DaemonUnreachable, EngramError, InvalidName, ModelNotFound, NotFound, SnapshotCorrupt,
     SnapshotError, SnapshotMismatch, UnsupportedModel, UsageError,
 )  # fmt: skip
+from engramctl.protocol import ErrorBody, TurnInfo
 from engramctl.settings import Settings, load_settings
 from engramctl.store.errors import AlreadyExists, SnapshotInUse, StoreClosed, StoreLocked
 from engramctl.store.names import validate_session_name
@@ -43,17 +45,16 @@ _BY_STATUS: dict[int, type[EngramError]] = {
     400: UsageError, 401: AuthenticationFailed, 404: NotFound, 409: SnapshotError, 413: RequestTooLarge,
     422: UsageError, 429: QueueFull, 503: ShuttingDown,
 }  # fmt: skip
-_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed")
+_SAMPLING = tuple(SAMPLING_OPTIONS)  # defined once: engine/sampling_params.py
 
 
 def error_from_body(status: int, body: Any) -> EngramError:
-    """The typed error for a daemon error answer `{"error": {"message", "code", "hint"}}`."""
-    err = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(err, dict):
+    """The typed error for a daemon error answer (protocol.ErrorBody), by its code, else its status."""
+    err = ErrorBody.from_json(body)
+    if err is None:
         return EngramError(f"the daemon answered HTTP {status}: {str(body)[:200]}")
-    message = str(err.get("message") or f"HTTP {status}")
-    cls = _BY_KIND.get(str(err.get("code"))) or _BY_STATUS.get(status) or EngramError
-    return cls(message, err.get("hint"))
+    cls = _BY_KIND.get(str(err.code)) or _BY_STATUS.get(status) or EngramError
+    return cls(err.message or f"HTTP {status}", err.hint)
 
 
 def _error_from_response(r: httpx.Response) -> EngramError:
@@ -67,7 +68,8 @@ def _error_from_response(r: httpx.Response) -> EngramError:
 class ChatStream:
     """A streamed completion. Iterate for text pieces; afterwards `.text`, `.finish_reason`, `.usage`
     and `.engram` (the first chunk's extension updated by the last one: session, resumed,
-    restored_tokens, tier, restore_ms, snapshot_id, ...). Usable as a context manager."""
+    restored_tokens, tier, restore_ms, snapshot_id, ...), read as a protocol.TurnInfo by `.turn`.
+    Usable as a context manager."""
 
     def __init__(self, cm, response: httpx.Response):
         self._cm, self._response = cm, response
@@ -81,6 +83,10 @@ class ChatStream:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+    @property
+    def turn(self) -> TurnInfo:
+        return TurnInfo.from_json(self.engram)
 
     def __iter__(self) -> Iterator[str]:
         try:

@@ -32,6 +32,18 @@ class UnsupportedModel(EngramError):
     kind = "unsupported_model"
 
 
+class BackendUnavailable(EngramError):
+    """The chosen inference backend is not installed or cannot load (llama-cpp-python missing, say)."""
+
+    kind = "backend_unavailable"
+
+
+class StateFormatError(UnsupportedModel):
+    """A backend's native state does not have the layout engramctl parses (a newer llama.cpp, say)."""
+
+    kind = "state_format_error"
+
+
 class SnapshotError(EngramError):
     """A snapshot file cannot be used: corrupt, truncated, or written by something else."""
 

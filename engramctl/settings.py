@@ -1,11 +1,20 @@
-"""One frozen Settings object, built once: defaults < config.toml < ENGRAM_* env < flags."""
+"""One frozen Settings object, built once: defaults < config.toml < ENGRAM_* env < flags.
+
+Every setting is declared once, as a field of Settings with its metadata (`setting(...)`: help, flag,
+choices, kind). Everything else is derived from that declaration: the config-file key (the field
+name), the ENGRAM_* variable, the daemon's flags (`python -m engramctl.daemon`), the options of
+`engramctl serve` / `engramctl daemon start`, the env a background daemon is started with, the env help
+of `engramctl --help` and the README's table (scripts/gen_settings_docs.py). Adding a setting is one edit.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from engramctl.errors import UsageError
@@ -18,6 +27,11 @@ except ModuleNotFoundError:  # Python 3.10
 
 APP = "engramctl"
 DEFAULT_PORT = 11535
+HOME_ENV = "ENGRAM_HOME"  # not a setting: it decides where config.toml itself is
+HOME_HELP = "keep data, config, logs and caches under this one directory"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+_EXPECTED = {"int": "a whole number", "float": "a number", "bool": "one of 1/0, true/false, yes/no, on/off"}
 
 
 @dataclass(frozen=True)
@@ -30,7 +44,7 @@ class Paths:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Paths":
-        home = env.get("ENGRAM_HOME")
+        home = env.get(HOME_ENV)
         if home:
             root = Path(home).expanduser().resolve()
             return cls(root, root / "config", root / "logs", root / "run", root / "cache")
@@ -40,62 +54,204 @@ class Paths:
             Path(platformdirs.user_data_dir(APP)),
             Path(platformdirs.user_config_dir(APP)),
             Path(platformdirs.user_log_dir(APP)),
-            Path(platformdirs.user_runtime_dir(APP)),
+            _run_dir(env),
             Path(platformdirs.user_cache_dir(APP)),
         )
 
     def ensure(self) -> "Paths":
         for p in dataclasses.astuple(self):
             Path(p).mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.run_dir, 0o700)  # mkdir's mode does not apply to a directory that already existed
         return self
+
+
+def _run_dir(env: Mapping[str, str]) -> Path:
+    """Where the pid lock and daemon.json live. The session's runtime dir when it has a usable one: the
+    XDG one, or /run/user/<uid> (what logind sets it to, so a shell without the variable, e.g. su or
+    cron, still finds a daemon started from a desktop). Otherwise a private dir under the user state
+    dir, not platformdirs' own fallback: that one warns (RuntimeDirWarning) on every command and lives
+    under a predictable /tmp name another user can create first."""
+    import platformdirs
+
+    if sys.platform in ("darwin", "win32"):  # no XDG rules there; platformdirs picks a per-user dir quietly
+        return Path(platformdirs.user_runtime_dir(APP))
+    for base in (env.get("XDG_RUNTIME_DIR"), f"/run/user/{os.geteuid()}"):
+        if base and os.path.isabs(base) and _private_dir(Path(base)):
+            return Path(base) / APP
+    return Path(platformdirs.user_state_dir(APP)) / "run"
+
+
+def _private_dir(path: Path) -> bool:
+    """A real directory (not a symlink) that this user owns and nobody else can enter, as XDG requires."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    import stat
+
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    kind: str | None = None,
+    choices: tuple[str, ...] = (),
+    flag: str | None = "",
+    short: str | None = None,
+    off_flag: str | None = None,
+    metavar: str | None = None,
+    shown_default: str | None = None,
+    bounds: tuple[int, int] | None = None,
+    daemon: bool = True,
+) -> Any:
+    """A Settings field and everything derived from it.
+
+    help: one line (flag help, env help, README); kind: str|int|float|bool|bytes (default: from the
+    type); choices: the accepted values; flag: the option name ("" = --name-with-dashes, None = env and
+    config file only, e.g. secrets, which a command line would show in `ps`); short/off_flag: "-p",
+    "--loopback-only"; shown_default: the default as documented when the value alone says too little;
+    bounds: the smallest and largest accepted number; daemon: the daemon reads it, so `serve` and
+    `daemon start` take it as a flag and a background daemon inherits it."""
+    meta = dict(help=help, kind=kind, choices=tuple(choices), flag=flag, short=short, off_flag=off_flag)
+    meta.update(metavar=metavar, shown_default=shown_default, bounds=bounds, daemon=daemon)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class Settings:
     paths: Paths
-    model: str | None = None  # hub id, local directory or GGUF file; None = the default model
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    allow_remote: bool = False  # a non-loopback host needs this
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    api_key: str | None = None  # overrides the generated token
-    tier_vram_bytes: int | None = None  # None = planned from the hardware
-    tier_ram_bytes: int | None = None
-    tier_disk_bytes: int | None = None
-    keep_last: int = 8  # snapshots kept per session besides pinned/labelled ones
-    session_ttl_s: float | None = None  # drop unpinned snapshots of sessions idle this long
-    max_queue: int = 8  # queued generation requests before 429
-    no_autostart: bool = False
+    model: str | None = setting(
+        None,
+        "hub id, local directory or GGUF file to serve",
+        short="-m",
+        metavar="MODEL",
+        shown_default="granite-4.0-h-350m, else SmolLM2",
+    )
+    backend: str = setting(
+        "auto",
+        "what runs the model; auto: llama.cpp for a GGUF file, else transformers",
+        choices=("auto", "transformers", "llama.cpp"),
+    )
+    host: str = setting("127.0.0.1", "address the daemon listens on", metavar="HOST")
+    port: int = setting(
+        DEFAULT_PORT, "port the daemon listens on; 0 picks a free one", short="-p", metavar="PORT", bounds=(0, 65535)
+    )
+    allow_remote: bool = setting(
+        False, "allow a non-loopback host: token auth only, no TLS", off_flag="--loopback-only"
+    )
+    device: str = setting("auto", "where the model runs", choices=("auto", "cpu", "cuda"))
+    dtype: str = setting(
+        "auto", "model dtype on the transformers backend", choices=("auto", "float32", "bfloat16", "float16")
+    )
+    api_key: str | None = setting(
+        None, "bearer token instead of the one generated in the config dir", flag=None, shown_default="generated"
+    )
+    tier_vram_bytes: int | None = setting(
+        None, "VRAM tier budget: 512MB, 2GiB, ...", kind="bytes", metavar="SIZE", shown_default="planned"
+    )
+    tier_ram_bytes: int | None = setting(None, "RAM tier budget", kind="bytes", metavar="SIZE", shown_default="planned")
+    tier_disk_bytes: int | None = setting(
+        None, "disk tier budget", kind="bytes", metavar="SIZE", shown_default="planned"
+    )
+    keep_last: int = setting(8, "snapshots kept per session besides pinned and labelled ones", metavar="N")
+    session_ttl_s: float | None = setting(
+        None, "drop unpinned snapshots of sessions idle this many seconds", metavar="SECONDS", shown_default="off"
+    )
+    max_queue: int = setting(8, "generation requests that may wait for the model before 429", metavar="N")
+    no_autostart: bool = setting(False, "commands never start the daemon themselves", flag=None, daemon=False)
     extra: dict[str, Any] = field(default_factory=dict)  # config keys kept for later layers
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("paths", "extra")}
-_SIZE_FIELDS = {"tier_vram_bytes", "tier_ram_bytes", "tier_disk_bytes"}
+@dataclass(frozen=True)
+class Spec:
+    """One setting as the derived interfaces see it."""
 
+    name: str  # the field, and the config-file key
+    kind: str  # str | int | float | bool | bytes
+    default: Any
+    help: str
+    choices: tuple[str, ...]
+    flag: str | None  # --name, or None when only env and config set it
+    short: str | None
+    off_flag: str | None
+    metavar: str | None
+    shown_default: str
+    bounds: tuple[int, int] | None
+    daemon: bool
 
-def _coerce(name: str, value: Any, source: str) -> Any:
-    if value is None:
-        return None
-    kind = _FIELDS[name].type
-    try:
-        if name in _SIZE_FIELDS:
-            return parse_bytes(value, what=name)
-        if "bool" in kind:
+    @property
+    def env(self) -> str:
+        return f"ENGRAM_{self.name.upper()}"
+
+    def parse(self, value: Any, source: str) -> Any:
+        """`value` (TOML, env text or flag) as this setting's type; UsageError naming `source` if it is not one."""
+        if value is None:
+            return None
+        try:
+            value = self._convert(value)
+        except UsageError as e:  # parse_bytes's own sentence
+            raise UsageError(f"{source}: {e.message}", hint=self.hint) from None
+        except (TypeError, ValueError):
+            expected = _EXPECTED.get(self.kind, "text")
+            raise UsageError(f"{source}: {self.name} {value!r} is not {expected}.", hint=self.hint) from None
+        if self.choices and value not in self.choices:
+            choices = ", ".join(self.choices)
+            raise UsageError(f"{source}: {self.name} {value!r} is not one of {choices}.", hint=self.hint)
+        if self.bounds and not self.bounds[0] <= value <= self.bounds[1]:
+            low, high = self.bounds
+            raise UsageError(f"{source}: {self.name} {value} is not between {low} and {high}.", hint=self.hint)
+        return value
+
+    def _convert(self, value: Any) -> Any:
+        if self.kind == "bytes":
+            return parse_bytes(value, what=self.name)
+        if self.kind == "bool":
             if isinstance(value, bool):
                 return value
-            if str(value).lower() in ("1", "true", "yes", "on"):
-                return True
-            if str(value).lower() in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError(value)
-        if kind.startswith("int"):
+            if str(value).lower() not in _TRUE + _FALSE:
+                raise ValueError(value)
+            return str(value).lower() in _TRUE
+        if self.kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(value)  # TOML `keep_last = 2.5` or `= true` is a mistake, not 2 or 1
             return int(value)
-        if kind.startswith("float"):
+        if self.kind == "float":
             return float(value)
         return str(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{source}: {name} has an invalid value {value!r}.") from None
+
+    @property
+    def hint(self) -> str:
+        where = f"{self.flag} or " if self.flag else ""
+        return f"set it with {where}{self.env}, or `{self.name} = ...` in config.toml"
+
+    def to_env(self, value: Any) -> str:
+        """The text `parse` reads back as `value` (for the env of a background daemon)."""
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        return str(value)
+
+
+def _spec(f: dataclasses.Field) -> Spec:
+    m = dict(f.metadata)
+    kind = m.pop("kind") or next(k for k in ("bool", "int", "float", "str") if str(f.type).startswith(k))
+    flag = m.pop("flag")
+    flag = "--" + f.name.replace("_", "-") if flag == "" else flag
+    shown = m.pop("shown_default")
+    if shown is None and kind == "bool":
+        shown = "on" if f.default else "off"
+    elif shown is None:
+        shown = "-" if f.default is None else str(f.default)
+    return Spec(name=f.name, kind=kind, default=f.default, flag=flag, shown_default=shown, **m)
+
+
+SPECS: tuple[Spec, ...] = tuple(_spec(f) for f in dataclasses.fields(Settings) if "help" in f.metadata)
+_BY_NAME = MappingProxyType({s.name: s for s in SPECS})
+
+
+def spec(name: str) -> Spec:
+    return _BY_NAME[name]
 
 
 def load_settings(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
@@ -110,15 +266,28 @@ def load_settings(flags: Mapping[str, Any] | None = None, env: Mapping[str, str]
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise UsageError(f"{cfg_file} is not valid TOML ({e}).") from None
         for key, value in cfg.items():
-            if key in _FIELDS:
-                values[key] = _coerce(key, value, str(cfg_file))
+            if key in _BY_NAME:
+                values[key] = _BY_NAME[key].parse(value, str(cfg_file))
             else:
                 extra[key] = value
-    for name in _FIELDS:
-        raw = env.get(f"ENGRAM_{name.upper()}")
+    for s in SPECS:
+        raw = env.get(s.env)
         if raw is not None:
-            values[name] = _coerce(name, raw, f"ENGRAM_{name.upper()}")
+            values[s.name] = s.parse(raw, s.env)
     for name, value in (flags or {}).items():
         if value is not None:
-            values[name] = _coerce(name, value, f"--{name.replace('_', '-')}")
+            s = _BY_NAME[name]
+            values[name] = s.parse(value, s.flag or f"--{name.replace('_', '-')}")
     return Settings(paths=paths, extra=extra, **values)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """ENGRAM_* variables that give a daemon process these settings (what flags and config.toml said
+    included): how `daemon start` and autostart hand them to the daemon they spawn."""
+    return {s.env: s.to_env(v) for s in SPECS if s.daemon and (v := getattr(settings, s.name)) is not None}
+
+
+def env_help() -> str:
+    """The environment paragraph of `engramctl --help`."""
+    names = [HOME_ENV] + [s.env + ("=1" if s.kind == "bool" else "") for s in SPECS]
+    return "Environment (overrides config.toml; flags override both): " + ", ".join(names) + "."

@@ -2,9 +2,9 @@
 model itself can call, defined once (tools.py) and served over REST, WebSocket and MCP.
 
     tools.py     names, descriptions, JSON Schemas of arguments and results, argument validation
-    dispatch.py  running a tool inside the daemon (against its store and conversation service)
     calls.py     tool calls written by the model in its reply: the tools prompt, parsing, message shapes
-    mcp.py       `engramctl mcp`: a Model Context Protocol server over stdio, backed by the daemon
 
-Importing this package (or tools.py, calls.py) imports nothing heavy: no torch, no fastapi.
+Running a tool needs the daemon's store and conversation service: that is engramctl.daemon.dispatch.
+The MCP server (`engramctl mcp`) is a client of the daemon: engramctl.cli.mcp_server.
+This package sits below the daemon and imports nothing heavy: no torch, no fastapi.
 """

@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
 from engramctl.errors import InvalidName, UsageError
-from engramctl.store.names import MAX_LABEL_CHARS, validate_label, validate_session_name
+from engramctl.store.names import MAX_LABEL_CHARS, MIN_ID_PREFIX, validate_label, validate_session_name
 
 SCHEMA_VERSION = 1
 
@@ -80,16 +81,7 @@ _CHECKPOINT_ITEM = _obj({
     "in_history": {"type": "boolean", "description": "The session's current head descends from it."},
 })  # fmt: skip
 
-_SAMPLING = {
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2,
-                    "description": "Sampling temperature; 0 = greedy (deterministic). Default 1."},
-    "max_tokens": {"type": "integer", "minimum": 1, "description": "Longest reply, in tokens."},
-    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-    "top_k": {"type": "integer", "minimum": 0},
-    "seed": {"type": "integer"},
-    "stop": {"type": ["string", "array"], "items": {"type": "string"}, "maxItems": 16,
-             "description": "Stop string(s)."},
-}  # fmt: skip
+_SAMPLING = copy.deepcopy(SAMPLING_OPTIONS)  # defined once, with their bounds: engine/sampling_params.py
 
 
 @dataclass(frozen=True)
@@ -213,8 +205,9 @@ _add(Tool(
                  "data is deleted too unless a session still continues or branches from it (then `deleted` is "
                  "false and `reason` says which)."),
     parameters=_obj({
-        "id": {"type": "string", "minLength": 4, "maxLength": 32, "pattern": "^[0-9a-f]{4,32}$",
-               "description": "Snapshot id of the checkpoint, or a unique prefix of at least 4 hex digits."},
+        "id": {"type": "string", "minLength": MIN_ID_PREFIX, "maxLength": 32,
+               "pattern": f"^[0-9a-f]{{{MIN_ID_PREFIX},32}}$",
+               "description": f"Snapshot id of the checkpoint, or a unique prefix of {MIN_ID_PREFIX}+ hex digits."},
     }),
     returns=_obj({
         "snapshot_id": _ID,

@@ -155,10 +155,12 @@ def _warm_up(engine) -> None:
     from engramctl.engine.sampling import SamplingParams
 
     live = engine.new_live()
-    engine.backend.prefill(live, filler_ids(engine.tokenizer, 64, 99))
+    engine.prefill(live, filler_ids(engine.tokenizer, 64, 99))
     live2 = engine.inject(engine.capture(live))
     for _ in engine.generate(live2, SamplingParams(temperature=0.0, max_tokens=4)):
         pass
+    engine.release(live)
+    engine.release(live2)
 
 
 def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> dict[str, Any]:

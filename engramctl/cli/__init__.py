@@ -6,20 +6,29 @@ inside the command functions. All output goes through engramctl.cli.output.
 
 from __future__ import annotations
 
+import textwrap
+
 import typer
 
 from engramctl import __version__
 from engramctl.cli import bench, chat, daemon, mcp, models, snapshots, status
 from engramctl.cli.common import EngramGroup
+from engramctl.settings import env_help
 
-EPILOG = """\b
-Exit codes: 0 ok, 1 error, 2 usage error, 3 daemon unreachable, 130 interrupted.
-stdout carries data only; progress, notes and errors go to stderr.
-\b
-Environment: ENGRAM_HOME (all data under one dir), ENGRAM_MODEL, ENGRAM_HOST, ENGRAM_PORT,
-ENGRAM_API_KEY, ENGRAM_NO_AUTOSTART=1, ENGRAM_TIER_{VRAM,RAM,DISK}_BYTES, ENGRAM_KEEP_LAST,
-ENGRAM_SESSION_TTL_S. Config file: config.toml in the config dir (engramctl snapshots path --json).
-"""
+ENV_NOTE = (
+    "ENGRAM_HOME keeps data, config, logs and caches under one directory; the others are explained in engramctl "
+    "serve --help and the README. Config file: config.toml in the config dir (engramctl snapshots path --json), "
+    "with the variables' names in lower case, without ENGRAM_, as keys."
+)
+EPILOG = "\n".join(
+    [
+        "\b",
+        "Exit codes: 0 ok, 1 error, 2 usage error, 3 daemon unreachable, 130 interrupted.",
+        "stdout carries data only; progress, notes and errors go to stderr.",
+        "\b",  # the env list is generated from engramctl.settings: wrap it here, not by click
+        *textwrap.wrap(f"{env_help()} {ENV_NOTE}", 100, break_on_hyphens=False),
+    ]
+)
 
 app = typer.Typer(
     name="engramctl",

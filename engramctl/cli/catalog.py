@@ -1,6 +1,7 @@
 """Where the CLI reads and changes sessions and snapshots.
 
-Two implementations with one shape (plain JSON-able dicts):
+Two implementations with one shape: both read protocol objects (Snapshot, Session) and hand out the
+CLI's rows of them (rows.py: plain JSON-able dicts):
 
 - LocalCatalog: opens the store directly (engramctl.store.store.Store). Used when no daemon holds it.
 - DaemonCatalog: the running daemon, through engramctl.client. Used when the daemon has the store
@@ -16,42 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engramctl.errors import EngramError, NotFound, UsageError
-
-MIN_PREFIX = 6
-
-
-def resolve_prefix(ref: str, ids: list[str]) -> str:
-    """A full snapshot id from a full id or a unique prefix of 6+ lowercase hex digits."""
-    ref = ref.strip().lower()
-    if not ref or any(c not in "0123456789abcdef" for c in ref) or len(ref) > 32:
-        raise UsageError(f"{ref[:40]!r} is not a snapshot id (32 hex digits) or an id prefix.",
-                         hint="engramctl snapshots ls")  # fmt: skip
-    if len(ref) < MIN_PREFIX:
-        raise UsageError(f"snapshot id prefix {ref!r} is too short; give at least {MIN_PREFIX} characters.",
-                         hint="engramctl snapshots ls")  # fmt: skip
-    found = [i for i in ids if i.startswith(ref)]
-    if not found:
-        raise NotFound(f"no snapshot id starts with {ref!r}.", hint="engramctl snapshots ls")
-    if len(found) > 1:
-        raise UsageError(f"snapshot id prefix {ref!r} matches {len(found)} snapshots; give more characters.",
-                         hint="engramctl snapshots ls")  # fmt: skip
-    return found[0]
-
-
-def _annotate(snaps: list[dict], sessions: list[dict]) -> list[dict]:
-    """Add `head_of` / `branch_point_of`: the sessions that need each snapshot."""
-    heads: dict[str, list[str]] = {}
-    bases: dict[str, list[str]] = {}
-    for s in sessions:
-        if s.get("head"):
-            heads.setdefault(s["head"], []).append(s["name"])
-        if s.get("base"):
-            bases.setdefault(s["base"], []).append(s["name"])
-    for snap in snaps:
-        snap["head_of"] = heads.get(snap["id"], [])
-        snap["branch_point_of"] = bases.get(snap["id"], [])
-    return snaps
+from engramctl.cli.rows import session_rows, snapshot_rows
+from engramctl.errors import EngramError, UsageError
+from engramctl.protocol import Session, Snapshot
 
 
 class LocalCatalog:
@@ -70,24 +38,20 @@ class LocalCatalog:
         self.close()
 
     # -- reads ---------------------------------------------------------------------------------------
+    def _sessions(self) -> list[Session]:
+        return [Session.from_info(s) for s in self.store.list_sessions()]
+
+    def _snapshots(self, session: str | None = None) -> list[Snapshot]:
+        return [Snapshot.from_record(r) for r in self.store.list(session)]
+
     def sessions(self) -> list[dict]:
-        out = []
-        snaps = {r.id: r for r in self.store.list()}
-        for s in self.store.list_sessions():
-            d = s.to_json()
-            head = snaps.get(s.head) if s.head else None
-            d["head_tiers"] = list(head.tiers) if head else []
-            d["head_tokens"] = head.n_tokens if head else 0
-            d["nbytes"] = sum(r.nbytes for r in snaps.values() if r.session == s.name)
-            out.append(d)
-        return out
+        return session_rows(self._sessions(), self._snapshots())
 
     def snapshots(self, session: str | None = None) -> list[dict]:
-        recs = [r.to_json() for r in self.store.list(session)]
-        return _annotate(recs, [s.to_json() for s in self.store.list_sessions()])
+        return snapshot_rows(self._snapshots(session), self._sessions())
 
     def snapshot(self, sid: str) -> dict:
-        d = _annotate([self.store.info(sid).to_json()], [s.to_json() for s in self.store.list_sessions()])[0]
+        d = snapshot_rows([Snapshot.from_record(self.store.info(sid))], self._sessions())[0]
         d["path"] = str(self.snapshot_path(sid))
         return d
 
@@ -98,7 +62,7 @@ class LocalCatalog:
         return [s.name for s in self.store.list_sessions()]
 
     def resolve(self, ref: str) -> str:
-        return resolve_prefix(ref, self.snapshot_ids())
+        return self.store.resolve(ref)
 
     def transcript(self, session: str) -> list[dict]:
         return self.store.transcript(session)
@@ -132,13 +96,13 @@ class LocalCatalog:
     def pin(self, sid: str, label: str | None = None) -> dict:
         if label is not None:
             self.store.label(sid, label)
-        return self.store.pin(sid).to_json()
+        return Snapshot.from_record(self.store.pin(sid)).to_dict()
 
     def unpin(self, sid: str) -> dict:
-        return self.store.unpin(sid).to_json()
+        return Snapshot.from_record(self.store.unpin(sid)).to_dict()
 
     def branch(self, source: str, new_session: str) -> dict:
-        return self.store.branch(source, new_session).to_json()
+        return Session.from_info(self.store.branch(source, new_session)).to_json()
 
     def gc(self) -> dict:
         return self.store.gc().to_json()
@@ -157,7 +121,7 @@ class LocalCatalog:
             raise UsageError(f"session {name!r} already exists.", hint="import it under another name: --session NEW")
         rec = self.store.commit(name, payload, messages=messages or None, label=label)
         self.store.flush()
-        return {**self.store.info(rec.id).to_json(), "messages": len(messages)}
+        return {**Snapshot.from_record(self.store.info(rec.id)).to_dict(), "messages": len(messages)}
 
 
 def open_local(settings: Any) -> LocalCatalog:

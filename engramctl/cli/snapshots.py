@@ -1,7 +1,7 @@
 """`engramctl snapshots ...`: list, inspect, delete, branch, pin, export/import, gc.
 
 Reads and changes go to the store directly when no daemon holds it, else through the daemon
-(see catalog.py). Ids may be abbreviated to any unique prefix of 6+ characters."""
+(see catalog.py). Ids may be abbreviated to any unique prefix (store.names.MIN_ID_PREFIX+ hex digits)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from engramctl.cli.common import JsonOpt, QuietOpt
 from engramctl.cli.complete import complete_session, complete_session_or_snapshot, complete_snapshot
 from engramctl.cli.output import Column, ago, count, short_ids, size, timestamp, yes_no
 from engramctl.errors import NotFound, UsageError
+from engramctl.store.names import MIN_ID_PREFIX
 
 app = typer.Typer(
     name="snapshots",
@@ -24,8 +25,8 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-IdArg = typer.Argument(..., metavar="ID", help="Snapshot id or a unique prefix (6+ characters).",
-                       autocompletion=complete_snapshot)  # fmt: skip
+IdArg = typer.Argument(..., metavar="ID", autocompletion=complete_snapshot,
+                       help=f"Snapshot id or a unique prefix ({MIN_ID_PREFIX}+ characters).")  # fmt: skip
 SessionOpt = typer.Option(None, "--session", "-s", metavar="NAME", help="Only this session.", autocompletion=complete_session)
 
 
@@ -132,8 +133,10 @@ def _refuse_or_confirm(out: Any, what: str, yes: bool) -> bool:
 
 @app.command("rm")
 def rm(
-    refs: Optional[list[str]] = typer.Argument(None, metavar="ID", help="Snapshot ids or unique prefixes (6+ characters).",
-                                               autocompletion=complete_snapshot),  # fmt: skip
+    refs: Optional[list[str]] = typer.Argument(
+        None, metavar="ID", autocompletion=complete_snapshot,
+        help=f"Snapshot ids or unique prefixes ({MIN_ID_PREFIX}+ characters).",
+    ),  # fmt: skip
     session: Optional[str] = typer.Option(None, "--session", "-s", metavar="NAME", autocompletion=complete_session,
                                           help="Delete this whole session: its snapshots and its transcript."),  # fmt: skip
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Only show what would be deleted."),

@@ -30,10 +30,12 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
     fields: list[tuple[str, Any]] = [("model", d.get("model") or "-")]
     if d.get("family"):
         fields.append(("family", d["family"]))
+    if d.get("backend"):
+        fields.append(("backend", d["backend"]))
     fields.append(("device", ", ".join(str(x) for x in (d.get("device"), d.get("dtype")) if x) or "-"))
     mem = []
     if d.get("weights_bytes") is not None:
-        mem.append(f"weights {size(d['weights_bytes'])}")
+        mem.append(" ".join(x for x in (f"weights {size(d['weights_bytes'])}", d.get("weight_type")) if x))
     if d.get("rss_bytes") is not None:
         mem.append(f"process {size(d['rss_bytes'])}")
     fields.append(("memory", ", ".join(mem) or "-"))
@@ -49,6 +51,14 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
                                    f"up {human_duration(up)}" if up is not None else None) if x)  # fmt: skip
     fields.append(("daemon", daemon))
     return fields
+
+
+def model_line(m: dict | None) -> str:
+    """The served model as one line: what runs it and what its weights take (the tiers share that memory)."""
+    if not m:
+        return "none loaded (no daemon running)"
+    weights = " ".join(x for x in (size(m.get("weights_bytes")), m.get("weight_type")) if x)
+    return f"{m.get('model')}: {m.get('backend')}, weights {weights} on {m.get('device')}"
 
 
 def ps(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
@@ -102,7 +112,7 @@ def tiers(json_: bool = JsonOpt) -> None:
         "pins": "pinned snapshots are never evicted",
         "write_through": "every snapshot is persisted to disk; vram/ram hold hot copies",
     }
-    plan = {**plan, "retention": plan.get("retention") or retention}
+    plan = {**plan, "model": plan.get("model"), "retention": plan.get("retention") or retention}
     if out.json:
         out.emit_json(plan)
         return
@@ -113,6 +123,7 @@ def tiers(json_: bool = JsonOpt) -> None:
     gpu = hw.get("gpu")
     hw_fields.append(("gpu", f"{gpu} ({size(hw.get('vram_total_bytes'))})" if gpu else "none (no CUDA in this process)"))
     hw_fields.append(("disk", f"{size(hw.get('disk_free_bytes'))} free under {st.paths.data_dir}"))
+    hw_fields.append(("model", model_line(plan.get("model"))))
     out.line(render_fields(hw_fields))
     out.line()
     rows = plan.get("tiers") or []

@@ -1,8 +1,8 @@
-"""Errors on the wire: which HTTP status each typed error gets, and the JSON body every failure has.
+"""Errors on the wire: which HTTP status each typed error gets, the JSON body every failure has
+(protocol.ErrorBody), and pydantic's validation errors as one sentence.
 
-Every non-2xx answer is `{"error": {"message", "type", "code", "param", "hint"}}` (OpenAI's shape plus
-a hint): `type` is OpenAI's coarse class, `code` the precise `EngramError.kind`, which the client maps
-back to the same exception class. No fastapi import here, so the client may import this module.
+`type` is OpenAI's coarse class, `code` the precise `EngramError.kind`, which the client maps back to
+the same exception class. No fastapi or pydantic import here, so the client may import this module.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from engramctl.errors import (
     Cancelled, ContextOverflow, EngramError, ModelNotFound, NotFound, SnapshotError, UnsupportedModel, UsageError,
 )  # fmt: skip
+from engramctl.protocol import ErrorBody
 
 __all__ = ["Cancelled"]  # re-exported: the daemon and client import it from here
 
@@ -86,10 +87,7 @@ def error_type(status: int) -> str:
 
 def error_body(message: str, status: int, code: str | None = None, hint: str | None = None,
                param: str | None = None) -> dict[str, Any]:  # fmt: skip
-    err: dict[str, Any] = {"message": message, "type": error_type(status), "code": code, "param": param}
-    if hint:
-        err["hint"] = hint
-    return {"error": err}
+    return ErrorBody(message, error_type(status), code, param, hint).to_json()
 
 
 def body_for(exc: BaseException) -> tuple[int, dict[str, Any]]:
@@ -98,3 +96,25 @@ def body_for(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, EngramError):
         return status, error_body(exc.message, status, exc.kind, exc.hint)
     return status, error_body(f"internal error: {type(exc).__name__}: {exc}", status, "internal_error")
+
+
+def validation_problem(errors: list[dict[str, Any]], where: str = "") -> tuple[str, str | None]:
+    """pydantic's `errors()` as (one sentence, the field it names): the first problem, and how many more.
+    `where` prefixes the field (e.g. "messages[0]"); a location starting at the request body drops "body"."""
+    if not errors:
+        return "invalid request.", where or None
+    e = errors[0]
+    if e.get("type") == "json_invalid":
+        detail = (e.get("ctx") or {}).get("error", "")
+        return f"the request body is not valid JSON{f' ({detail})' if detail else ''}.", None
+    loc = [p for p in e.get("loc", ()) if p != "body"]
+    if not loc and not where:
+        if e.get("type") == "missing":
+            return "the request needs a JSON object body.", None
+        if e.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+            return "the request body must be a JSON object.", None
+    for part in loc:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return (f"{where}: {msg}{more}" if where else f"{msg}{more}"), where or None

@@ -8,6 +8,7 @@ import json
 
 from starlette.exceptions import HTTPException
 
+from engramctl.daemon import engram
 from engramctl.daemon.errors import error_body
 
 MAX_BODY_BYTES = 8 * 2**20
@@ -29,9 +30,9 @@ class BodyLimitMiddleware:
                 try:
                     declared = int(value)
                 except ValueError:
-                    return await self._refuse(send, "the Content-Length header is not a number.", 400)
+                    return await self._refuse(scope, send, "the Content-Length header is not a number.", 400)
                 if declared > limit:
-                    return await self._refuse(send, self._message(declared, limit))
+                    return await self._refuse(scope, send, self._message(declared, limit))
         seen = 0
         started = False
 
@@ -54,14 +55,15 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await self._refuse(send, self._message(seen, limit))
+                await self._refuse(scope, send, self._message(seen, limit))
 
     @staticmethod
     def _message(n: int, limit: int) -> str:
         return f"the request body ({n} bytes) is larger than the {limit // 2**20} MiB limit."
 
-    async def _refuse(self, send, message: str, status: int = 413) -> None:
-        body = json.dumps(error_body(message, status, "request_too_large" if status == 413 else "invalid_request")).encode()
+    async def _refuse(self, scope, send, message: str, status: int = 413) -> None:
+        code = "request_too_large" if status == 413 else "invalid_request"
+        body = json.dumps(engram.failure(scope.get("path", ""), error_body(message, status, code))).encode()
         await send({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         ]})  # fmt: skip

@@ -40,14 +40,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import JSONResponse, StreamingResponse
 
 from engramctl.agent import calls as agent_calls
-from engramctl.agent.dispatch import Dispatcher
 from engramctl.agent.tools import STATE_TOOLS, ToolArgumentError, error_json, openai_tools, result_schemas
-from engramctl.daemon.app import daemon_of
 from engramctl.daemon.auth import token_matches
-from engramctl.daemon.errors import body_for, error_body
+from engramctl.daemon.context import daemon_of
+from engramctl.daemon.dispatch import Dispatcher
+from engramctl.daemon.errors import body_for, error_body, validation_problem
 from engramctl.daemon.schemas import ChatMessage, Sampling
-from engramctl.daemon.service import Turn, TurnResult
-from engramctl.daemon.streaming import SSE_HEADERS, Completion, job_result, sse
+from engramctl.daemon.service import ChatRequest, ChatResult
+from engramctl.daemon.streaming import SSE_HEADERS, Completion, engram_json, job_result, sse, usage_json
 from engramctl.errors import EngramError, InvalidName, NotFound, UsageError
 from engramctl.store.names import validate_session_name
 
@@ -211,15 +211,14 @@ class AgentSocket:
             sampling = Sampling.model_validate({k: v for k, v in msg.items()
                                                 if k not in ("type", "id", "content", "messages")})  # fmt: skip
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(p) for p in err.get("loc", ())) or "chat"
-            raise _Bad(f"{loc}: {str(err.get('msg', 'invalid value')).removeprefix('Value error, ')}.", loc) from None
+            message, param = validation_problem(e.errors())
+            raise _Bad(f"{message}.", param or "chat") from None
         unknown = set(msg) - {"type", "id", "content", "messages"} - set(Sampling.model_fields)
         if unknown:
             raise _Bad(f"{sorted(unknown)[0]}: unknown field of a chat message.", sorted(unknown)[0])
-        turn = Turn(messages=messages, session=self.session, sampling=sampling)
+        chat = ChatRequest(messages=messages, session=self.session, params=sampling.params())
         svc = self.daemon.service
-        job = self.daemon.worker.submit(lambda job: svc.chat(turn, job.emit, job.cancel), name="ws chat")
+        job = self.daemon.worker.submit(lambda job: svc.chat(chat, job.emit, job.cancel), name="ws chat")
         self.reply_job, self.reply_id = job, mid
         self.reply_task = self._spawn(self._stream(job, mid))
 
@@ -230,10 +229,9 @@ class AgentSocket:
                 if kind == "piece":
                     await self.send({"type": "token", "id": mid, "text": value})
                 elif kind == "done":
-                    r: TurnResult = value
-                    await self.send({"type": "done", "id": mid, "text": r.text,
-                                     "finish_reason": r.engram.get("finish_reason") or r.finish_reason,
-                                     "usage": r.usage, "engram": r.engram})  # fmt: skip
+                    r: ChatResult = value
+                    await self.send({"type": "done", "id": mid, "text": r.text, "finish_reason": r.finish.reason,
+                                     "usage": usage_json(r), "engram": engram_json(r)})  # fmt: skip
                     return
                 elif kind == "error":
                     await self.fail(mid, value)
@@ -266,6 +264,8 @@ def _decode(message: dict) -> dict:
         msg = json.loads(text)
     except json.JSONDecodeError as e:
         raise _Bad(f"the message is not valid JSON ({e.msg} at position {e.pos}).", code="invalid_json") from None
+    except (ValueError, RecursionError) as e:  # an integer of 4,300+ digits, nesting deeper than Python recurses
+        raise _Bad(f"the message is not JSON this server reads ({type(e).__name__}).", code="invalid_json") from None
     if not isinstance(msg, dict):
         raise _Bad("a message must be a JSON object with a \"type\".")
     return msg
@@ -286,10 +286,8 @@ def _chat_messages(msg: dict) -> list[dict]:
         try:
             out.append(ChatMessage.model_validate(m).plain())
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(p) for p in err.get("loc", ()))
-            where = f"messages[{i}]" + (f".{loc}" if loc else "")
-            raise _Bad(f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}.", where) from None
+            message, param = validation_problem(e.errors(), f"messages[{i}]")
+            raise _Bad(f"{message}.", param) from None
         except UsageError as e:
             raise _Bad(f"messages[{i}]: {e.message}", f"messages[{i}]") from None
     return out
@@ -367,7 +365,7 @@ async def chat_with_tools(body, request: Request):
     tools it calls run in its session, the client's own are handed back (see engramctl.agent.calls)."""
     d = daemon_of(request)
     tools = agent_calls.request_tools(body.tools or [])
-    choice = await _tool_choice(request)
+    choice = "auto" if body.tool_choice is None else body.tool_choice
     messages = agent_calls.plain_messages(body.messages)
     if choice != "none":
         transcript: list[dict] = []
@@ -377,15 +375,15 @@ async def chat_with_tools(body, request: Request):
             except NotFound:
                 pass
         messages = agent_calls.with_tools_message(messages, transcript, agent_calls.tools_message(tools))
-    turn = Turn(messages=messages, session=body.session, sampling=body)
-    job = d.worker.submit(lambda job: d.service.chat(turn, job.emit, job.cancel), name="chat")
+    chat = ChatRequest(messages=messages, session=body.session, params=body.params())
+    job = d.worker.submit(lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat")
     completion = Completion(d.model_id, d.engine.info.fingerprint)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    result: TurnResult = await job_result(job, request)
+    result: ChatResult = await job_result(job, request)
     content, parsed = (result.text, []) if choice == "none" else agent_calls.parse_tool_calls(result.text, tools.names)
     response = completion.response(result)
     if parsed:
-        ext = dict(result.engram)
+        ext = engram_json(result)
         ext["tool_results"], ext["tool_messages"] = await _execute(d, parsed, tools, ext.get("session"))
         response["choices"][0]["message"] = {"role": "assistant", "content": content or None,
                                              "tool_calls": [c.openai() for c in parsed]}  # fmt: skip
@@ -395,15 +393,6 @@ async def chat_with_tools(body, request: Request):
         return JSONResponse(response)
     return StreamingResponse(_replay(completion, response, include_usage), media_type="text/event-stream",
                              headers=SSE_HEADERS)  # fmt: skip
-
-
-async def _tool_choice(request: Request) -> Any:
-    try:
-        raw = await request.json()
-    except Exception:  # noqa: BLE001 - already validated by the route; the choice is optional
-        return "auto"
-    choice = raw.get("tool_choice", "auto") if isinstance(raw, dict) else "auto"
-    return choice if choice is not None else "auto"
 
 
 async def _execute(d, parsed, tools, session: str | None) -> tuple[list[dict], list[dict]]:

@@ -1,12 +1,16 @@
-"""OpenAI-compatible routes: GET /v1/models, POST /v1/chat/completions."""
+"""OpenAI-compatible routes: GET /v1/models, POST /v1/chat/completions.
+
+The daemon serves one model, so a chat request's `model` names it whatever it says (as llama-server
+does: clients written for another server send their own names); the answer's `model` is the served one.
+GET /v1/models/{id} still answers only for the names of the served model."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from engramctl.daemon.app import daemon_of
+from engramctl.daemon.context import daemon_of
 from engramctl.daemon.schemas import ChatCompletionRequest
-from engramctl.daemon.service import Turn
+from engramctl.daemon.service import ChatRequest
 from engramctl.daemon.streaming import Completion, answer_turn
 
 router = APIRouter()
@@ -36,13 +40,12 @@ async def get_model(model: str, request: Request):
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     d = daemon_of(request)
-    d.check_model(body.model)
     if body.tools:  # the model may call tools: engramctl/agent/calls.py
         from engramctl.daemon.routes_agent import chat_with_tools
 
         return await chat_with_tools(body, request)
-    turn = Turn(messages=[m.plain() for m in body.messages], session=body.session, sampling=body)
-    job = d.worker.submit(lambda job: d.service.chat(turn, job.emit, job.cancel), name="chat")
+    chat = ChatRequest(messages=[m.plain() for m in body.messages], session=body.session, params=body.params())
+    job = d.worker.submit(lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await answer_turn(job, request, Completion(d.model_id, d.engine.info.fingerprint), body.stream, include_usage)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from engramctl import __version__
-from engramctl.daemon.app import daemon_of
-from engramctl.daemon.schemas import session_json
+from engramctl.daemon.context import daemon_of
 from engramctl.daemon.streaming import job_result
+from engramctl.protocol import Session
 from engramctl.store.names import validate_session_name
 
 router = APIRouter()
@@ -20,23 +20,38 @@ async def health(request: Request):
     return {"status": "ok", "model": d.model_id, "version": __version__}
 
 
+def _model(d) -> dict:
+    """What serves the requests: the backend, how its weights are held and what they take in memory."""
+    i = d.engine.info
+    return {
+        "model": d.model_id,
+        "backend": i.backend,
+        "weight_type": i.weight_type or i.dtype,
+        "device": i.device,
+        "dtype": i.dtype,
+        "weights_bytes": i.weights_bytes,
+    }
+
+
 @router.get("/v1/status")
 async def status(request: Request):
     d = daemon_of(request)
     server = request.scope.get("server") or (None, None)
-    return {**d.status(), "notices": list(d.engine.notices), "host": server[0], "port": server[1]}
+    return {**d.status(), **_model(d), "notices": list(d.engine.notices), "host": server[0], "port": server[1]}
 
 
 @router.get("/v1/tiers")
 async def tiers(request: Request):
-    return daemon_of(request).store.plan_json()
+    """The tier plan, and the model whose weights share the memory with the hot tiers."""
+    d = daemon_of(request)
+    return {**d.store.plan_json(), "model": _model(d)}
 
 
 @router.get("/v1/sessions")
 async def sessions(request: Request):
     d = daemon_of(request)
     hot = d.service.hot
-    return {"sessions": [{**session_json(s), "hot": hot is not None and hot.session == s.name}
+    return {"sessions": [{**Session.from_info(s).to_json(), "hot": hot is not None and hot.session == s.name}
                          for s in d.store.list_sessions()]}  # fmt: skip
 
 
@@ -44,7 +59,7 @@ async def sessions(request: Request):
 async def session(name: str, request: Request):
     d = daemon_of(request)
     info = d.store.get_session(validate_session_name(name))
-    return {**session_json(info), "messages": d.store.transcript(name)}
+    return {**Session.from_info(info).to_json(), "messages": d.store.transcript(name)}
 
 
 @router.delete("/v1/sessions/{name}")
@@ -63,4 +78,4 @@ async def reset_session(name: str, request: Request):
     validate_session_name(name)
     job = d.worker.submit(lambda job: d.service.reset(name), name="reset_session")  # not in the middle of a turn
     previous, info = await job_result(job, request)
-    return {"success": True, **session_json(info), "previous_head": previous}
+    return {"success": True, **Session.from_info(info).to_json(), "previous_head": previous}

@@ -5,6 +5,7 @@ The run directory's files (pid lock, daemon.json, log) are rundir.py's.
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import logging
 import os
@@ -17,57 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from engramctl import __version__
+from engramctl.daemon.model import load_model
 from engramctl.daemon.rundir import (
     RunLock, daemon_url, log_file, pid_path, read_state, running_pid, state_path, url_for, write_state,
 )  # fmt: skip
 from engramctl.errors import EngramError, UsageError
-from engramctl.settings import Settings
+from engramctl.settings import SPECS, Settings, settings_env
 
 log = logging.getLogger("engramctl.daemon")
 
 LOG_ROTATE_BYTES = 16 * 2**20
 GRACEFUL_S = 5.0  # how long open streams get to end after SIGTERM/SIGINT
-_ENV_FIELDS = ("model", "host", "port", "allow_remote", "device", "dtype", "api_key", "tier_vram_bytes",
-               "tier_ram_bytes", "tier_disk_bytes", "keep_last", "session_ttl_s", "max_queue")  # fmt: skip
-
-
-# -- model ---------------------------------------------------------------------------------------------
-def load_model(settings: Settings):
-    """Load settings.model (or the default model) on settings.device/dtype; logs progress. What the
-    user should know about the choice (the SmolLM2 fallback) is logged as a warning and kept in
-    engine.notices, which /v1/status reports and the CLI prints once after starting the daemon."""
-    from engramctl.engine.loading import load_engine
-
-    notices: list[str] = []
-
-    def say(message: str) -> None:
-        log.warning("%s", message)
-        notices.append(message)
-
-    ref = settings.model
-    if ref is None:
-        try:
-            from engramctl.engine.models import default_model_ref  # type: ignore[import-not-found]
-        except ImportError:
-            raise UsageError("no model given.", hint="pass --model DIR|FILE.gguf|hub-id, or set ENGRAM_MODEL") from None
-        ref = default_model_ref(settings.paths.cache_dir, say=say)
-    path = Path(ref).expanduser()
-    if path.exists():
-        ref = str(path.resolve())
-    try:  # the per-file progress bars would fill the log
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
-    log.info("loading model %s (device %s, dtype %s)", ref, settings.device, settings.dtype)
-    t0 = time.perf_counter()
-    engine = load_engine(ref, settings.paths.cache_dir, settings.device, settings.dtype, progress=log.info)
-    i = engine.info
-    log.info("model ready in %.1f s: %s (%s, %s, %s, context %s)", time.perf_counter() - t0, i.model_id, i.family,
-             i.device, i.dtype, i.context_length)  # fmt: skip
-    engine.notices.extend(notices)
-    return engine
+# What daemon_status() takes from /v1/status.
+_STATUS_KEYS = """uptime_s rss_bytes weights_bytes backend weight_type n_params sessions queue turns hot pending_writes
+family context_length started notices""".split()
 
 
 # -- host checks ---------------------------------------------------------------------------------------
@@ -143,13 +107,15 @@ def serve(settings: Settings, *, reuse: bool = True, log_level: str = "info") ->
         sock = _bind(settings.host, settings.port)
         port = sock.getsockname()[1]
         state = {"pid": os.getpid(), "host": settings.host, "port": port, "url": url_for(settings.host, port),
-                 "model": settings.model, "device": settings.device, "dtype": settings.dtype, "started": time.time(),
+                 "model": settings.model, "backend": settings.backend, "device": settings.device,
+                 "dtype": settings.dtype, "started": time.time(),
                  "version": __version__, "log_file": str(log_file(settings)), "state": "loading"}  # fmt: skip
         write_state(settings, state)
         app = create_app(settings, reuse=reuse)
         daemon = app.state.daemon
         info = daemon.engine.info
-        state.update(model=info.model_id, device=info.device, dtype=info.dtype, state="ready")
+        state.update(model=info.model_id, backend=info.backend, weight_type=info.weight_type or info.dtype)
+        state.update(device=info.device, dtype=info.dtype, state="ready")
         write_state(settings, state)
         log.info("engramctl %s serving %s on %s (pid %d); token: %s", __version__, info.model_id, state["url"],
                  os.getpid(), "ENGRAM_API_KEY" if settings.api_key else settings.paths.config_dir / "token")  # fmt: skip
@@ -202,18 +168,36 @@ def _make_server(config, daemon):
 
 # -- background -----------------------------------------------------------------------------------------
 def _settings_env(settings: Settings) -> dict[str, str]:
-    env = {}
-    for name in _ENV_FIELDS:
-        value = getattr(settings, name)
-        if value is None:
-            continue
-        if name == "model":
-            p = Path(value).expanduser()
-            value = str(p.resolve()) if p.exists() else value
-        if isinstance(value, bool):
-            value = "1" if value else "0"
-        env[f"ENGRAM_{name.upper()}"] = str(value)
+    """Every daemon setting as its ENGRAM_* variable (flags and config.toml included), with a local
+    model path made absolute: the daemon runs in the data directory."""
+    env = settings_env(settings)
+    if settings.model is not None:
+        p = Path(settings.model).expanduser()
+        if p.exists():
+            env["ENGRAM_MODEL"] = str(p.resolve())
     return env
+
+
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The daemon's flags (`python -m engramctl.daemon --help`): one per daemon setting, named, explained
+    and checked as in engramctl.settings. Values stay text here so load_settings words every error."""
+    for s in SPECS:
+        if not (s.daemon and s.flag):
+            continue
+        help = f"{s.help} (default {s.shown_default}; env {s.env})"
+        names = [s.flag] + ([s.short] if s.short else [])
+        if s.kind == "bool":
+            parser.add_argument(*names, dest=s.name, action="store_const", const="1", default=None, help=help)
+            if s.off_flag:
+                parser.add_argument(s.off_flag, dest=s.name, action="store_const", const="0", help=argparse.SUPPRESS)
+        else:
+            metavar = s.metavar or ("{" + ",".join(s.choices) + "}" if s.choices else None)
+            parser.add_argument(*names, dest=s.name, metavar=metavar, default=None, help=help)
+
+
+def setting_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given as flags in `args` (add_setting_arguments), for load_settings."""
+    return {s.name: getattr(args, s.name) for s in SPECS if getattr(args, s.name, None) is not None}
 
 
 def _rotate(path: Path) -> None:
@@ -349,8 +333,7 @@ def daemon_status(settings: Settings, timeout: float = 2.0) -> dict[str, Any] | 
             r = httpx.get(f"{state['url']}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
             if r.status_code == 200:
                 s = r.json()
-                for key in ("uptime_s", "rss_bytes", "weights_bytes", "n_params", "sessions", "queue", "turns", "hot",
-                            "pending_writes", "family", "context_length", "started", "notices"):  # fmt: skip
+                for key in _STATUS_KEYS:
                     out[key] = s.get(key)
     except httpx.HTTPError:
         pass

@@ -8,16 +8,15 @@ cannot honour (n > 1, logprobs) are refused with a 400. `tools` go to routes_age
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from engramctl.engine.sampling import SamplingParams
+from engramctl.engine.sampling_params import MAX_STOP, OPTIONS, SamplingParams
 from engramctl.errors import UsageError
 from engramctl.store.names import validate_session_name
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_STOP = 16
 
 
 class TextPart(BaseModel):
@@ -60,37 +59,39 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class Sampling(BaseModel):
-    """The sampling fields shared by chat completions and restore-with-continuation."""
+def _sampling_field(schema: dict) -> tuple[Any, Any]:
+    """One sampling option as a request field (optional: null or absent means the default), typed and
+    bounded by its JSON Schema in engine/sampling_params.py."""
+    if schema["type"] == ["string", "array"]:
+        return str | list[str] | None, Field(None, description=schema["description"])  # length: _stop below
+    kind = {"number": float, "integer": int}[schema["type"]]
+    bounds = {"ge": schema.get("minimum"), "gt": schema.get("exclusiveMinimum"), "le": schema.get("maximum")}
+    return kind | None, Field(None, description=schema["description"], **bounds)
 
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
 
-    @field_validator("stop")
+class _SamplingRules(BaseModel):
+    @field_validator("stop", check_fields=False)
     @classmethod
     def _stop(cls, v):
         if isinstance(v, list) and len(v) > MAX_STOP:
             raise ValueError(f"at most {MAX_STOP} stop strings")
         return v
 
-    def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+    def params(self) -> SamplingParams:
+        """The engine's sampling parameters; max_tokens None = what the context has room for."""
+        options = {name: getattr(self, name) for name in OPTIONS}
+        if self.max_completion_tokens is not None:  # type: ignore[attr-defined]
+            options["max_tokens"] = self.max_completion_tokens  # type: ignore[attr-defined]
+        return SamplingParams.from_options(options)
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,  # OpenAI's default
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            seed=self.seed,
-            max_tokens=max_tokens,
-            stop=tuple(s for s in stop if s),
-        )
+
+# The sampling fields shared by chat completions, restore-with-continuation and the agent's WebSocket
+# chat: every option SamplingParams defines, plus OpenAI's newer name for max_tokens.
+Sampling = create_model(
+    "Sampling", __base__=_SamplingRules,
+    **{name: _sampling_field(schema) for name, schema in OPTIONS.items()},
+    max_completion_tokens=_sampling_field(OPTIONS["max_tokens"]),
+)  # fmt: skip
 
 
 def _session_field(v: str | None) -> str | None:
@@ -106,6 +107,7 @@ class ChatCompletionRequest(Sampling):
     n: int = 1
     session: str | None = None
     tools: list[Any] | None = None
+    tool_choice: Any = None  # "auto" (None), "none", "required" or a function: routes_agent.chat_with_tools
     logprobs: bool | None = None
 
     @model_validator(mode="after")
@@ -215,32 +217,3 @@ class BranchSnapshotRequest(SessionRef):
     def source_ref(self) -> str:
         return next(x for x in (self.snapshot_id, self.source, self.session_name) if x is not None)
 
-
-FinishReason = Literal["stop", "length", "cancelled"]
-
-
-def snapshot_json(rec) -> dict[str, Any]:
-    """A SnapshotRecord as the snapshot routes show it."""
-    return {
-        "snapshot_id": rec.id,
-        "session": rec.session,
-        "conversation_id": rec.session,
-        "parent": rec.parent,
-        "tokens": rec.n_tokens,
-        "bytes": rec.nbytes,
-        "tier": rec.tiers[0] if rec.tiers else None,
-        "tiers": list(rec.tiers),
-        "created": rec.created,
-        "last_access": rec.last_access,
-        "pinned": rec.pinned,
-        "label": rec.label,
-        "durable": rec.durable,
-        "n_messages": rec.n_messages,
-        "model_id": rec.model_id,
-        "fingerprint": rec.fingerprint,
-        "checksum": rec.checksum,
-    }
-
-
-def session_json(info) -> dict[str, Any]:
-    return {**info.to_json(), "conversation_id": info.name}

@@ -1,8 +1,9 @@
 """From worker-job events to HTTP answers: OpenAI chat completion JSON, SSE chunks, and client
 disconnects turned into cancellation.
 
-A job emits `start` (the turn's prompt is in the state: the `engram` extension so far), `piece` (text)
-..., then `done` (the result) or `error`. A streamed answer starts only once `start` has arrived, so
+A job emits `start` (a TurnStart: the turn's prompt is in the state), `piece` (text) ..., then `done`
+(a ChatResult, or a route's own JSON) or `error`. The `engram` extension object and `usage` are built
+here from those domain objects. A streamed answer starts only once `start` has arrived, so
 everything that can be refused (unknown session, prompt too long, queue full) still gets its own
 HTTP status instead of a 200 that fails half-way.
 """
@@ -19,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from engramctl.daemon.errors import Cancelled, body_for
-from engramctl.daemon.service import TurnResult
+from engramctl.daemon.service import ChatResult, TurnStart
 from engramctl.daemon.worker import Job
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -71,8 +72,49 @@ async def job_result(job: Job, request: Request) -> Any:
         watch.stop()
 
 
+def engram_start(s: TurnStart) -> dict[str, Any]:
+    """The `engram` extension object of a stream's first chunk; engram_json adds the outcome."""
+    o, p = s.origin, s.prompt
+    return {
+        "session": s.session,
+        "resumed": o.restored_tokens > 0,
+        "restored_tokens": o.restored_tokens,
+        "tier": o.tier,
+        "restore_ms": o.restore_ms,
+        "snapshot_id": None,
+        "prompt_tokens": p.prompt_tokens,
+        "cached_tokens": p.cached_tokens,
+        "computed_tokens": p.computed_tokens,
+        "prefill_ms": round(p.prefill_ms, 2),
+    }
+
+
+def engram_json(r: ChatResult) -> dict[str, Any]:
+    """The `engram` extension object of a finished turn (finish_reason is the engine's: it says "cancelled")."""
+    return {
+        **engram_start(r.start),
+        "snapshot_id": r.snapshot_id,
+        "finish_reason": r.finish.reason,
+        "completion_tokens": len(r.finish.token_ids),
+        "ttft_ms": None if r.ttft_ms is None else round(r.ttft_ms, 2),
+        "decode_ms": round(r.done.decode_ms, 2),
+    }
+
+
+def usage_json(r: ChatResult) -> dict[str, Any]:
+    p, n = r.start.prompt, len(r.finish.token_ids)
+    return {"prompt_tokens": p.prompt_tokens, "completion_tokens": n, "total_tokens": p.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": p.cached_tokens}}  # fmt: skip
+
+
+def finish_reason(r: ChatResult) -> str:
+    """OpenAI's: "stop" | "length" (a cancelled reply was cut short, as by a length limit)."""
+    return "length" if r.finish.reason == "cancelled" else r.finish.reason
+
+
 class Completion:
-    """Builds the OpenAI-shaped objects of one completion."""
+    """Builds the OpenAI-shaped objects of one completion. `model` is the served model's name,
+    whatever name the request gave."""
 
     def __init__(self, model: str, fingerprint: str):
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
@@ -80,14 +122,14 @@ class Completion:
         self.model = model
         self.fingerprint = f"fp_{fingerprint[:12]}"
 
-    def response(self, r: TurnResult) -> dict[str, Any]:
+    def response(self, r: ChatResult) -> dict[str, Any]:
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
             "system_fingerprint": self.fingerprint,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
-                         "finish_reason": r.finish_reason}],
-            "usage": r.usage,
-            "engram": r.engram,
+                         "finish_reason": finish_reason(r)}],
+            "usage": usage_json(r),
+            "engram": engram_json(r),
         }  # fmt: skip
 
     def chunk(self, delta: dict, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -111,7 +153,7 @@ async def answer_turn(job: Job, request: Request, completion: Completion, stream
     """The HTTP answer to a generating job: a JSON completion, or an SSE stream once it has started."""
     if not stream:
         result = await job_result(job, request)
-        if isinstance(result, TurnResult):
+        if isinstance(result, ChatResult):
             return JSONResponse(completion.response(result))
         return JSONResponse(result)
     watch = Watch(job, request)
@@ -122,23 +164,23 @@ async def answer_turn(job: Job, request: Request, completion: Completion, stream
     if kind == "error":
         raise value
     if kind == "done":  # a job that generated nothing (restore without a continuation)
-        return JSONResponse(value if not isinstance(value, TurnResult) else completion.response(value))
+        return JSONResponse(value if not isinstance(value, ChatResult) else completion.response(value))
     return StreamingResponse(_events(job, completion, value, include_usage), media_type="text/event-stream",
                              headers=SSE_HEADERS)  # fmt: skip
 
 
-async def _events(job: Job, completion: Completion, start: dict, include_usage: bool) -> AsyncIterator[str]:
+async def _events(job: Job, completion: Completion, start: TurnStart, include_usage: bool) -> AsyncIterator[str]:
     try:
-        yield sse(completion.chunk({"role": "assistant", "content": ""}, engram=start))
+        yield sse(completion.chunk({"role": "assistant", "content": ""}, engram=engram_start(start)))
         while True:
             kind, value = await job.events.get()
             if kind == "piece":
                 yield sse(completion.chunk({"content": value}))
             elif kind == "done":
-                r: TurnResult = value
-                yield sse(completion.chunk({}, r.finish_reason, engram=r.engram))
+                r: ChatResult = value
+                yield sse(completion.chunk({}, finish_reason(r), engram=engram_json(r)))
                 if include_usage:
-                    yield sse(completion.usage_chunk(r.usage))
+                    yield sse(completion.usage_chunk(usage_json(r)))
                 yield "data: [DONE]\n\n"
                 return
             elif kind == "error":

@@ -2,7 +2,7 @@
 
 The last sampled token is not yet in the state when the loop stops (a state cannot be rewound, so we
 never feed a token we might not keep). `settle()` feeds it after the reply has been streamed, so the
-snapshot holds every token of the reply and the logits to continue from.
+snapshot holds every token of the reply and the logits to continue from. engine/turn.py runs both.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ class Generation:
                  cancel: threading.Event | None = None):  # fmt: skip
         if live.last_logits is None:
             raise EngramError("nothing to generate from: the state has consumed no tokens.")
+        if params.max_tokens is None:
+            raise EngramError("a generation needs max_tokens (a turn sets it from the context's room).")
         self._backend, self._tok, self._live, self._params = backend, tokenizer, live, params
         self._cancel = cancel or threading.Event()
         self.finish: Finish | None = None
@@ -86,8 +88,8 @@ class Generation:
         )
 
 
-def settle(backend: Backend, tokenizer: ChatTokenizer, live: Live, finish: Finish) -> None:
-    """Feed the pending token and record the reply's text, so the state matches the transcript."""
+def settle(backend: Backend, live: Live, finish: Finish) -> None:
+    """Feed the pending token, so the state holds every token of the reply. The state's text is the
+    turn's to set (engine/turn.py): it depends on what the transcript will show."""
     if finish.pending is not None:
         backend.decode(live, finish.pending)
-    live.text += tokenizer.decode(list(finish.token_ids), skip_special=False)

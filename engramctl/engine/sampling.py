@@ -2,39 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from engramctl.errors import UsageError
+from engramctl.engine.sampling_params import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int | None = None
-    max_tokens: int = 512
-    stop: tuple[str, ...] = field(default_factory=tuple)
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0 (got {self.temperature}).")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top_p must be in (0, 1] (got {self.top_p}).")
-        if self.top_k < 0:
-            raise UsageError(f"top_k must be >= 0 (got {self.top_k}).")
-        if self.max_tokens < 1:
-            raise UsageError(f"max_tokens must be >= 1 (got {self.max_tokens}).")
-
-    def generator(self) -> torch.Generator:
-        g = torch.Generator()
-        if self.seed is not None:
-            g.manual_seed(self.seed)
-        else:
-            g.seed()
-        return g
+__all__ = ["SamplingParams", "sample"]  # SamplingParams is defined (torch-free) in sampling_params.py
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

@@ -14,12 +14,16 @@ import re
 import secrets
 import threading
 
-from engramctl.errors import InvalidName
+from engramctl.errors import InvalidName, NotFound, UsageError
 
 SESSION_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 SNAPSHOT_ID_RE = re.compile(r"[0-9a-f]{32}")
 SNAPSHOT_SUFFIX = ".safetensors"
 MAX_LABEL_CHARS = 128
+# The shortest snapshot-id prefix accepted anywhere (CLI, daemon routes, agent tools). Ids start with a
+# millisecond timestamp, so a short prefix usually names several snapshots: that is refused as ambiguous.
+MIN_ID_PREFIX = 4
+_HEX = frozenset("0123456789abcdef")
 _TIME_HEX, _RAND_HEX = 12, 20
 _RAND_MAX = 16**_RAND_HEX - 1
 
@@ -60,6 +64,32 @@ def validate_snapshot_id(text: object) -> str:
         shown = repr(text)[:80]
         raise InvalidName(f"{shown} is not a snapshot id (32 lowercase hex digits).")
     return text  # type: ignore[return-value]
+
+
+def is_id_prefix(text: object) -> bool:
+    """A snapshot id or a prefix of one, long enough to look it up (MIN_ID_PREFIX+ lowercase hex digits)."""
+    return isinstance(text, str) and MIN_ID_PREFIX <= len(text) <= 32 and set(text) <= _HEX
+
+
+def parse_id_ref(ref: object) -> str:
+    """A snapshot id or id prefix as typed (surrounding blanks and case forgiven), or UsageError saying why not."""
+    text = ref.strip().lower() if isinstance(ref, str) else ref
+    if is_id_prefix(text):
+        return text  # type: ignore[return-value]
+    shown = repr(ref)[:40]
+    if isinstance(text, str) and text and len(text) < MIN_ID_PREFIX and set(text) <= _HEX:
+        raise UsageError(f"snapshot id prefix {shown} is too short; give at least {MIN_ID_PREFIX} hex digits.")
+    raise UsageError(f"{shown} is not a snapshot id (32 hex digits) or an id prefix ({MIN_ID_PREFIX}+ hex digits).")
+
+
+def one_id(prefix: str, matches: list[str]) -> str:
+    """The one snapshot id `prefix` names, given the ids that start with it (two are enough to refuse)."""
+    if not matches:
+        raise NotFound(f"no snapshot id starts with {prefix!r}.")
+    if len(matches) > 1:
+        raise UsageError(f"snapshot id prefix {prefix!r} is too short: it matches more than one snapshot; "
+                         "give more characters.")  # fmt: skip
+    return matches[0]
 
 
 def snapshot_filename(snapshot_id: str) -> str:

@@ -15,6 +15,7 @@ from engramctl.store.core import StoreCore
 from engramctl.store.reconcile import checksum_of, verify_file
 from engramctl.store.records import GcReport
 from engramctl.tiers.hardware import Hardware, detect_hardware
+from engramctl.tiers.placement import HotTier
 from engramctl.tiers.plan import TierPlan, plan, plan_json
 
 log = logging.getLogger("engramctl.store")
@@ -37,6 +38,9 @@ class PersistMixin(StoreCore):
         hw = hardware or detect_hardware(self.settings.paths.data_dir)
         with self._lock:
             new = plan(hw, self.settings, model_bytes, model_on_cpu, stored_disk_bytes=self._index.durable_bytes()[0])
+            if new.tier("vram").enabled and self._placement.tiers[0].name != "vram":
+                # CUDA seen only now (opened before torch was imported): the hottest tier joins, empty
+                self._placement.tiers.insert(0, HotTier("vram", 0, new.tier("vram").device or "cuda"))
             for tier in self._placement.tiers:
                 self._placement.set_budget(tier.name, new.budget(tier.name))
             self.plan = new

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from engramctl.errors import NotFound
+from engramctl.errors import NotFound, UsageError
 from engramctl.store.core import StoreCore
 from engramctl.store.errors import AlreadyExists
 from engramctl.store.names import is_snapshot_id, validate_session_name
@@ -33,6 +33,14 @@ class SessionsMixin(StoreCore):
         if s is None:
             raise NotFound(f"no session named {name!r}.", hint="engramctl sessions")
         return s
+
+    def has_session(self, name: str) -> bool:
+        """Whether a session of that name exists (an invalid name never does)."""
+        try:
+            self.get_session(name)
+        except (NotFound, UsageError):
+            return False
+        return True
 
     def list_sessions(self) -> list[SessionInfo]:
         with self._lock:

@@ -33,13 +33,14 @@ import time
 from functools import partial
 from typing import Any, Callable, Sequence
 
-from engramctl.errors import NotFound, SnapshotCorrupt, UsageError
+from engramctl.errors import NotFound, SnapshotCorrupt
 from engramctl.settings import Settings
 from engramctl.store.errors import SnapshotInUse
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
 from engramctl.store.names import (
-    is_snapshot_id, new_snapshot_id, validate_label, validate_session_name, validate_snapshot_id,
+    is_snapshot_id, new_snapshot_id, one_id, parse_id_ref, validate_label, validate_session_name,
+    validate_snapshot_id,
 )  # fmt: skip
 from engramctl.store.persist import PersistMixin
 from engramctl.store.prefix import prefix_hashes, token_hash
@@ -198,18 +199,13 @@ class Store(SessionsMixin, PersistMixin):
             return [self._with_tiers(r) for r in self._index.snapshots(session)]
 
     def resolve(self, ref: str) -> str:
-        """A full snapshot id from a full id or a unique prefix of at least 4 hex digits."""
+        """A full snapshot id from a full id or a unique prefix (the rule: names.parse_id_ref, one_id)."""
+        ref = parse_id_ref(ref)
         if is_snapshot_id(ref):
             return ref
-        if not (isinstance(ref, str) and 4 <= len(ref) < 32 and all(c in "0123456789abcdef" for c in ref)):
-            raise UsageError(f"{str(ref)[:40]!r} is not a snapshot id or id prefix (4+ lowercase hex digits).")
         with self._lock:
             found = self._index.ids_with_prefix(ref)
-        if not found:
-            raise NotFound(f"no snapshot id starts with {ref!r}.")
-        if len(found) > 1:
-            raise UsageError(f"snapshot id prefix {ref!r} is ambiguous; give more digits.")
-        return found[0]
+        return one_id(ref, found)
 
     def delete(self, snapshot_id: str, *, force: bool = False) -> None:
         """Delete one snapshot. Refused (SnapshotInUse) if it is a session's head or branch point, or

@@ -99,15 +99,15 @@ class Placement:
             return None
         entry = self.tiers[i].entries[key]
         entry.stamp = next(self._clock)
-        self.hold(key)
-        try:
-            for j in range(i):
-                if self._make_room(j, entry.nbytes, entry.stamp):
-                    self._remove(i, key)
-                    self._place(j, key, entry.value, entry.nbytes, entry.stamp)
-                    return self.tiers[j].name
-        finally:
-            self.release(key)
+        # Out of its tier first: what the hotter tier demotes may take the slot it leaves (a swap),
+        # instead of being dropped for want of room. _make_room changes nothing when it fails, so
+        # if no hotter tier has room the slot is still free to put it back.
+        self._remove(i, key)
+        for j in range(i):
+            if self._make_room(j, entry.nbytes, entry.stamp):
+                self._place(j, key, entry.value, entry.nbytes, entry.stamp)
+                return self.tiers[j].name
+        self._place(i, key, entry.value, entry.nbytes, entry.stamp)
         return self.tiers[i].name
 
     def drop(self, key: str) -> bool:

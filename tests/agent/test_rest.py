@@ -226,7 +226,9 @@ def _script(monkeypatch, app, reply: str) -> list:
 
     def scripted(turn, emit, cancel):
         seen.append(turn)
-        return dataclasses.replace(real(turn, emit, cancel), text=reply)
+        r = real(turn, emit, cancel)
+        done = dataclasses.replace(r.done, finish=dataclasses.replace(r.done.finish, text=reply))
+        return dataclasses.replace(r, done=done)
 
     monkeypatch.setattr(svc, "chat", scripted)
     return seen

@@ -107,6 +107,19 @@ def test_checkpoint_branch_restore_continue_exactly(daemon, reference_backend):
     c.close()
 
 
+def test_json_the_server_cannot_read_is_an_error_event_too(daemon):
+    """Valid JSON that Python's parser refuses (a 5,000-digit integer, nesting deeper than its recursion
+    limit) is answered like any malformed frame; the connection and its session go on."""
+    c = Conn(daemon, "odd-json")
+    for raw in ('{"type": "ping", "id": ' + "9" * 5000 + "}", "[" * 100_000 + "]" * 100_000):
+        c.ws.send(raw)
+        ev = c.recv()
+        assert ev["type"] == "error" and ev["error"]["code"] == "invalid_json" and ev["error"]["message"], ev
+    mid = c.send(type="ping")
+    assert c.recv() == {"type": "pong", "id": mid}
+    c.close()
+
+
 def test_malformed_messages_get_an_error_and_keep_the_connection(daemon):
     c = Conn(daemon, "sturdy")
     c.chat("Hello there")

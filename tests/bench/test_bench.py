@@ -180,3 +180,31 @@ def test_usage_errors(tmp_path, args, words):
     result = invoke(args, tmp_path)
     assert result.exit_code == 2
     assert words in result.stderr.lower()
+
+
+def test_multiturn_stateful_side_records_what_the_daemon_records(engram_home):
+    """The stateful side runs the daemon's own service (its turn, its restore, its recorder), so the store
+    ends up as a daemon's would: the transcript, and per turn a prompt and a reply snapshot in one chain."""
+    from engramctl.bench.presets import preset_engine
+    from engramctl.bench.runner import StoreBox
+    from engramctl.bench.workloads import multiturn
+    from engramctl.settings import load_settings
+
+    settings = load_settings({})
+    settings.paths.ensure()
+    box = StoreBox(settings)
+    try:
+        rows = multiturn.run(preset_engine("tiny", seed=0, dtype="float32", device="cpu"), box, 3, 4)["rows"]
+        store, session = box.store, multiturn.SESSION
+        messages = store.transcript(session)
+        assert [m["role"] for m in messages] == ["user", "assistant"] * 3
+        ids = [r["stateful"]["_save"]["ids"] for r in rows]
+        assert all(len(pair) == 2 for pair in ids) and store.get_session(session).head == ids[-1][1]
+        assert [store.info(reply).parent for _, reply in ids] == [prompt for prompt, _ in ids]
+        assert [store.info(prompt).parent for prompt, _ in ids[1:]] == [reply for _, reply in ids[:-1]]
+        assert [store.info(reply).n_tokens for _, reply in ids] == [
+            r["stateful"]["prompt_tokens"] + r["stateful"]["reply_tokens"] for r in rows]  # fmt: skip
+        later = [r["stateful"] for r in rows[1:]]
+        assert all(s["restored_from"] == "ram" and s["computed_tokens"] < s["prompt_tokens"] for s in later)
+    finally:
+        box.close()

@@ -60,6 +60,9 @@ class FakeLink:
     def settle(self, timeout=5.0):
         self.settled = True
 
+    def head(self, session):
+        return None
+
     def snapshot(self, sid):
         return {"id": sid, "nbytes": 2048, "n_tokens": 13}
 
@@ -101,6 +104,29 @@ def test_ctrl_c_during_reply_closes_the_stream():
     assert o.getvalue() == "Hello\n" and "reply stopped" in e.getvalue()
     assert res["interrupted"] is True and res["text"] == "Hello"
     assert link.closed == 1 and link.settled
+
+
+def test_stats_after_ctrl_c_show_the_state_the_session_kept():
+    """Stopping a reply disconnects, so its last chunk (snapshot id, token counts) never arrives: /stats
+    must show the snapshot the daemon took of the partial reply, not the state before the reply."""
+    partial = {"id": "ef" * 16, "n_tokens": 12, "nbytes": 3072}
+
+    class Recorded(FakeLink):
+        def stream(self, session, messages, sampling):
+            yield {"type": "start", "engram": {"session": session, "prompt_tokens": 10, "snapshot_id": None}}
+            yield {"type": "token", "text": "Hel"}
+            raise KeyboardInterrupt
+
+        def head(self, session):
+            return partial if getattr(self, "settled", False) else None  # recorded once the turn has settled
+
+        def snapshot(self, sid):
+            return partial if sid == partial["id"] else super().snapshot(sid)
+
+    code, o, e, link, chat = run_repl("hi\n/stats\n", Recorded())
+    assert code == 0 and "reply stopped" in e
+    assert "tokens in state  12" in e and "snapshot         efefefefefef  3.0 KiB" in e
+    assert chat.last["completion_tokens"] == 2 and chat.last["finish_reason"] == "cancelled"
 
 
 @pytest.mark.parametrize("ext,text", [

@@ -313,6 +313,46 @@ def test_ctrl_c_during_a_reply_in_a_terminal(live):
     assert 0 < len(messages[1]["content"]) and messages[1].get("finish_reason") == "cancelled"
 
 
+def test_stats_after_a_stopped_reply_show_what_the_session_kept(live):
+    """Ctrl-C stops a reply by disconnecting, so its last chunk (snapshot id, counts) never arrives: /stats
+    shows the daemon's snapshot of the partial reply (the session's head), not the state before it."""
+    import io
+
+    from engramctl.cli import remote
+    from engramctl.cli.chat import ChatSession
+    from engramctl.cli.output import HUMAN, Output
+    from engramctl.client import Client
+
+    class StopAfterThreeTokens(remote.DaemonChatLink):
+        def stream(self, session, messages, sampling):
+            events, n = super().stream(session, messages, sampling), 0
+            try:
+                for ev in events:
+                    yield ev
+                    n += ev["type"] == "token"
+                    if n == 3:
+                        raise KeyboardInterrupt
+            finally:
+                events.close()  # disconnects now, as the REPL's Ctrl-C does
+
+    out = Output(HUMAN, stdout=io.StringIO(), stderr=io.StringIO())
+    link = StopAfterThreeTokens(Client(live.settings, autostart=False), "tiny", None)
+    chat = ChatSession(link, out, "stopped", sampling={"temperature": 0, "max_tokens": 4})
+    try:
+        before = chat.send("first")
+        chat.sampling["max_tokens"] = 2000
+        stopped = chat.send("tell me a long story")
+        stats = chat.stats()
+        head = link.head("stopped")
+    finally:
+        link.close()
+    assert stopped["interrupted"] and stopped["finish_reason"] == "cancelled"
+    assert head["id"] != before["snapshot_id"] and head["n_tokens"] > stopped["prompt_tokens"] > before["state_tokens"]
+    assert stats["snapshot_id"] == head["id"] and stats["state_tokens"] == head["n_tokens"]
+    assert stats["snapshot_bytes"] == head["nbytes"] and stats["completion_tokens"] >= 3
+    assert _transcript(live, "stopped")[-1]["finish_reason"] == "cancelled"
+
+
 def test_daemon_start_when_running_then_stop(cli, live):
     again = cli("daemon", "start")
     assert "already running" in again.stderr

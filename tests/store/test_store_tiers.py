@@ -132,3 +132,22 @@ def test_vram_tier_with_a_stand_in_device(open_store, make_payload, monkeypatch,
     assert "cuda" in moves and "cpu" in moves
     j = s.plan_json()
     assert j["hardware"]["gpu"] == "Stand-in GPU" and j["tiers"][0]["snapshots"] == 1
+
+
+def test_replan_adds_the_vram_tier_when_cuda_shows_up_after_open(open_store, make_payload, monkeypatch, hardware_like):
+    """A store opened before torch was imported sees no GPU; the replan after loading the model does,
+    and the VRAM tier must then exist, not only be planned."""
+    import engramctl.store.core as core
+
+    monkeypatch.setattr(core, "payload_to", lambda payload, device: payload)
+    s = open_store()  # stand-in hardware without a GPU
+    assert s.plan.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
+    hw = hardware_like(vram_total_bytes=8 * 2**30, vram_free_bytes=6 * 2**30, gpu="Stand-in GPU")
+    s.replan(hardware=hw)
+    assert [t.name for t in s._placement.tiers] == ["vram", "ram"]
+    assert s._placement.tiers[0].budget == s.plan.budget("vram") > 0
+    sid = s.commit("a", make_payload(20, 0)).id
+    s.flush()
+    assert s.info(sid).tiers == ("vram", "disk")
+    s.replan(hardware=hw)  # idempotent: still one VRAM tier
+    assert [t.name for t in s._placement.tiers] == ["vram", "ram"] and s.info(sid).tiers == ("vram", "disk")

@@ -79,3 +79,16 @@ def test_shrinking_a_budget_evicts_at_once():
     p.set_budget("vram", 100)
     assert p.tiers[0].used == 100 and p.lru("vram") == ["e"]
     assert p.tiers[1].used <= 300
+
+
+def test_promotion_swaps_with_the_demoted_entry_when_both_tiers_are_full():
+    moves = []
+    p = make(vram=100, ram=100, moves=moves)
+    p.put("a", "a", 100)
+    p.put("b", "b", 100)  # vram; a -> ram
+    assert p.promote("a") == "vram"  # b goes down into the slot a left, not out of memory
+    assert p.lru("vram") == ["a"] and p.lru("ram") == ["b"]
+    assert ("a", "cuda") in moves and ("b", "cpu") in moves
+    p.hold("a")
+    assert p.promote("b") == "ram"  # no room above without evicting a held entry: it stays where it was
+    assert p.lru("vram") == ["a"] and p.lru("ram") == ["b"]

@@ -45,18 +45,18 @@ class _Run:
 
 def _one_run(engine, box, L: int, ids: list[int], msg: list[int], run: int) -> _Run:
     r = _Run()
-    backend = engine.backend
     # 1. re-prefill
     live = engine.new_live()
     with Clock() as c:
-        backend.prefill(live, ids)
+        engine.prefill(live, ids)
     r.s["prefill"] = c.sample
     state = engine.capture(live)
     with Clock() as c:
-        backend.prefill(live, msg)
+        engine.prefill(live, msg)
         ref_logits = live.last_logits  # replaced, never mutated, by later forwards: no copy needed
         first_token(engine, live)
     r.s["ttft_prefill"] = r.s["prefill"] + c.sample
+    engine.release(live)
     # 2. save
     payload = to_payload(state, engine.spec, {"stage": "bench", "bench_tokens": str(L)})
     r.v["state_bytes"] = state.nbytes
@@ -91,10 +91,11 @@ def _restore_and_answer(engine, store, sid: str, msg: list[int], r: _Run, restor
     live, samples = _restore(engine, store, sid)
     r.s.update({f"{restore_key}_{k}": v for k, v in samples.items()})
     with Clock() as c:
-        engine.backend.prefill(live, msg)
+        engine.prefill(live, msg)
         logits = live.last_logits
         first_token(engine, live)
     r.s[ttft_key] = samples["total"] + c.sample
+    engine.release(live)
     return logits
 
 

@@ -1,14 +1,16 @@
 """An N-turn chat with fixed user messages, two ways, turn by turn interleaved (so a load change on a
 shared machine hits both alike):
 
-- stateful: what the daemon does for a named session. Each turn restores the session's head snapshot
-  from the store (the hottest tier holding it), prefills only the new tokens (the chat template's
-  delta), captures the prompt state, generates greedily, and after the last token settles the state
-  and commits a prompt and a reply snapshot (RAM tier + write-through on the store's writer thread).
-- stateless: what a server without state does: every turn renders the whole history with the chat
-  template, tokenizes it and prefills all of it into a fresh state, then generates. Its history is
-  the stateful side's transcript (the same user messages and replies), exactly what a client would
-  resend, so both sides hold the same conversation and their token counts compare like for like.
+- stateful: the daemon's own path for a named session (daemon/service.py, without HTTP and without
+  the hot state, which would make every restore free): each turn restores the session's head snapshot
+  from the store (the hottest tier holding it), runs the turn (engine/turn.py: only the chat
+  template's delta is prefilled, the prompt state captured, the reply generated greedily, settled and
+  captured) and records it: a prompt and a reply snapshot (RAM tier + write-through on the store's
+  writer thread) and the transcript.
+- stateless: what a server without state does: the same turn (engine/turn.py) from a fresh state, so
+  every turn prefills the whole history, and nothing is captured. Its history is the stateful side's
+  transcript (the same user messages and replies), exactly what a client would resend, so both sides
+  hold the same conversation and their token counts compare like for like.
 
 Per turn: prompt tokens (the conversation so far, as a stateless client sends it), tokens computed,
 time from the request to the first token (TTFT) and to the last token, and whether both ways
@@ -24,11 +26,11 @@ import time
 from typing import Any, Callable
 
 from engramctl.bench.material import user_message
-from engramctl.engine.chat import plan_turn
-from engramctl.engine.sampling import SamplingParams
 from engramctl.bench.timing import median, spread
+from engramctl.daemon.service import ChatRequest, ConversationService
+from engramctl.engine.sampling_params import SamplingParams
+from engramctl.engine.turn import Turn
 from engramctl.errors import NotFound
-from engramctl.state.codec import from_payload, to_payload
 
 SESSION = "bench-chat"
 
@@ -65,121 +67,74 @@ class DurabilityWatch:
         self._t.join()
 
 
-def _eos_text(engine, finish) -> str:
-    tok = engine.tokenizer
-    if finish.reason == "stop" and finish.token_ids and finish.token_ids[-1] in tok.eos_ids:
-        return tok.decode([finish.token_ids[-1]], skip_special=False)
-    return ""
-
-
-def _generate(engine, live, params: SamplingParams) -> tuple[Any, float, float]:
-    """Generate; returns (finish, generate() call time, time the loop ended = last token sampled)."""
-    t_gen = time.perf_counter()
-    gen = engine.generate(live, params)
-    for _ in gen:
-        pass
-    return gen, t_gen, time.perf_counter()
-
-
-def stateful_turn(engine, store, watch: DurabilityWatch, head: str | None, transcript: list[dict],
-                  turn: int, params: SamplingParams) -> tuple[dict[str, Any], str]:  # fmt: skip
+def stateful_turn(service, watch: DurabilityWatch, transcript: list[dict], turn: int,
+                  params: SamplingParams) -> dict[str, Any]:  # fmt: skip
+    """One turn of SESSION through the daemon's service; `transcript` gets the user message and the reply."""
     cpu0, t0 = time.process_time(), time.perf_counter()
-    restore_ms, tier = 0.0, None
-    if head is None:
-        live = engine.new_live()
-    else:
-        tier = (store.info(head).tiers or ("?",))[0]
-        tensors, meta = store.load(head)
-        live = engine.inject(from_payload(tensors, meta, engine.spec))
-        restore_ms = (time.perf_counter() - t0) * 1000
     user = {"role": "user", "content": user_message(turn)}
-    transcript.append(user)
-    text, reset = plan_turn(engine.tokenizer, live.text, transcript, engine.prefix_stable)
-    if reset:
-        live = engine.new_live()
-    ids = engine.tokenizer.encode(text)
-    t_prefill = time.perf_counter()
-    engine.backend.prefill(live, ids)
-    prefill_ms = (time.perf_counter() - t_prefill) * 1000
-    live.text += text
-    prompt_text, prompt_tokens = live.text, len(live.token_ids)
-    prompt_state = engine.capture(live)
-    gen, t_gen, t_last = _generate(engine, live, params)
-    finish = gen.finish
-    # -- the last token has been sampled (and would be on its way to the client) --
-    t_save = time.perf_counter()
-    engine.settle(live, gen)
-    live.text = prompt_text + finish.text + _eos_text(engine, finish)
-    t_cap = time.perf_counter()
-    settle_ms = (t_cap - t_save) * 1000
-    reply_state = engine.capture(live)
-    capture_ms = (time.perf_counter() - t_cap) * 1000
-    p_prompt = to_payload(prompt_state, engine.spec, {"stage": "prompt"})
-    p_reply = to_payload(reply_state, engine.spec, {"stage": "reply"})
-    t_commit = time.perf_counter()
-    rec_p = store.commit(SESSION, p_prompt, parent=head, messages=[user])
-    watch.watch(rec_p.id)
-    rec_r = store.commit(SESSION, p_reply, parent=rec_p.id,
-                         messages=[{"role": "assistant", "content": finish.text}])  # fmt: skip
-    watch.watch(rec_r.id)
+    r = service.chat(ChatRequest([user], SESSION, params), _ignore, threading.Event())
     t_end = time.perf_counter()
-    transcript.append({"role": "assistant", "content": finish.text})
-    row = {
-        "prompt_tokens": prompt_tokens,
-        "computed_tokens": len(ids),
-        "reset": reset,
-        "restored_from": tier,
-        "restore_ms": round(restore_ms, 3),
-        "prefill_ms": round(prefill_ms, 3),
-        "ttft_ms": round(((t_gen - t0) + (finish.ttft_s or 0.0)) * 1000, 3),
-        "time_ms": round((t_last - t0) * 1000, 3),
+    done, rec, origin = r.done, r.recorded, r.start.origin
+    for sid in (rec.prompt_id, rec.reply_id):
+        if sid is not None:
+            watch.watch(sid)
+    transcript += [user, {"role": "assistant", "content": r.text}]
+    return {
+        "prompt_tokens": done.prompt.prompt_tokens,
+        "computed_tokens": done.prompt.computed_tokens,
+        "reset": done.prompt.reset,
+        "restored_from": origin.tier,
+        "restore_ms": round(origin.restore_ms or 0.0, 3),
+        "prefill_ms": round(done.prompt.prefill_ms, 3),
+        "ttft_ms": round(((done.first_token_at or done.last_token_at) - t0) * 1000, 3),
+        "time_ms": round((done.last_token_at - t0) * 1000, 3),
         "cpu_per_wall": round((time.process_time() - cpu0) / max(1e-9, t_end - t0), 2),
-        "reply_tokens": len(finish.token_ids),
-        "finish_reason": finish.reason,
-        "_reply_ids": tuple(finish.token_ids),
+        "reply_tokens": len(done.finish.token_ids),
+        "finish_reason": done.finish.reason,
+        "_reply_ids": tuple(done.finish.token_ids),
         "_save": {
-            "t_turn_start": t0, "t_last_token": t_last, "t_save_start": t_save, "t_turn_end": t_end, "t_commit": t_commit,
-            "settle_ms": settle_ms, "capture_ms": capture_ms, "commit_ms": (t_end - t_commit) * 1000,
-            "ids": [rec_p.id, rec_r.id],
+            "t_turn_start": t0, "t_last_token": done.last_token_at, "t_save_start": done.last_token_at,
+            "t_turn_end": t_end, "t_commit": rec.started_at, "settle_ms": done.settle_ms,
+            "capture_ms": done.capture_ms, "commit_ms": (rec.ended_at - rec.started_at) * 1000,
+            "ids": [sid for sid in (rec.prompt_id, rec.reply_id) if sid is not None],
         },  # fmt: skip
     }
-    return row, rec_r.id
 
 
 def stateless_turn(engine, transcript: list[dict], params: SamplingParams) -> dict[str, Any]:
     """`transcript` ends with the new user message; it is the same conversation the stateful side
     holds (its replies), as a client of a stateless server would resend it."""
     cpu0, t0 = time.process_time(), time.perf_counter()
-    ids = engine.tokenizer.encode(engine.tokenizer.render(transcript, add_generation_prompt=True))
-    live = engine.new_live()
-    t_prefill = time.perf_counter()
-    engine.backend.prefill(live, ids)
-    prefill_ms = (time.perf_counter() - t_prefill) * 1000
-    gen, t_gen, t_last = _generate(engine, live, params)
-    finish = gen.finish
+    done = Turn.for_messages(engine, engine.new_live(), transcript, params, capture=False).run()
+    cpu_per_wall = round((time.process_time() - cpu0) / max(1e-9, time.perf_counter() - t0), 2)
+    engine.release(done.live)
     return {
-        "prompt_tokens": len(ids),
-        "computed_tokens": len(ids),
-        "prefill_ms": round(prefill_ms, 3),
-        "ttft_ms": round(((t_gen - t0) + (finish.ttft_s or 0.0)) * 1000, 3),
-        "time_ms": round((t_last - t0) * 1000, 3),
-        "cpu_per_wall": round((time.process_time() - cpu0) / max(1e-9, t_last - t0), 2),
-        "reply_tokens": len(finish.token_ids),
-        "_reply_ids": tuple(finish.token_ids),
+        "prompt_tokens": done.prompt.prompt_tokens,
+        "computed_tokens": done.prompt.computed_tokens,
+        "prefill_ms": round(done.prompt.prefill_ms, 3),
+        "ttft_ms": round(((done.first_token_at or done.last_token_at) - t0) * 1000, 3),
+        "time_ms": round((done.last_token_at - t0) * 1000, 3),
+        "cpu_per_wall": cpu_per_wall,
+        "reply_tokens": len(done.finish.token_ids),
+        "_reply_ids": tuple(done.finish.token_ids),
     }
+
+
+def _ignore(_kind: str, _value: Any) -> None:
+    pass
 
 
 def run(engine, box, turns: int, reply_tokens: int, step: Callable[[str], None] = lambda _d: None) -> dict[str, Any]:
     """Both conversations, interleaved turn by turn. Returns per-turn rows and the save events."""
     params = SamplingParams(temperature=0.0, max_tokens=reply_tokens)
     store = box.store
+    service = ConversationService(engine, store, reuse=False)
     watch = DurabilityWatch(store)
-    head: str | None = None
     transcript: list[dict] = []  # the conversation both sides hold: fixed user messages, the stateful replies
     rows = []
     try:
         for k in range(turns):
-            sf, head = stateful_turn(engine, store, watch, head, transcript, k, params)
+            sf = stateful_turn(service, watch, transcript, k, params)
             sl = stateless_turn(engine, transcript[:-1], params)
             rows.append({"turn": k + 1, "stateful": sf, "stateless": sl})
             step(f"turn {k + 1}/{turns}")

@@ -1,5 +1,6 @@
-"""`engramctl mcp`: a Model Context Protocol server over stdio (the official `mcp` SDK) exposing the agent
-tools (checkpoint, branch, restore, list_checkpoints, delete_checkpoint, session_info) plus `chat`.
+"""The server behind `engramctl mcp`: a Model Context Protocol server over stdio (the official `mcp` SDK)
+exposing the agent tools (checkpoint, branch, restore, list_checkpoints, delete_checkpoint, session_info)
+plus `chat`. It is a client of the daemon, like the rest of the CLI.
 
 Every call goes to the daemon through engramctl.client (POST /v1/agent/call), which starts the daemon
 on first use unless ENGRAM_NO_AUTOSTART is set. Arguments are checked here first against the same

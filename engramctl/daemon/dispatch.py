@@ -1,4 +1,4 @@
-"""Running an agent tool inside the daemon, against its store and conversation service.
+"""Running an agent tool (engramctl.agent.tools) inside the daemon, against its store and conversation service.
 
     result = await Dispatcher(daemon).call("checkpoint", {"session": "s", "label": "before"})
 
@@ -29,15 +29,21 @@ import asyncio
 from typing import Any
 
 from engramctl.agent.tools import Tool, ToolArgumentError, get_tool, validate_arguments
+from engramctl.daemon.service import ChatRequest
+from engramctl.daemon.streaming import engram_json, job_result, usage_json
+from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import NotFound, UsageError
-from engramctl.store.names import is_snapshot_id
+from engramctl.protocol import Snapshot, TurnInfo
+from engramctl.store.names import is_id_prefix, is_snapshot_id
 
-_HEX = frozenset("0123456789abcdef")
-_SAMPLING_KEYS = ("temperature", "max_tokens", "top_p", "top_k", "seed", "stop")
+# A checkpoint as list_checkpoints shows it: these fields of the wire Snapshot, plus is_head / in_history.
+_ITEM_FIELDS = ("snapshot_id", "session", "label", "pinned", "tokens", "n_messages", "bytes", "created", "tier")
+_CHECKPOINT_FIELDS = ("snapshot_id", "session", "label", "pinned", "tokens", "n_messages", "created")
 
 
-def _is_id_prefix(text: str) -> bool:
-    return 4 <= len(text) < 32 and set(text) <= _HEX
+def _fields(rec, names: tuple[str, ...]) -> dict[str, Any]:
+    wire = Snapshot.from_record(rec).to_json()
+    return {k: wire[k] for k in names}
 
 
 def is_checkpoint(rec) -> bool:
@@ -48,8 +54,6 @@ async def wait_job(job, request=None) -> Any:
     """A worker job's result (its error raised here). With an HTTP request, a client disconnect
     cancels the job; a cancelled caller (WebSocket closed) cancels it too."""
     if request is not None:
-        from engramctl.daemon.streaming import job_result
-
         return await job_result(job, request)
     try:
         while True:
@@ -124,7 +128,7 @@ class Dispatcher:
             labelled = [r for r in self.store.list() if r.label == ref and self._related(r, pool)]
         if labelled:
             return max(labelled, key=lambda r: r.id)  # ids sort by creation time
-        if _is_id_prefix(ref):
+        if is_id_prefix(ref):
             matches = [r for sid, r in pool.items() if sid.startswith(ref)]
             if len(matches) > 1:
                 raise ToolArgumentError(f"checkpoint: snapshot id prefix {ref!r} is ambiguous; give more digits.",
@@ -144,24 +148,17 @@ class Dispatcher:
         raise NotFound(f"session {session!r} has no checkpoint {ref!r} (label or snapshot id) in its history.",
                        hint="list_checkpoints shows them")  # fmt: skip
 
-    def _session_exists(self, name: str) -> bool:
-        try:
-            self.store.get_session(name)
-            return True
-        except (NotFound, UsageError):
-            return False
-
     def _branch_source(self, source: str, checkpoint: str | None) -> tuple[str, str | None]:
         """(what store.branch takes: a snapshot id or a session name, the source session)."""
         if checkpoint is not None:
-            if not self._session_exists(source):
+            if not self.store.has_session(source):
                 raise NotFound(f"no session named {source!r} (with `checkpoint`, the source is a session).")
             return self._in_history(source, checkpoint).id, source
         if is_snapshot_id(source):
             return source, self.store.info(source).session
-        if self._session_exists(source):
+        if self.store.has_session(source):
             return source, source
-        if _is_id_prefix(source):
+        if is_id_prefix(source):
             try:
                 sid = self.store.resolve(source)
                 return sid, self.store.info(sid).session
@@ -180,18 +177,12 @@ class Dispatcher:
 
     @staticmethod
     def _item(rec, head: str | None, history: set[str]) -> dict:
-        return {
-            "snapshot_id": rec.id, "session": rec.session, "label": rec.label, "pinned": bool(rec.pinned),
-            "tokens": rec.n_tokens, "n_messages": rec.n_messages, "bytes": rec.nbytes, "created": rec.created,
-            "tier": rec.tiers[0] if rec.tiers else None, "is_head": rec.id == head, "in_history": rec.id in history,
-        }  # fmt: skip
+        return {**_fields(rec, _ITEM_FIELDS), "is_head": rec.id == head, "in_history": rec.id in history}
 
     # -- tools (mutating ones run on the worker thread) -------------------------------------------------
     def _checkpoint(self, args: dict, job) -> dict:
         sid = self.service.save(args["session"], args.get("label"), True)
-        rec = self.store.info(sid)
-        return {"snapshot_id": rec.id, "session": args["session"], "label": rec.label, "pinned": bool(rec.pinned),
-                "tokens": rec.n_tokens, "n_messages": rec.n_messages, "created": rec.created}  # fmt: skip
+        return {**_fields(self.store.info(sid), _CHECKPOINT_FIELDS), "session": args["session"]}
 
     def _branch(self, args: dict, job) -> dict:
         ref, source_session = self._branch_source(args["source"], args.get("checkpoint"))
@@ -201,17 +192,15 @@ class Dispatcher:
                 "tokens": rec.n_tokens if rec else 0, "n_messages": info.n_messages}  # fmt: skip
 
     def _restore(self, args: dict, job) -> dict:
-        from engramctl.daemon.schemas import Sampling
-
         session = args["session"]
         before = self.store.get_session(session)
         rec = self._in_history(session, args["checkpoint"])
         # The service moves the head (rewinding the transcript) and loads the state into the model as
         # the session's hot state, so the next turn continues from exactly this point.
-        out = self.service.restore(rec.id, session, None, Sampling(), job.emit, job.cancel)
+        out = self.service.restore(rec.id, session)
         return {"session": session, "snapshot_id": rec.id, "label": rec.label, "previous_head": before.head,
-                "tokens": out["tokens"], "n_messages": out["n_messages"], "tier": out["tier"],
-                "restore_ms": out["restore_ms"]}  # fmt: skip
+                "tokens": out.tokens, "n_messages": out.n_messages, "tier": out.origin.tier,
+                "restore_ms": out.origin.restore_ms}  # fmt: skip
 
     def _list_checkpoints(self, args: dict, job) -> dict:
         session = args["session"]
@@ -263,24 +252,17 @@ class Dispatcher:
         }  # fmt: skip
 
     def _chat(self, args: dict, job) -> dict:
-        from engramctl.daemon.schemas import Sampling
-        from engramctl.daemon.service import Turn
-
-        sampling = Sampling(**{k: args[k] for k in _SAMPLING_KEYS if k in args})
-        turn = Turn(messages=[{"role": "user", "content": args["message"]}], session=args["session"], sampling=sampling)
-        return chat_result(self.service.chat(turn, job.emit, job.cancel))
+        chat = ChatRequest(messages=[{"role": "user", "content": args["message"]}], session=args["session"],
+                           params=SamplingParams.from_options(args))  # fmt: skip
+        return chat_result(self.service.chat(chat, job.emit, job.cancel))
 
 
 def chat_result(r) -> dict:
-    """A TurnResult as the chat tool's result."""
-    e = r.engram
-    usage = r.usage
+    """A service.ChatResult as the chat tool's result: the turn's wire fields (protocol.TurnInfo)."""
+    t, usage = TurnInfo.from_json(engram_json(r)), usage_json(r)
     return {
-        "session": e["session"], "reply": r.text, "finish_reason": e.get("finish_reason") or r.finish_reason,
-        "snapshot_id": e.get("snapshot_id"),
+        "session": t.session, "reply": r.text, "finish_reason": t.finish_reason, "snapshot_id": t.snapshot_id,
         "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
-                  "total_tokens": usage["total_tokens"],
-                  "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
-        "resumed": bool(e.get("resumed")), "restored_tokens": int(e.get("restored_tokens") or 0),
-        "tier": e.get("tier"), "restore_ms": e.get("restore_ms"),
+                  "total_tokens": usage["total_tokens"], "cached_tokens": t.cached_tokens or 0},
+        "resumed": t.resumed, "restored_tokens": t.restored_tokens, "tier": t.tier, "restore_ms": t.restore_ms,
     }  # fmt: skip

@@ -1,0 +1,39 @@
+"""Sessions and snapshots as the CLI shows them, whichever catalog read them (the store, or the daemon).
+
+A row is a protocol object's fields by their own names (what `--json` prints), plus what the CLI
+works out from the whole listing: the sessions that need a snapshot (`head_of`, `branch_point_of`),
+and a session's head tokens, tiers and stored bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from engramctl.protocol import Session, Snapshot
+
+
+def snapshot_rows(snaps: Iterable[Snapshot], sessions: Iterable[Session]) -> list[dict]:
+    heads: dict[str, list[str]] = {}
+    bases: dict[str, list[str]] = {}
+    for s in sessions:
+        if s.head:
+            heads.setdefault(s.head, []).append(s.name)
+        if s.base:
+            bases.setdefault(s.base, []).append(s.name)
+    return [{**snap.to_dict(), "head_of": heads.get(snap.id, []), "branch_point_of": bases.get(snap.id, [])}
+            for snap in snaps]  # fmt: skip
+
+
+def session_rows(sessions: Iterable[Session], snaps: Iterable[Snapshot], hot: set[str] | None = None) -> list[dict]:
+    """`hot`: the sessions whose state the daemon holds in memory (None: not known, no daemon)."""
+    by_id = {s.id: s for s in snaps}
+    rows = []
+    for s in sessions:
+        head = by_id.get(s.head) if s.head else None
+        row = {**s.to_json(), "head_tiers": list(head.tiers) if head else [],
+               "head_tokens": head.n_tokens if head else 0,
+               "nbytes": sum(x.nbytes for x in by_id.values() if x.session == s.name)}  # fmt: skip
+        if hot is not None:
+            row["hot"] = s.name in hot
+        rows.append(row)
+    return rows

@@ -1,0 +1,105 @@
+"""The Daemon: what every route needs (settings, engine, store, the conversation service, the worker),
+owned for the app's lifetime and reached from a request with `daemon_of(request)`.
+
+Kept apart from app.py, which builds the app and includes the routes: the routes import this module,
+app.py imports the routes, and nothing imports back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+
+from engramctl import __version__
+from engramctl.daemon.auth import ensure_token
+from engramctl.daemon.service import ConversationService
+from engramctl.daemon.worker import Worker
+from engramctl.engine.engine import Engine
+from engramctl.errors import ModelNotFound
+from engramctl.settings import Settings
+from engramctl.store.store import Store
+
+log = logging.getLogger("engramctl.daemon")
+
+
+class Daemon:
+    """Everything a route needs, owned for the app's lifetime."""
+
+    def __init__(self, settings: Settings, engine: Engine, store: Store, *, token: str | None = None,
+                 reuse: bool = True):  # fmt: skip
+        self.settings, self.engine, self.store = settings, engine, store
+        self.token = token or ensure_token(settings)
+        self.service = ConversationService(engine, store, reuse=reuse)
+        self.worker = Worker(settings.max_queue)
+        self.started = time.time()
+        self.model_id = engine.info.model_id
+        aliases = {"default", self.model_id, Path(self.model_id).name}
+        if settings.model:
+            aliases |= {settings.model, Path(settings.model).name}
+        self.model_aliases = frozenset(a for a in aliases if a)
+        self._closed = False
+
+    def check_model(self, name: str) -> None:
+        if name not in self.model_aliases:
+            raise ModelNotFound(
+                f"the model {name!r} does not exist; this daemon serves {self.model_id!r} (or use 'default').",
+                hint="GET /v1/models lists it",
+            )
+
+    def begin_shutdown(self) -> None:
+        """Refuse new work, cancel the generation in flight and everything queued."""
+        self.worker.begin_shutdown()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the worker (cancelling what runs), write pending snapshots, close the store. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.worker.close(timeout):
+            log.warning("the generation in flight did not stop within %.0f s; closing anyway", timeout)
+        if not self.store.flush(timeout=max(timeout, 10.0)):
+            log.warning("some snapshot writes did not finish in time")
+        self.store.close()
+
+    def status(self) -> dict[str, Any]:
+        info = self.engine.info
+        hot = self.service.hot
+        try:
+            import psutil
+
+            rss = psutil.Process().memory_info().rss
+        except Exception:  # noqa: BLE001
+            rss = None
+        return {
+            "status": "ok",
+            "version": __version__,
+            "pid": os.getpid(),
+            "model": self.model_id,
+            "family": info.family,
+            "architecture": info.architecture,
+            "device": info.device,
+            "dtype": info.dtype,
+            "context_length": info.context_length,
+            "weights_bytes": info.weights_bytes,
+            "n_params": info.n_params,
+            "fingerprint": info.fingerprint,
+            "started": self.started,
+            "uptime_s": round(time.time() - self.started, 3),
+            "rss_bytes": rss,
+            "sessions": len(self.store.list_sessions()),
+            "hot": None if hot is None else {"session": hot.session, "snapshot_id": hot.head,
+                                             "tokens": len(hot.live.token_ids)},  # fmt: skip
+            "queue": {"busy": self.worker.busy, "waiting": self.worker.waiting, "max": self.worker.max_queue},
+            "turns": self.service.turns,
+            "pending_writes": self.store.pending_writes,
+            "write_errors": list(self.store.write_errors),
+        }
+
+
+def daemon_of(request: Request) -> Daemon:
+    return request.app.state.daemon

@@ -1,0 +1,79 @@
+"""The sampling options, defined once: the engine's SamplingParams. Its fields' metadata (JSON Schema
+bounds and one line of help) is what the daemon's request schemas, the agent tools' schemas, the
+client's keyword list and the CLI's options are derived from, so a new option is one field here.
+
+Torch-free on import: the CLI and the client import this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from engramctl.errors import UsageError
+
+MAX_STOP = 16  # stop strings per request
+DEFAULT_MAX_TOKENS = 4096  # a reply's budget when max_tokens is not given: this, or what the context has left
+
+
+def _option(default: Any, schema: dict, help: str) -> Any:
+    return field(default=default, metadata={"schema": {**schema, "description": help}})
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a reply is sampled. The defaults are OpenAI's: what a request that leaves a field out gets."""
+
+    temperature: float = _option(1.0, {"type": "number", "minimum": 0, "maximum": 2},
+                                 "Sampling temperature; 0 = greedy (deterministic). Default 1.")  # fmt: skip
+    top_p: float = _option(1.0, {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                           "Nucleus sampling: only the most likely tokens covering this probability.")  # fmt: skip
+    top_k: int = _option(0, {"type": "integer", "minimum": 0}, "Sample from the k most likely tokens; 0 = off.")
+    seed: int | None = _option(None, {"type": "integer"}, "Sampling seed (reproducible replies).")
+    max_tokens: int | None = _option(None, {"type": "integer", "minimum": 1},
+                                     f"Longest reply, in tokens (default: what the context has room for, at most "
+                                     f"{DEFAULT_MAX_TOKENS}).")  # fmt: skip
+    stop: tuple[str, ...] = _option((), {"type": ["string", "array"], "items": {"type": "string"},
+                                         "maxItems": MAX_STOP}, "Stop string(s).")  # fmt: skip
+
+    def __post_init__(self):
+        for f in fields(self):
+            _check(f.name, getattr(self, f.name), f.metadata["schema"])
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "SamplingParams":
+        """From request options by name: absent or None gets the default, `stop` may be one string,
+        names that are not sampling options are ignored."""
+        given = {k: v for k, v in options.items() if k in OPTIONS and v is not None}
+        if "stop" in given:
+            stop = given["stop"]
+            given["stop"] = tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)
+        return cls(**given)
+
+    def generator(self):
+        """A torch.Generator seeded with `seed` (or randomly)."""
+        import torch  # lazy: this module is imported where torch must not be
+
+        g = torch.Generator()
+        if self.seed is not None:
+            g.manual_seed(self.seed)
+        else:
+            g.seed()
+        return g
+
+
+def _check(name: str, value: Any, schema: dict) -> None:
+    if value is None:
+        return
+    if "minimum" in schema and value < schema["minimum"]:
+        raise UsageError(f"{name} must be >= {schema['minimum']} (got {value}).")
+    if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+        raise UsageError(f"{name} must be > {schema['exclusiveMinimum']} (got {value}).")
+    if "maximum" in schema and value > schema["maximum"]:
+        raise UsageError(f"{name} must be <= {schema['maximum']} (got {value}).")
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        raise UsageError(f"{name}: at most {schema['maxItems']} items (got {len(value)}).")
+
+
+# JSON Schema of each option as a request carries it, by name, in declaration order.
+OPTIONS: dict[str, dict] = {f.name: f.metadata["schema"] for f in fields(SamplingParams)}

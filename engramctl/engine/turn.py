@@ -1,0 +1,172 @@
+"""One chat turn, the only place it is written: the daemon's service and the benchmark both run it.
+
+    turn = Turn.for_messages(engine, live, messages, params)   # plans; refuses touching nothing
+    done = turn.run(cancel, on_prompt=..., on_piece=...)       # prefill -> capture -> generate -> settle -> capture
+
+A turn starts from a live state the caller chose (hot, restored from a snapshot, or new) and either
+the whole conversation (the chat template's render past what the state consumed is fed) or the
+prompt's token ids (a stock OpenAI client's request, when the state holds a prefix of them). It ends
+with the prompt state, the reply and the reply state. Where the state came from and what gets
+recorded afterwards (snapshots, transcript) is the caller's.
+
+Ownership: `run()` owns the Live it is given. It releases it when the chat template forces a fresh
+state, and when the turn fails half-way (a cancelled prefill leaves it half-fed); the Live it returns
+is the caller's. Planning (the constructors) changes nothing, so a refused turn leaves the state usable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from engramctl.engine.backend import Live
+from engramctl.engine.chat import plan_turn
+from engramctl.engine.engine import Engine
+from engramctl.engine.generate import Finish, settle
+from engramctl.engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+from engramctl.errors import ContextOverflow, EngramError
+from engramctl.state import SessionState
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The prompt is in the state: what that took."""
+
+    prompt_tokens: int  # tokens of the conversation so far (what the state holds now)
+    computed_tokens: int  # tokens run through the model for it this turn
+    reset: bool  # the chat template was not prefix-stable here: the state started over
+    max_tokens: int  # the reply's budget: the request's, or what the context has room for
+    prefill_ms: float
+    state: SessionState | None  # captured after the prefill; None when nothing was computed (or capture=False)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.prompt_tokens - self.computed_tokens
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    """A finished turn. The marks are time.perf_counter() values, for callers timing it from their own start."""
+
+    prompt: Prompt
+    finish: Finish  # how it ended, every generated token, the reply as shown
+    live: Live  # the state after the reply: every reply token consumed, its text what a transcript renders
+    reply_state: SessionState | None  # captured after settling (None with capture=False)
+    first_token_at: float | None  # the first token was sampled (None: none was)
+    last_token_at: float  # generation stopped: the last token is on its way to the client
+    settle_ms: float  # feeding the last sampled token, after the last token was sent
+    capture_ms: float  # copying the reply state
+
+    @property
+    def decode_ms(self) -> float:
+        return self.finish.decode_s * 1000
+
+
+def reply_budget(engine: Engine, prompt_tokens: int, requested: int | None,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS) -> int:  # fmt: skip
+    """max_tokens for the reply; ContextOverflow when the prompt (plus the requested reply) does not fit."""
+    ctx = engine.info.context_length
+    if ctx is None:
+        return requested or default_max_tokens
+    if prompt_tokens >= ctx:
+        raise ContextOverflow(
+            f"the conversation needs {prompt_tokens} tokens; the model's context is {ctx} tokens.",
+            hint="start a new session, or branch from an earlier snapshot",
+        )
+    room = ctx - prompt_tokens
+    if requested is not None and requested > room:
+        raise ContextOverflow(
+            f"the prompt takes {prompt_tokens} tokens and max_tokens={requested} would go past the model's "
+            f"context of {ctx} tokens.",
+            hint=f"ask for at most {room} tokens",
+        )
+    return requested or min(default_max_tokens, room)
+
+
+class Turn:
+    """A planned turn: what to feed, and the reply's budget. Build it with for_messages / for_tokens."""
+
+    def __init__(self, engine: Engine, live: Live, feed: list[int], text: str, reset: bool, params: SamplingParams,
+                 default_max_tokens: int, capture: bool):  # fmt: skip
+        self.engine, self.live, self.feed, self.text, self.reset = engine, live, feed, text, reset
+        self.prompt_tokens = (0 if reset else len(live.token_ids)) + len(feed)
+        self.max_tokens = reply_budget(engine, self.prompt_tokens, params.max_tokens, default_max_tokens)
+        self.params = dataclasses.replace(params, max_tokens=self.max_tokens)
+        self.capture = capture
+
+    @classmethod
+    def for_messages(cls, engine: Engine, live: Live, messages: list[dict], params: SamplingParams, *,
+                     default_max_tokens: int = DEFAULT_MAX_TOKENS, capture: bool = True) -> "Turn":  # fmt: skip
+        """The whole conversation (plain role/content dicts, ending with the new message): only the
+        template's render past the state's consumed text is fed, or all of it when the template is not
+        prefix-stable there."""
+        text, reset = plan_turn(engine.tokenizer, live.text, messages, engine.prefix_stable)
+        full = text if reset else live.text + text
+        return cls(engine, live, engine.tokenizer.encode(text), full, reset, params, default_max_tokens, capture)
+
+    @classmethod
+    def for_tokens(cls, engine: Engine, live: Live, ids: list[int], text: str, params: SamplingParams, *,
+                   default_max_tokens: int = DEFAULT_MAX_TOKENS, capture: bool = True) -> "Turn":  # fmt: skip
+        """The prompt's token ids and the text they encode; `live` holds a prefix of them."""
+        n = len(live.token_ids)
+        if live.token_ids != ids[:n]:
+            raise EngramError("the state's tokens are not a prefix of the prompt's; it cannot continue to it.")
+        return cls(engine, live, ids[n:], text, False, params, default_max_tokens, capture)
+
+    def run(self, cancel: threading.Event | None = None, *, on_prompt: Callable[[Prompt], None] | None = None,
+            on_piece: Callable[[str], None] | None = None) -> TurnDone:  # fmt: skip
+        """Prefill, capture the prompt state, generate (each piece of text to `on_piece` as it comes),
+        settle, capture the reply state. `cancel` stops the prefill between chunks (errors.Cancelled)
+        and the generation between tokens (finish reason "cancelled", the partial reply kept)."""
+        engine, live = self.engine, self.live
+        try:
+            if self.reset:
+                engine.release(live)
+                live = engine.new_live()
+            t0 = time.perf_counter()
+            if self.feed:
+                engine.prefill(live, self.feed, cancel)
+            prefill_ms = (time.perf_counter() - t0) * 1000
+            live.text = self.text
+            captured = self.capture and bool(self.feed)
+            prompt = Prompt(self.prompt_tokens, len(self.feed), self.reset, self.max_tokens, prefill_ms,
+                            engine.capture(live) if captured else None)  # fmt: skip
+            if on_prompt is not None:
+                on_prompt(prompt)
+            gen = engine.generate(live, self.params, cancel)
+            gen_start = time.perf_counter()
+            for piece in gen:
+                if on_piece is not None:
+                    on_piece(piece)
+            last_token_at = time.perf_counter()
+            finish: Finish = gen.finish  # type: ignore[assignment]
+            # The last token is on its way to the client; from here on nothing delays it.
+            settle(engine.backend, live, finish)
+            # The state keeps the generated tokens as generated. Its text is what the transcript will
+            # render for them (the reply as shown, plus the end-of-turn token if it stopped on one), so
+            # the next turn's render extends it and only the new messages get tokenized; the reply's
+            # tokens are never re-tokenized, even when their text would not round-trip (partial UTF-8,
+            # a stop string cut from the reply).
+            live.text = self.text + finish.text + _eos_text(engine, finish)
+            settled_at = time.perf_counter()
+            reply_state = engine.capture(live) if self.capture else None
+            captured_at = time.perf_counter()
+        except BaseException:
+            engine.release(live)  # half-fed or half-settled: nothing can continue from it
+            raise
+        return TurnDone(
+            prompt=prompt, finish=finish, live=live, reply_state=reply_state,
+            first_token_at=None if finish.ttft_s is None else gen_start + finish.ttft_s,
+            last_token_at=last_token_at, settle_ms=(settled_at - last_token_at) * 1000,
+            capture_ms=(captured_at - settled_at) * 1000,
+        )  # fmt: skip
+
+
+def _eos_text(engine: Engine, finish: Finish) -> str:
+    tok = engine.tokenizer
+    if finish.reason == "stop" and finish.token_ids and finish.token_ids[-1] in tok.eos_ids:
+        return tok.decode([finish.token_ids[-1]], skip_special=False)
+    return ""
