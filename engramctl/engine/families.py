@@ -18,17 +18,22 @@ class Family:
     # Mamba1 scans (torch fallback and mamba-ssm's selective_scan_fn) start every multi-token scan from
     # a zero SSM state, so a non-empty state may only be continued one token per forward.
     token_by_token: bool = False
+    # Class name of the Mamba2 mixer whose PyTorch chunked scan pads every input to `chunk_size`;
+    # the backend fits that chunk to each input (engine/scan_chunk.py). None: no such scan.
+    scan_mixer: str | None = None
 
 
 RECURRENT_FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
-        Family("mamba2"),
-        Family("granitemoehybrid"),  # IBM Granite 4.0-H
-        Family("nemotron_h"),
-        Family("falcon_h1"),
-        Family("bamba"),  # needs explicit position_ids on continuation; the backend always passes them
-        Family("zamba2"),
+        Family("mamba2", scan_mixer="Mamba2Mixer"),
+        Family("granitemoehybrid", scan_mixer="GraniteMoeHybridMambaLayer"),  # IBM Granite 4.0-H
+        Family("nemotron_h", scan_mixer="NemotronHMamba2Mixer"),
+        Family("falcon_h1", scan_mixer="FalconH1Mixer"),
+        # needs explicit position_ids on continuation; the backend always passes them
+        Family("bamba", scan_mixer="BambaMixer"),
+        Family("zamba2", scan_mixer="Zamba2MambaMixer"),
+        # gated delta net: its torch scan pads to a fixed 64 (a function default, not a module attribute)
         Family("qwen3_next"),
         Family("lfm2"),
         Family("jamba", token_by_token=True),

@@ -7,7 +7,9 @@ Traps this file handles (reference/hf-cache-notes.md):
 - no attention mask for batch 1 (a mask covering only the new tokens silently corrupts logits);
 - a restored linear-attention layer must go through update_conv_state/update_recurrent_state so that
   has_previous_state is set, otherwise the model treats the resume as a fresh prefill;
-- logits_to_keep=1, or a long prefill allocates tokens x vocab logits.
+- logits_to_keep=1, or a long prefill allocates tokens x vocab logits;
+- the PyTorch Mamba2 scan pads every multi-token forward to the config's chunk (256 on Granite 4.0-H):
+  scan_chunk.py fits the chunk to each forward, so a short message costs its own length.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.families import Family, family_for
 from engramctl.engine.fingerprint import model_fingerprint
+from engramctl.engine.scan_chunk import ScanChunks
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import Cancelled, EngramError, SnapshotMismatch, UnsupportedModel
 from engramctl.state import AttentionState, EmptyState, HybridState, RecurrentState, SessionState
@@ -50,6 +53,8 @@ class TransformersBackend:
         probe_cache = DynamicCache(config=model.config)
         classes = [type(layer).__name__ for layer in probe_cache.layers]
         self.family: Family = family_for(model.config.model_type, classes)
+        # so a short message on a restored state does not pay for a whole padded scan chunk
+        self.scan_chunks = ScanChunks.find(model, self.family.scan_mixer)
         fingerprint = model_fingerprint(model, model.config.to_dict())
         n_params = sum(p.numel() for p in model.parameters())
         self.info = ModelInfo(
@@ -117,7 +122,7 @@ class TransformersBackend:
         if self._pass_positions:
             kwargs["position_ids"] = torch.arange(past, past + len(ids), device=self.device).unsqueeze(0)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        with torch.no_grad():
+        with torch.no_grad(), self.scan_chunks.fitted(len(ids)):
             out = self.model(input_ids=input_ids, **kwargs)
         live.token_ids.extend(int(i) for i in ids)
         live.last_logits = out.logits[0, -1].float()
