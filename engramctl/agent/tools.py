@@ -26,8 +26,6 @@ from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
 from engramctl.errors import InvalidName, UsageError
 from engramctl.store.names import MAX_LABEL_CHARS, MIN_ID_PREFIX, validate_label, validate_session_name
 
-SCHEMA_VERSION = 1
-
 
 class ToolArgumentError(UsageError):
     """A tool's arguments do not match its schema; `param` names the field."""
