@@ -65,3 +65,28 @@ def smol_converted(tmp_path_factory):
     cache = tmp_path_factory.mktemp("engram-cache")
     said: list[str] = []
     return resolve_model(str(gguf), cache, progress=said.append), cache, said
+
+
+@pytest.fixture(scope="session")
+def gguf_zoo(zoo, tmp_path_factory):
+    """ModelZoo's tiny models as GGUF files (llama.cpp's converter), converted once per test session."""
+    from tests.gguf_factory import LLAMA_FAMILIES, GgufZoo, needs_llama_cpp
+
+    reason = needs_llama_cpp()
+    if reason:
+        pytest.skip(reason)
+    gguf = GgufZoo(zoo, tmp_path_factory.mktemp("gguf-zoo"))
+    gguf.ensure(LLAMA_FAMILIES)  # one converter process for all (~30 s) rather than one per family
+    return gguf
+
+
+@pytest.fixture(scope="session")
+def load_llama():
+    """Load a GGUF file through the llama.cpp backend, with small chunks so tests cross chunk boundaries."""
+
+    def load(path: Path, chunk_tokens: int = 16):
+        from engramctl.engine.llama_backend import LlamaCppBackend
+
+        return LlamaCppBackend(path, path.name, chunk_tokens=chunk_tokens)
+
+    return load

@@ -9,7 +9,6 @@ import logging
 import time
 from pathlib import Path
 
-from engramctl.errors import UsageError
 from engramctl.settings import Settings
 
 log = logging.getLogger("engramctl.daemon")
@@ -29,11 +28,9 @@ def load_model(settings: Settings):
 
     ref = settings.model
     if ref is None:
-        try:
-            from engramctl.engine.models import default_model_ref  # type: ignore[import-not-found]
-        except ImportError:
-            raise UsageError("no model given.", hint="pass --model DIR|FILE.gguf|hub-id, or set ENGRAM_MODEL") from None
-        ref = default_model_ref(settings.paths.cache_dir, say=say)
+        from engramctl.engine.models import default_model_ref
+
+        ref = default_model_ref(settings.paths.cache_dir, say=say, device=settings.device, backend=settings.backend)
     path = Path(ref).expanduser()
     if path.exists():
         ref = str(path.resolve())

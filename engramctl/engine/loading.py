@@ -1,8 +1,10 @@
-"""Turn what the user passed as --model into a local directory in Hugging Face layout.
+"""Turn what the user passed as --model into an Engine on the backend that serves it.
 
-Three kinds of reference: a local directory (used as is), a GGUF file (converted once to float32
-safetensors and cached, because dequantizing takes ~35 s and the converted copy loads in <1 s), or a
-hub id (hub cache first, then a download that must fail fast when the hub is unreachable).
+llama.cpp serves GGUF files (local, or a hub repo + file: engine/gguf_source.py) as they are. For
+transformers three kinds of reference become a local directory in Hugging Face layout: a local
+directory (used as is), a GGUF file (converted once to float32 safetensors and cached, because
+dequantizing takes ~35 s and the converted copy loads in <1 s), or a hub id (hub cache first, then a
+download that must fail fast when the hub is unreachable).
 torch/transformers/huggingface_hub are imported inside functions: a cache hit must stay cheap.
 """
 
@@ -19,15 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from engramctl.engine.hub import HUB_TIMEOUT_S as _HUB_TIMEOUT
+from engramctl.engine.hub import LOCAL_HINT as _LOCAL_HINT
+from engramctl.engine.hub import hub_env as _hub_env
 from engramctl.errors import ModelNotFound, UnsupportedModel
 
 _FORMAT = "1"  # bump when the conversion changes, so old caches are not reused
 _EDGE = 1 << 20  # bytes hashed at each end of a GGUF file
-_HUB_TIMEOUT = 5.0  # seconds for the hub reachability probe
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 # What a transformers model needs; skips pickled .bin, ONNX, GGUF and other duplicates of the weights.
 _HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
-_LOCAL_HINT = "download it elsewhere and pass a local directory: --model /path/to/dir"
 
 
 @dataclass(frozen=True)
@@ -132,17 +135,6 @@ def _convert(path: Path, out: Path) -> None:
     tok.save_pretrained(out)  # tokenizer.json, tokenizer_config.json, chat_template.jinja
 
 
-def _hub_env() -> tuple[str, bool]:
-    """(hub cache dir, offline?) read from the env now: huggingface_hub freezes both at import."""
-    from huggingface_hub import constants
-
-    env = os.environ
-    home = env.get("HF_HOME")
-    cache = env.get("HF_HUB_CACHE") or (os.path.join(home, "hub") if home else constants.HF_HUB_CACHE)
-    flag = (env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or "").upper()
-    return cache, constants.HF_HUB_OFFLINE or flag in {"1", "ON", "YES", "TRUE"}
-
-
 def _hub_snapshot(ref: str, say: Callable[[str], None]) -> Path:
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
@@ -182,18 +174,55 @@ def _hub_snapshot(ref: str, say: Callable[[str], None]) -> Path:
 BACKENDS = ("auto", "transformers", "llama.cpp")
 
 
-def load_engine(ref: str, cache_dir: Path, device: str = "auto", dtype: str = "auto", backend: str = "auto",
-                progress: Callable[[str], None] | None = None):  # fmt: skip
-    """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
-    and transformers for a directory or hub repo of safetensors."""
-    from engramctl.engine.device import pick_device, pick_dtype
-    from engramctl.engine.engine import Engine
-    from engramctl.engine.hf_backend import TransformersBackend
+def choose_backend(ref: str, backend: str = "auto") -> str:
+    """"llama.cpp" or "transformers" for `ref`: auto gives llama.cpp to a GGUF file (local or on the hub)
+    and transformers to a model directory or a hub repo of safetensors."""
+    from engramctl.engine.gguf_source import is_gguf_ref
 
     if backend not in BACKENDS:
         raise UnsupportedModel(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
-    if backend == "llama.cpp":
-        raise UnsupportedModel("the llama.cpp backend is not available yet.")
+    gguf = is_gguf_ref(ref)
+    if backend == "llama.cpp" and not gguf:
+        raise UnsupportedModel(
+            f"the llama.cpp backend runs GGUF files; {ref!r} is a model directory or a repo of safetensors.",
+            hint="pass a .gguf file (or owner/name:Q8_0), or use --backend transformers",
+        )
+    if backend == "auto":
+        return "llama.cpp" if gguf else "transformers"
+    return backend
+
+
+def load_engine(ref: str, cache_dir: Path, device: str = "auto", dtype: str = "auto", backend: str = "auto",
+                progress: Callable[[str], None] | None = None):  # fmt: skip
+    """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
+    and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
+    weight type (never converted to float32); `dtype` applies to transformers only."""
+    from engramctl.engine.engine import Engine
+    from engramctl.errors import BackendUnavailable
+
+    from engramctl.engine.gguf_source import is_gguf_ref, resolve_gguf
+
+    say = progress or (lambda _msg: None)
+    chosen = choose_backend(ref, backend)
+    if chosen == "transformers" and is_gguf_ref(ref) and not Path(ref).expanduser().is_file():
+        ref = str(resolve_gguf(ref, say)[0])  # a hub GGUF: fetched, then converted like a local one
+    if chosen == "llama.cpp":
+        path, model_id = resolve_gguf(ref, say)
+        try:
+            from engramctl.engine.llama_backend import LlamaCppBackend
+
+            lb = LlamaCppBackend(path, model_id, device=device)
+            if dtype != "auto":
+                say(f"--dtype {dtype} applies to transformers; llama.cpp keeps {path.name}'s {lb.info.weight_type} weights.")
+            return Engine(lb, lb.tokenizer)
+        except BackendUnavailable as e:
+            if backend != "auto":
+                raise
+            say(f"{e.message} Falling back to transformers, which first converts the GGUF to float32.")
+            ref = str(path)
+    from engramctl.engine.device import pick_device, pick_dtype
+    from engramctl.engine.hf_backend import TransformersBackend
+
     resolved = resolve_model(ref, cache_dir, progress=progress)
     dev = pick_device(device)
     tb = TransformersBackend.load(resolved.model_dir, resolved.model_id, dev, pick_dtype(dtype, dev))

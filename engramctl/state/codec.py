@@ -14,6 +14,8 @@ from engramctl.state.spec import StateSpec
 
 TOKEN_IDS = "token_ids"
 LAST_LOGITS = "last_logits"
+BACKEND = "backend"  # metadata keys; a snapshot without them was written by the transformers backend
+STATE_FORMAT = "state_format"
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -34,6 +36,9 @@ def to_payload(state: SessionState, spec: StateSpec, extra: dict[str, str]) -> t
         "model_id": spec.model_id,
         "fingerprint": spec.fingerprint,
         "dtype": spec.dtype,
+        BACKEND: spec.backend,
+        STATE_FORMAT: spec.state_format,
+        "backend_version": spec.backend_version,
         "layout": json.dumps(list(state.layout)),
         "dtypes": json.dumps({k: _dtype_name(t) for k, t in sorted(tensors.items())}),
         "n_tokens": str(state.n_tokens),
@@ -52,6 +57,21 @@ def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
 
 def from_payload(tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: StateSpec) -> SessionState:
     """Rebuild a SessionState, raising SnapshotMismatch/SnapshotCorrupt naming what does not match `spec`."""
+    backend = meta.get(BACKEND) or "transformers"
+    if backend != spec.backend:
+        raise SnapshotMismatch(
+            f"snapshot was written by the {backend} backend; the loaded model runs on {spec.backend}, "
+            "whose state is not interchangeable with it."
+        )
+    state_format = meta.get(STATE_FORMAT, "")
+    if state_format != spec.state_format:
+        raise SnapshotMismatch(
+            f"snapshot holds {backend} state format {state_format or 'unversioned'!r} "
+            f"(written by version {meta.get('backend_version') or 'unknown'}); this engramctl reads "
+            f"{spec.state_format or 'unversioned'!r} (version {spec.backend_version or 'unknown'})."
+        )
+    if meta.get("dtype") != spec.dtype and spec.backend != "transformers":
+        raise SnapshotMismatch(f"snapshot was written by a {meta.get('dtype')} model; the loaded model is {spec.dtype}.")
     if meta.get("dtype") != spec.dtype:
         raise SnapshotMismatch(
             f"snapshot was written by a {meta.get('dtype')} model; the loaded model runs {spec.dtype}.",

@@ -26,9 +26,14 @@ class LayerSpec:
 class StateSpec:
     model_id: str
     fingerprint: str  # config + weights identity of the model that owns this state
-    dtype: str  # compute dtype of the model
+    dtype: str  # compute dtype (transformers: "float32", ...) or the GGUF weight type (llama.cpp: "Q4_1", ...)
     vocab_size: int  # length of last_logits
     layers: tuple[LayerSpec, ...]
+    backend: str = "transformers"  # which backend's state this is: "transformers" | "llama.cpp"
+    # The backend's state-format version: a snapshot with another one is refused (llama.cpp: its
+    # LLAMA_STATE_SEQ_VERSION and the parser's layout version). "" = transformers' own tensors.
+    state_format: str = ""
+    backend_version: str = ""  # library version that wrote it (llama-cpp-python 0.3.36): recorded, not compared
 
     @property
     def layout(self) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engramctl.engine.loading import load_engine
 from engramctl.engine.sampling import SamplingParams
+from engramctl.engine.turn import Turn
 from engramctl.state.snapshot_io import read_state, write_state
 
 
@@ -11,22 +12,20 @@ def test_smollm2_answers_paris_and_resumes_from_a_snapshot(smol_converted, tmp_p
     _, cache, _ = smol_converted
     from engramctl.engine.loading import smollm2_gguf
 
-    engine = load_engine(str(smollm2_gguf()), cache, device="cpu", dtype="float32")
+    engine = load_engine(str(smollm2_gguf()), cache, device="cpu", dtype="float32", backend="transformers")
     assert engine.info.family == "llama" and engine.prefix_stable
     question = [{"role": "user", "content": "What is the capital of France?"}]
-    live, fed = engine.feed_messages(engine.new_live(), question)
-    gen = engine.generate(live, SamplingParams(temperature=0, max_tokens=24))
-    reply = "".join(gen)
+    first = Turn.for_messages(engine, engine.new_live(), question, SamplingParams(temperature=0, max_tokens=24)).run()
+    fed, live, reply = first.prompt, first.live, first.finish.text
     assert "Paris" in reply, reply
-    assert gen.finish.reason == "stop"  # ended on <|im_end|>, not on the token budget
-    engine.settle(live, gen)
+    assert first.finish.reason == "stop"  # ended on <|im_end|>, not on the token budget
 
     # snapshot, restore, and ask a follow-up: only the new turn is computed
     path = tmp_path / "smol.safetensors"
     write_state(path, engine.capture(live), engine.spec)
     restored = engine.inject(read_state(path, engine.spec))
     follow = question + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And of Italy?"}]
-    restored, fed2 = engine.feed_messages(restored, follow)
+    second = Turn.for_messages(engine, restored, follow, SamplingParams(temperature=0, max_tokens=24)).run()
+    fed2 = second.prompt
     assert not fed2.reset and fed2.computed_tokens < fed2.prompt_tokens - fed.prompt_tokens
-    gen2 = engine.generate(restored, SamplingParams(temperature=0, max_tokens=24))
-    assert "Rome" in "".join(gen2)
+    assert "Rome" in second.finish.text

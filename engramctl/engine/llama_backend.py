@@ -1,0 +1,288 @@
+"""The llama.cpp backend (llama-cpp-python's C API): a GGUF model memory-mapped and kept in its own
+weight type, one context, and typed per-layer state moved in and out through the per-sequence state calls.
+
+One context holds one sequence; conversations take turns in it (llama_slot.py), so any number of them
+are held without llama.cpp allocating more. Llama.save_state is never used: it copies llama-cpp-python's
+whole logits array (5-35 ms); the per-sequence calls move only the state.
+
+Chunks: n_batch = n_ubatch = chunk_tokens with flash attention measured ~1.2x faster at prefill than the
+library defaults (llama-cpp-notes.md); cancellation is checked between chunks, as on transformers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from engramctl.engine import llama_state
+from engramctl.engine.backend import Live, ModelInfo
+from engramctl.engine.gguf_header import gguf_fingerprint, read_header
+from engramctl.engine.gguf_tokenizer import GgufTokenizer
+from engramctl.engine.llama_layout import blob_layout
+from engramctl.engine.llama_lib import import_llama_cpp, library_version, n_cpu_threads, take_errors
+from engramctl.engine.llama_slot import ParkedState, SequenceSlot
+from engramctl.errors import (Cancelled, ContextOverflow, EngramError, SnapshotMismatch, StateFormatError,
+                              UnsupportedModel, UsageError)
+from engramctl.state import SessionState
+from engramctl.state.spec import TOKENS, LayerSpec, StateSpec, TensorSpec
+
+DEFAULT_CHUNK_TOKENS = 512
+DEFAULT_CONTEXT_TOKENS = 32768
+KV_BUDGET_BYTES = 512 << 20  # the KV cache is allocated (and zeroed) up front: cap it, whatever n_ctx_train says
+BACKEND = "llama.cpp"
+STATE_FORMAT = "llama.cpp-seq3-typed1"  # LLAMA_STATE_SEQ_VERSION 3, as llama_state.py (layout 1) parses it
+
+
+class LlamaCppBackend:
+    def __init__(self, path: Path, model_id: str, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                 context_tokens: int | None = None, threads: int | None = None, device: str = "cpu"):  # fmt: skip
+        lib = self._lib = import_llama_cpp()
+        if lib.LLAMA_STATE_SEQ_VERSION != 3:
+            raise StateFormatError(f"llama-cpp-python {library_version()} writes state format "
+                                   f"{lib.LLAMA_STATE_SEQ_VERSION}; engramctl parses format 3 (llama-cpp-python 0.3.36).")  # fmt: skip
+        path = Path(path)
+        header = read_header(path)  # typed errors for a missing, truncated or non-GGUF file, before llama.cpp
+        layout = blob_layout(header, v_trans=False)  # refuses unknown recurrent architectures early
+        self.chunk_tokens = chunk_tokens
+        self._lock = threading.RLock()
+        # first tensor of a captured state -> (its blob, tokens, where each tensor lives): see _original_blob
+        self._blob_of: dict[int, tuple] = {}
+        self._model = self._ctx = None
+        self._batch = None
+
+        mparams = lib.llama_model_default_params()
+        mparams.load_mode = lib.LLAMA_LOAD_MODE_MMAP  # weights stay in the page cache, in their GGUF type
+        if device not in ("auto", "cpu", "cuda"):
+            raise UsageError(f"device {device!r} is not one of auto, cpu, cuda.")
+        gpu = device != "cpu" and bool(lib.llama_supports_gpu_offload())
+        if device == "cuda" and not gpu:
+            raise UsageError("device cuda was requested but llama-cpp-python was built without GPU support.",
+                             hint='rebuild it with CMAKE_ARGS="-DGGML_CUDA=ON", or use --device cpu')  # fmt: skip
+        mparams.n_gpu_layers = 999 if gpu else 0
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise UnsupportedModel(f"llama.cpp could not load {path.name} (architecture {header.architecture!r}): "
+                                   f"{take_errors() or 'see the daemon log'}")  # fmt: skip
+        kv_per_token = 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers)  # f16 K and V
+        n_ctx_train = int(lib.llama_model_n_ctx_train(self._model)) or DEFAULT_CONTEXT_TOKENS
+        n_ctx = min(context_tokens or DEFAULT_CONTEXT_TOKENS, n_ctx_train)
+        if kv_per_token:
+            n_ctx = max(min(n_ctx, KV_BUDGET_BYTES // kv_per_token // 256 * 256), min(2048, n_ctx))
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = chunk_tokens
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = threads or n_cpu_threads()
+        cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cparams.no_perf = True
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            self.close()
+            raise UnsupportedModel(f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}")
+        self._slot = SequenceSlot(lib, self._ctx, n_ctx)
+        self._batch = lib.llama_batch_init(chunk_tokens, 0, 1)
+        self.n_ctx = n_ctx
+        # The model is freed after the last of this backend and its tokenizer (which reads its vocabulary)
+        # is gone; the context and batch with the backend, always before the model (the finalizer holds it).
+        model = _ModelHandle(lib, self._model)
+        self._finalizer = weakref.finalize(self, _free, lib, model, self._ctx, self._batch)
+
+        template = lib.llama_model_chat_template(self._model, None)
+        self.tokenizer = GgufTokenizer(lib, self._model, template.decode("utf-8") if template else None, keepalive=model)
+        self.n_vocab = self.tokenizer.n_vocab
+        self.header = header
+        self.library_version = library_version()
+        desc = ctypes.create_string_buffer(256)
+        lib.llama_model_desc(self._model, desc, len(desc))
+        self.info = ModelInfo(
+            model_id=model_id,
+            family=header.architecture,
+            architecture=desc.value.decode("utf-8", "replace") or header.architecture,
+            device="cuda" if gpu else "cpu",
+            dtype=header.weight_type,
+            n_params=int(lib.llama_model_n_params(self._model)),
+            weights_bytes=int(lib.llama_model_size(self._model)),
+            context_length=n_ctx if layout.has_kv else None,  # a pure recurrent state has no length limit
+            fingerprint=gguf_fingerprint(header),
+            resume="chunked",
+            backend=BACKEND,
+            weight_type=header.weight_type,
+        )
+        self.layout = self._probe_layout(layout)
+        self.spec = self._spec()
+
+    # -- loading -------------------------------------------------------------------------------------
+    def _probe_layout(self, layout: llama_state.BlobLayout) -> llama_state.BlobLayout:
+        """Run 3 tokens and check that this build's blob parses and re-serializes byte for byte."""
+        live = self.new_live()
+        try:
+            self.prefill(live, [0, 0, 0])
+            blob = self._get_blob()
+            for v_trans in (False, True):  # flash attention normally keeps V untransposed
+                candidate = llama_state.BlobLayout(layout.layers, v_trans)
+                try:
+                    layers = llama_state.parse(blob, candidate, 3)
+                except StateFormatError as e:
+                    error = e
+                    continue
+                if llama_state.serialize(layers, candidate, 3) == blob:
+                    return candidate
+                error = StateFormatError("re-serializing the parsed state did not reproduce llama.cpp's bytes.")
+            raise StateFormatError(f"llama.cpp's state for {self.header.architecture!r} models does not have the "
+                                   f"layout engramctl parses: {error.message}")  # fmt: skip
+        finally:
+            self.release(live)
+
+    def _spec(self) -> StateSpec:
+        live = self.new_live()
+        try:
+            self.prefill(live, [0])
+            state = self.capture(live)
+        finally:
+            self.release(live)
+        layers = []
+        for layer in state.layers:
+            specs = {}
+            for name, t in layer.tensors().items():
+                shape = list(t.shape)
+                if name in ("keys", "values"):
+                    shape[1] = TOKENS  # (1, tokens, kv_heads * head_dim)
+                specs[name] = TensorSpec(tuple(shape), str(t.dtype).removeprefix("torch."))
+            layers.append(LayerSpec(layer.kind, specs))
+        return StateSpec(
+            model_id=self.info.model_id,
+            fingerprint=self.info.fingerprint,
+            dtype=self.info.dtype,
+            vocab_size=self.n_vocab,
+            layers=tuple(layers),
+            backend=BACKEND,
+            state_format=STATE_FORMAT,
+            backend_version=self.library_version,
+        )
+
+    def close(self) -> None:
+        """Free the context now (it is freed anyway when the backend is collected); the model follows
+        once the tokenizer is gone too."""
+        if getattr(self, "_finalizer", None) is not None:
+            self._finalizer()
+        elif self._model:
+            self._lib.llama_model_free(self._model)
+        self._model = self._ctx = None
+
+    # -- conversations -------------------------------------------------------------------------------
+    def new_live(self) -> Live:
+        return Live(cache=ParkedState())
+
+    def _get_blob(self) -> bytearray:
+        return self._slot.get_blob()
+
+    def release(self, live: Live) -> None:
+        with self._lock:
+            self._slot.release(live)
+
+    # -- running -------------------------------------------------------------------------------------
+    def _run(self, live: Live, ids: list[int]) -> torch.Tensor:
+        past = len(live.token_ids)
+        if self.info.context_length is not None and past + len(ids) > self.n_ctx:
+            raise ContextOverflow(f"the conversation needs {past + len(ids)} tokens; the llama.cpp context holds {self.n_ctx}.")
+        b = self._batch
+        b.n_tokens = len(ids)
+        for i, tok in enumerate(ids):
+            b.token[i] = tok
+            b.pos[i] = past + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = llama_state.SEQ_ID
+            b.logits[i] = 0
+        b.logits[len(ids) - 1] = 1  # logits of the last position only
+        rc = self._lib.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise EngramError(f"llama.cpp could not run {len(ids)} tokens (status {rc}): {take_errors() or 'see the log'}")
+        live.token_ids.extend(ids)
+        ptr = self._lib.llama_get_logits_ith(self._ctx, -1)
+        live.last_logits = torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
+        return live.last_logits
+
+    def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor:
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise EngramError("prefill needs at least one token.")
+        with self._lock:
+            self._slot.hold(live)
+            for start in range(0, len(ids), self.chunk_tokens):
+                if cancel is not None and cancel.is_set():  # between chunks: the state holds whole chunks only
+                    raise Cancelled("the request was cancelled during the prompt prefill.")
+                self._run(live, ids[start : start + self.chunk_tokens])
+        return live.last_logits
+
+    def decode(self, live: Live, token_id: int) -> torch.Tensor:
+        with self._lock:
+            self._slot.hold(live)
+            return self._run(live, [int(token_id)])
+
+    # -- state ---------------------------------------------------------------------------------------
+    def capture(self, live: Live) -> SessionState:
+        if not live.token_ids or live.last_logits is None:
+            raise EngramError("cannot capture a state that has consumed no tokens.")
+        with self._lock:
+            blob = self._slot.get_blob() if self._slot.holds(live) else live.cache.blob
+        layers = llama_state.parse(blob, self.layout, len(live.token_ids))  # views of `blob`, never modified again
+        state = SessionState(layers=tuple(layers), token_ids=tuple(live.token_ids),
+                             last_logits=live.last_logits.clone(), text=live.text)  # fmt: skip
+        tensors = _tensors(state)
+        if tensors:  # keyed by id, dropped with the tensor (a WeakKeyDictionary would compare tensors with ==)
+            self._blob_of[id(tensors[0])] = (blob, state.n_tokens, [_where(t) for t in tensors])
+            weakref.finalize(tensors[0], self._blob_of.pop, id(tensors[0]), None)
+        return state
+
+    def _original_blob(self, state: SessionState) -> bytearray | None:
+        """The blob `state` was parsed from, when its tensors are still exactly those views (a state
+        captured here and kept in RAM): restoring it then costs one copy (set_data), not two."""
+        tensors = _tensors(state)
+        found = self._blob_of.get(id(tensors[0])) if tensors else None
+        if found is None:
+            return None
+        blob, n_tokens, where = found
+        if n_tokens != state.n_tokens or [_where(t) for t in tensors] != where:
+            return None
+        return blob
+
+    def inject(self, state: SessionState) -> Live:
+        """A Live holding `state`, loaded into the context now (so a restore's cost is paid here)."""
+        if state.layout != self.spec.layout:
+            raise SnapshotMismatch(f"state layout {list(state.layout)} does not fit this model's {list(self.spec.layout)}.")
+        blob = self._original_blob(state) or llama_state.serialize(state.layers, self.layout, state.n_tokens)
+        live = Live(cache=ParkedState(blob), token_ids=list(state.token_ids), last_logits=state.last_logits.float(), text=state.text)
+        with self._lock:
+            self._slot.hold(live)
+        return live
+
+
+def _tensors(state: SessionState) -> list[torch.Tensor]:
+    return [t for layer in state.layers for t in layer.tensors().values()]
+
+
+def _where(t: torch.Tensor) -> tuple:
+    # same memory, shape and type as a view parse() made: the bytes are the blob's, which nothing modifies
+    return t.data_ptr(), tuple(t.shape), t.dtype, t.is_contiguous()
+
+
+class _ModelHandle:
+    """Owns a llama_model: frees it when the last holder (backend finalizer, tokenizer) lets go."""
+
+    def __init__(self, lib, ptr):
+        self.ptr = ptr
+        weakref.finalize(self, lib.llama_model_free, ptr)
+
+
+def _free(lib, model: _ModelHandle, ctx, batch) -> None:
+    del model  # held only so that it outlives the context
+    if batch is not None:
+        lib.llama_batch_free(batch)
+    if ctx:
+        lib.llama_free(ctx)

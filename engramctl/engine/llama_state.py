@@ -1,0 +1,248 @@
+"""llama.cpp's per-sequence state blob <-> typed per-layer tensors (attention K/V, recurrent conv/SSM).
+
+The blob is what llama_state_seq_get_data writes for one sequence with flags 0 (llama.cpp 0.3.36 =
+LLAMA_STATE_SEQ_VERSION 3; src/llama-context.cpp, llama-kv-cache.cpp, llama-memory-recurrent.cpp,
+llama-memory-hybrid.cpp):
+
+    u32 magic 0xaf143cd8 | i32 seq_id
+    attention part (models with a KV cache; a hybrid writes it first):
+      u32 n_stream (1) | u32 cells (= tokens) | per cell: i32 pos, u32 n_seq_id (1), i32 seq_id
+      u32 v_trans | u32 n_kv_layers
+      per KV layer: i32 k_type | u64 k_row_bytes | tokens x k_row        (a row = one token, all heads)
+      per KV layer: i32 v_type | u64 v_row_bytes | tokens x v_row        (v_trans = 0)
+                 or i32 v_type | u32 v_elem_bytes | u32 v_elems | v_elems x tokens   (v_trans = 1)
+    recurrent part (models with recurrent layers):
+      u32 cells (1) | i32 pos (= tokens - 1) | u32 n_seq_id (0) | u32 s_trans (0) | u32 n_layers (all)
+      per recurrent layer: i32 r_type | u64 r_row_bytes | conv state
+      per recurrent layer: i32 s_type | u64 s_row_bytes | SSM state
+
+Every header field is regenerated from the layout and the token count, so parse() checks each one and
+serialize(parse(blob)) reproduces the blob byte for byte; anything unexpected (a second stream, holes
+in the positions, another element type, bytes left over) raises StateFormatError instead of guessing.
+Tensors returned by parse() are zero-copy views of the blob, which must not be modified afterwards.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engramctl.errors import StateFormatError
+from engramctl.state import AttentionState, EmptyState, HybridState, RecurrentState
+from engramctl.state.layers import LayerState
+
+MAGIC = 0xAF143CD8
+SEQ_ID = 0  # the backend keeps every conversation in sequence 0 of its one context
+GGML_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
+_GGML_IDS = {v: k for k, v in GGML_TYPES.items()}
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    kind: str  # "empty" | "recurrent" | "attention" | "hybrid"
+    k_elems: int = 0  # per token: kv_heads * key_length
+    v_elems: int = 0
+    conv_shape: tuple[int, ...] = (0,)  # (channels, d_conv - 1); (0,) when the layer has none
+    ssm_shape: tuple[int, ...] = (0,)  # Mamba2 (heads, head_dim, d_state), Mamba1 (d_inner, d_state); (0,) when none
+
+    @property
+    def attention(self) -> bool:
+        return self.kind in ("attention", "hybrid")
+
+    @property
+    def recurrent(self) -> bool:
+        return self.kind in ("recurrent", "hybrid")
+
+
+@dataclass(frozen=True)
+class BlobLayout:
+    layers: tuple[LayerLayout, ...]
+    v_trans: bool = False  # llama.cpp stores V transposed unless flash attention is on
+
+    @property
+    def has_kv(self) -> bool:
+        return any(lay.attention for lay in self.layers)
+
+    @property
+    def has_recurrent(self) -> bool:
+        return any(lay.recurrent for lay in self.layers)
+
+
+class _Reader:
+    def __init__(self, blob: bytearray):
+        self.blob, self.pos = blob, 0
+
+    def take(self, fmt: str, what: str):
+        if self.pos + struct.calcsize(fmt) > len(self.blob):
+            raise StateFormatError(f"llama.cpp state blob ends inside {what} at byte {self.pos}.")
+        (value,) = struct.unpack_from(fmt, self.blob, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def expect(self, fmt: str, want: int, what: str) -> None:
+        got = self.take(fmt, what)
+        if got != want:
+            raise StateFormatError(f"llama.cpp state blob has {what} = {got} at byte {self.pos}; expected {want}.")
+
+    def tensor(self, shape: tuple[int, ...], type_id: int, what: str) -> torch.Tensor:
+        dtype = GGML_TYPES.get(type_id)
+        if dtype is None:
+            raise StateFormatError(f"llama.cpp state blob holds {what} as ggml type {type_id}; only f32/f16/bf16 are parsed.")
+        n = 1
+        for d in shape:
+            n *= d
+        size = n * torch.empty(0, dtype=dtype).element_size()
+        if self.pos + size > len(self.blob):
+            raise StateFormatError(f"llama.cpp state blob ends inside {what}.")
+        t = torch.frombuffer(self.blob, dtype=dtype, count=n, offset=self.pos).view(shape) if n else torch.empty(shape, dtype=dtype)
+        self.pos += size
+        return t
+
+    def cells(self, n_tokens: int) -> None:
+        """The KV cells: positions 0..n-1 in order, each in one sequence, ours (checked vectorized:
+        a 32k-token state has 32k of them)."""
+        size = n_tokens * _CELL.itemsize
+        if self.pos + size > len(self.blob):
+            raise StateFormatError(f"llama.cpp state blob ends inside its KV cells at byte {self.pos}.")
+        got = np.frombuffer(self.blob, dtype=_CELL, count=n_tokens, offset=self.pos)
+        want = _cells(n_tokens)
+        if not np.array_equal(got, want):
+            bad = int(np.flatnonzero(got != want)[0])
+            raise StateFormatError(f"llama.cpp state blob has KV cell {bad} = {got[bad].tolist()} (position, sequence "
+                                   f"count, sequence id); expected {want[bad].tolist()}: not one sequence in order.")  # fmt: skip
+        self.pos += size
+
+    def rows(self, shape: tuple[int, ...], row_elems: int, what: str) -> torch.Tensor:
+        """i32 type | u64 row bytes | data; the row size must be what `row_elems` of that type take."""
+        type_id = self.take("<i", f"{what} type")
+        dtype = GGML_TYPES.get(type_id)
+        want_row = row_elems * (torch.empty(0, dtype=dtype).element_size() if dtype is not None else 0)
+        self.expect("<Q", want_row, f"{what} row bytes")
+        return self.tensor(shape, type_id, what)
+
+
+def parse(blob: bytearray, layout: BlobLayout, n_tokens: int) -> list[LayerState]:
+    r = _Reader(blob)
+    r.expect("<I", MAGIC, "magic")
+    r.expect("<i", SEQ_ID, "sequence id")
+    keys: dict[int, torch.Tensor] = {}
+    values: dict[int, torch.Tensor] = {}
+    if layout.has_kv:
+        attn = [i for i, lay in enumerate(layout.layers) if lay.attention]
+        r.expect("<I", 1, "stream count")
+        r.expect("<I", n_tokens, "KV cell count")
+        r.cells(n_tokens)
+        r.expect("<I", int(layout.v_trans), "V transposition")
+        r.expect("<I", len(attn), "KV layer count")
+        for i in attn:
+            keys[i] = r.rows((1, n_tokens, layout.layers[i].k_elems), layout.layers[i].k_elems, f"layer {i} keys")
+        for i in attn:
+            lay = layout.layers[i]
+            if not layout.v_trans:
+                values[i] = r.rows((1, n_tokens, lay.v_elems), lay.v_elems, f"layer {i} values")
+                continue
+            type_id = r.take("<i", f"layer {i} values type")
+            r.expect("<I", torch.empty(0, dtype=GGML_TYPES.get(type_id, torch.uint8)).element_size(), "V element bytes")
+            r.expect("<I", lay.v_elems, "V elements")
+            # stored (elements, tokens): present it token-major like the keys
+            values[i] = r.tensor((lay.v_elems, n_tokens), type_id, f"layer {i} values").t().unsqueeze(0).contiguous()
+    convs: dict[int, torch.Tensor] = {}
+    ssms: dict[int, torch.Tensor] = {}
+    if layout.has_recurrent:
+        recr = [i for i, lay in enumerate(layout.layers) if lay.recurrent]
+        r.expect("<I", 1, "recurrent cell count")
+        r.expect("<i", n_tokens - 1, "recurrent cell position")
+        r.expect("<I", 0, "recurrent cell sequence count")
+        r.expect("<I", 0, "S transposition")
+        r.expect("<I", len(layout.layers), "layer count")
+        for i in recr:
+            shape = layout.layers[i].conv_shape
+            convs[i] = r.rows((1, *shape), _numel(shape), f"layer {i} conv state")
+        for i in recr:
+            shape = layout.layers[i].ssm_shape
+            ssms[i] = r.rows((1, *shape), _numel(shape), f"layer {i} SSM state")
+    if r.pos != len(blob):
+        raise StateFormatError(f"llama.cpp state blob has {len(blob) - r.pos} bytes after its last known field.")
+    out: list[LayerState] = []
+    for i, lay in enumerate(layout.layers):
+        rec = RecurrentState(conv=_none_if_empty(convs[i]), recurrent=_none_if_empty(ssms[i])) if lay.recurrent else None
+        att = AttentionState(keys=keys[i], values=values[i]) if lay.attention else None
+        out.append(HybridState(rec, att) if rec and att else rec or att or EmptyState())
+    return out
+
+
+def serialize(layers: list[LayerState] | tuple[LayerState, ...], layout: BlobLayout, n_tokens: int) -> bytearray:
+    """The blob llama_state_seq_set_data takes for these layers: parse()'s exact inverse."""
+    parts: list = [struct.pack("<Ii", MAGIC, SEQ_ID)]  # bytes or tensors, in blob order
+    if layout.has_kv:
+        attn = [i for i, lay in enumerate(layout.layers) if lay.attention]
+        parts.append(struct.pack("<II", 1, n_tokens))
+        parts.append(_cells(n_tokens).tobytes())
+        parts.append(struct.pack("<II", int(layout.v_trans), len(attn)))
+        for i in attn:
+            k = _attention(layers[i]).keys
+            parts += [struct.pack("<iQ", _GGML_IDS[k.dtype], k.shape[-1] * k.element_size()), k]
+        for i in attn:
+            v = _attention(layers[i]).values
+            if layout.v_trans:
+                parts += [struct.pack("<iII", _GGML_IDS[v.dtype], v.element_size(), v.shape[-1]), v[0].t().contiguous()]
+            else:
+                parts += [struct.pack("<iQ", _GGML_IDS[v.dtype], v.shape[-1] * v.element_size()), v]
+    if layout.has_recurrent:
+        recr = [i for i, lay in enumerate(layout.layers) if lay.recurrent]
+        parts.append(struct.pack("<IiIII", 1, n_tokens - 1, 0, 0, len(layout.layers)))
+        for i in recr:
+            conv = _recurrent(layers[i]).conv
+            conv = torch.zeros((1, *layout.layers[i].conv_shape)) if conv is None else conv  # parse() dropped it: empty
+            parts += [struct.pack("<iQ", _GGML_IDS[conv.dtype], conv[0].numel() * conv.element_size()), conv]
+        for i in recr:
+            ssm = _recurrent(layers[i]).recurrent
+            ssm = torch.zeros((1, *layout.layers[i].ssm_shape)) if ssm is None else ssm
+            parts += [struct.pack("<iQ", _GGML_IDS[ssm.dtype], ssm[0].numel() * ssm.element_size()), ssm]
+    sizes = [len(p) if isinstance(p, bytes) else p.numel() * p.element_size() for p in parts]
+    blob = bytearray(sum(sizes))
+    view, at = memoryview(blob), 0
+    for p, n in zip(parts, sizes):
+        if isinstance(p, bytes):
+            view[at : at + n] = p
+        elif n:
+            view[at : at + n] = memoryview(p.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+        at += n
+    return blob
+
+
+_CELL = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
+
+
+def _cells(n_tokens: int) -> np.ndarray:
+    cells = np.empty(n_tokens, dtype=_CELL)
+    cells["pos"], cells["n_seq"], cells["seq"] = np.arange(n_tokens), 1, SEQ_ID
+    return cells
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _none_if_empty(t: torch.Tensor) -> torch.Tensor | None:
+    return None if t.numel() == 0 else t
+
+
+def _attention(layer: LayerState) -> AttentionState:
+    att = layer.attention if isinstance(layer, HybridState) else layer
+    if not isinstance(att, AttentionState):
+        raise StateFormatError(f"expected an attention state, got a {layer.kind} layer.")
+    return att
+
+
+def _recurrent(layer: LayerState) -> RecurrentState:
+    rec = layer.recurrent if isinstance(layer, HybridState) else layer
+    if not isinstance(rec, RecurrentState):
+        raise StateFormatError(f"expected a recurrent state, got a {layer.kind} layer.")
+    return rec

@@ -1,0 +1,126 @@
+"""The llama.cpp backend's own contract: Lives swap through one context without changing results,
+release() frees, prefill chunks and cancels between them, and an injected state is what was captured."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from engramctl.errors import Cancelled, EngramError
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture(scope="module")
+def granite(gguf_zoo, load_llama):
+    return load_llama(gguf_zoo.path("granitemoehybrid"), chunk_tokens=16)
+
+
+def _alone(backend, prompt: list[int], steps: int) -> list[torch.Tensor]:
+    live = backend.new_live()
+    out = [backend.prefill(live, prompt).clone()]
+    for _ in range(steps):
+        out.append(backend.decode(live, int(out[-1].argmax())).clone())
+    backend.release(live)
+    return out
+
+
+def test_interleaved_lives_give_what_each_gives_alone(granite):
+    pa, pb = _ids(37, 1), _ids(21, 2)
+    ref_a, ref_b = _alone(granite, pa, 6), _alone(granite, pb, 6)
+    a, b = granite.new_live(), granite.new_live()
+    got_a, got_b = [granite.prefill(a, pa).clone()], [granite.prefill(b, pb).clone()]
+    for _ in range(6):  # every step swaps the state held in llama.cpp's one sequence
+        got_a.append(granite.decode(a, int(got_a[-1].argmax())).clone())
+        got_b.append(granite.decode(b, int(got_b[-1].argmax())).clone())
+    assert all(torch.equal(x, y) for x, y in zip(got_a, ref_a))
+    assert all(torch.equal(x, y) for x, y in zip(got_b, ref_b))
+    assert not torch.equal(got_a[-1], got_b[-1])  # the two really are different conversations
+
+
+def test_an_older_live_continues_after_a_restored_copy_of_it_ran(granite):
+    live = granite.new_live()
+    granite.prefill(live, _ids(30, 3))
+    state = granite.capture(live)
+    copy = granite.inject(state)  # now resident; `live` is parked
+    more = _ids(5, 4)
+    from_copy = granite.prefill(copy, more).clone()
+    from_live = granite.prefill(live, more).clone()
+    assert torch.equal(from_copy, from_live)
+    recaptured = granite.capture(granite.inject(state))
+    for before, after in zip(state.layers, recaptured.layers):
+        assert all(torch.equal(t, after.tensors()[k]) for k, t in before.tensors().items())
+
+
+def test_release_frees_the_sequence_and_the_parked_copy(granite):
+    lives = [granite.new_live() for _ in range(3)]
+    for i, live in enumerate(lives):
+        granite.prefill(live, _ids(10 + i, i))
+    parked = lives[0].cache.blob
+    assert parked is not None and lives[2].cache.blob is None  # only the last one is in llama.cpp
+    assert granite._slot.last_position() == 11  # the resident one: 12 tokens
+    for live in lives:
+        granite.release(live)
+    assert granite._slot.last_position() == -1  # nothing left in the context
+    assert all(live.cache is None for live in lives)
+    with pytest.raises(EngramError, match="released"):
+        granite.decode(lives[0], 5)
+
+
+class _SetAfter(threading.Event):
+    """An event that reads as set from its (n+1)-th check on: cancels after n chunks."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def is_set(self) -> bool:
+        self.n -= 1
+        return self.n < 0
+
+
+def test_prefill_cancels_between_chunks_and_keeps_whole_chunks(granite):
+    ids = _ids(40, 5)
+    whole = granite.prefill(granite.new_live(), ids).clone()
+    live = granite.new_live()
+    with pytest.raises(Cancelled):
+        granite.prefill(live, ids, cancel=_SetAfter(1))
+    assert live.token_ids == ids[:16]  # chunk_tokens=16: one chunk ran, the next never started
+    assert torch.equal(granite.prefill(live, ids[16:]), whole)  # same chunk boundaries: same bits
+
+
+def test_capture_refuses_an_empty_state_and_inject_a_foreign_layout(granite, gguf_zoo, load_llama):
+    with pytest.raises(EngramError, match="no tokens"):
+        granite.capture(granite.new_live())
+    mamba = load_llama(gguf_zoo.path("mamba2"))
+    live = mamba.new_live()
+    mamba.prefill(live, _ids(4, 6))
+    from engramctl.errors import SnapshotMismatch
+
+    with pytest.raises(SnapshotMismatch, match="layout"):
+        granite.inject(mamba.capture(live))
+
+
+def test_model_info_names_backend_weight_type_and_context(granite, gguf_zoo):
+    info = granite.info
+    assert (info.backend, info.weight_type, info.family) == ("llama.cpp", "F32", "granitehybrid")
+    assert info.weights_bytes > 0 and info.context_length == granite.n_ctx
+    assert granite.spec.backend == "llama.cpp" and granite.spec.state_format.startswith("llama.cpp-seq3")
+
+
+def test_a_captured_state_restores_from_its_own_blob_and_a_copy_by_reserializing(granite, tmp_path):
+    from engramctl.state.snapshot_io import read_state, write_state
+
+    live = granite.new_live()
+    granite.prefill(live, _ids(25, 8))
+    state = granite.capture(live)
+    write_state(tmp_path / "s.safetensors", state, granite.spec)
+    from_disk = read_state(tmp_path / "s.safetensors", granite.spec)
+    assert granite._original_blob(state) is not None  # kept in RAM as captured: one copy to restore
+    assert granite._original_blob(from_disk) is None  # other tensors: serialized again
+    more = _ids(4, 9)
+    assert torch.equal(granite.prefill(granite.inject(state), more), granite.prefill(granite.inject(from_disk), more))

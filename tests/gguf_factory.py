@@ -1,0 +1,59 @@
+"""Tiny random-weight models (tests/factory.py) as GGUF files, converted with llama.cpp's own converter.
+
+Converting pays torch/transformers imports in a child process (~5 s) plus ~1-3 s per model, so a
+session converts each (family, seed, outtype) once, all missing ones in one child, under a directory
+every test module of the session shares. The tokenizer is the offline byte-level BPE of
+tests/factory.py, whose pre-tokenizer hash the converter cannot know: mapped to "gpt-2" (what
+llama-cpp-notes.md measured working; only text splitting depends on it, not the state or the logits).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# GGUF architecture of each transformers family the llama.cpp backend serves (bamba -> granitehybrid).
+LLAMA_FAMILIES: dict[str, str] = {
+    "mamba2": "mamba2", "granitemoehybrid": "granitehybrid", "nemotron_h": "nemotron_h", "falcon_h1": "falcon-h1",
+    "bamba": "granitehybrid", "jamba": "jamba", "lfm2": "lfm2", "qwen3_next": "qwen3next", "mamba": "mamba",
+}  # fmt: skip
+PRETOKENIZER = "gpt-2"
+
+
+def needs_llama_cpp() -> str | None:
+    """Why the llama.cpp tests cannot run here, or None."""
+    import importlib.util
+
+    from engramctl.engine.gguf_export import converter_dir
+    from engramctl.errors import EngramError
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (scripts/setup.sh builds it)"
+    try:
+        converter_dir()
+    except EngramError as e:
+        return e.message
+    return None
+
+
+class GgufZoo:
+    """GGUF files of ModelZoo's model directories (tests/conftest.py), converted on first use."""
+
+    def __init__(self, zoo, root: Path):
+        self.zoo, self.root = zoo, root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _out(self, family: str, seed: int, outtype: str) -> Path:
+        return self.root / f"{family}-s{seed}.{outtype}.gguf"
+
+    def ensure(self, families, seed: int = 0, outtype: str = "f32") -> None:
+        """Convert every family of `families` not converted yet, in one converter process."""
+        from engramctl.engine.gguf_export import export_many
+
+        jobs = [(self.zoo.path(f, seed), self._out(f, seed, outtype), outtype) for f in families
+                if not self._out(f, seed, outtype).is_file()]  # fmt: skip
+        if jobs:
+            export_many(jobs, pretokenizer_fallback=PRETOKENIZER)
+
+    def path(self, family: str, seed: int = 0, outtype: str = "f32") -> Path:
+        self.ensure([family], seed, outtype)
+        return self._out(family, seed, outtype)
