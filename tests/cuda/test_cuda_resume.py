@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 from engramctl.engine.families import RECURRENT_FAMILIES
 from engramctl.errors import SnapshotMismatch
 from engramctl.state.codec import to_payload
-from engramctl.state.snapshot_io import read_state, state_metadata, write_state
+from tests.snapshot_io import read_state, state_metadata, write_state
 from engramctl.store import snapshot_file
 from tests.cuda._common import load_backend, max_diff, record, requires_cuda, token_ids
 from tests.factory import FAMILIES

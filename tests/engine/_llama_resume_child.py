@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from engramctl.engine.llama_backend import LlamaCppBackend
-from engramctl.state.snapshot_io import read_state
+from tests.snapshot_io import read_state
 
 
 def main(job_file: str, out_file: str) -> None:

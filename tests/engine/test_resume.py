@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engramctl.state.snapshot_io import write_state
+from tests.snapshot_io import write_state
 from tests.factory import FAMILIES
 
 N_TOKENS, MORE_TOKENS, GREEDY = 40, 8, 16

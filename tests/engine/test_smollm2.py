@@ -5,7 +5,7 @@ from __future__ import annotations
 from engramctl.engine.loading import load_engine
 from engramctl.engine.sampling import SamplingParams
 from engramctl.engine.turn import Turn
-from engramctl.state.snapshot_io import read_state, write_state
+from tests.snapshot_io import read_state, write_state
 
 
 def test_smollm2_answers_paris_and_resumes_from_a_snapshot(smol_converted, tmp_path):

@@ -11,7 +11,7 @@ import torch
 
 from engramctl.errors import SnapshotMismatch
 from engramctl.state.codec import BACKEND, STATE_FORMAT, from_payload, to_payload
-from engramctl.state.snapshot_io import read_state, write_state
+from tests.snapshot_io import read_state, write_state
 from engramctl.store import snapshot_file
 
 

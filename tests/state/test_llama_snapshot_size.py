@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engramctl.state.snapshot_io import write_state
+from tests.snapshot_io import write_state
 
 
 def _state_at(backend, n_tokens):

@@ -11,7 +11,7 @@ import torch
 
 from engramctl.engine.fingerprint import model_fingerprint
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
-from engramctl.state.snapshot_io import read_state, write_state
+from tests.snapshot_io import read_state, write_state
 from engramctl.store import snapshot_file
 
 IDS = list(range(3, 43))

@@ -1,4 +1,5 @@
-"""SessionState to and from snapshot files and payloads, verified against the loaded model."""
+"""Test helper: a SessionState to and from a snapshot file, verified against the loaded model (the
+product goes through the store; tests that need a bare file use this)."""
 
 from __future__ import annotations
 
