@@ -7,8 +7,9 @@
     ErrorBody   the JSON body of every non-2xx answer
 
 The daemon writes these with `to_json`, the client side reads them with `from_json`: one definition of
-the field names for both ends. The Engram-compatible extras (`success`, `conversation_id`) are added
-by the Engram routes' adapter (engramctl.daemon.engram) and nowhere else.
+the field names for both ends. The Engram-compatible extras (`success`, `message`, `conversation_id`,
+that server's snapshot metadata and names: turn_number, branch_name, token_count, ...) are added by the
+Engram routes' adapter (engramctl.daemon.engram) and nowhere else.
 
 Stdlib only (no torch, httpx or pydantic): the CLI imports this for `--help`-fast commands.
 """

@@ -369,13 +369,13 @@ async def chat_with_tools(body, request: Request):
     messages = agent_calls.plain_messages(body.messages)
     if choice != "none":
         transcript: list[dict] = []
-        if body.session is not None:
+        if body.session_name is not None:
             try:
-                transcript = d.store.transcript(body.session)
+                transcript = d.store.transcript(body.session_name)
             except NotFound:
                 pass
         messages = agent_calls.with_tools_message(messages, transcript, agent_calls.tools_message(tools))
-    chat = ChatRequest(messages=messages, session=body.session, params=body.params())
+    chat = ChatRequest(messages=messages, session=body.session_name, params=body.params())
     job = d.worker.submit(lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat")
     completion = Completion(d.model_id, d.engine.info.fingerprint)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -2,7 +2,8 @@
 
 The daemon serves one model, so a chat request's `model` names it whatever it says (as llama-server
 does: clients written for another server send their own names); the answer's `model` is the served one.
-GET /v1/models/{id} still answers only for the names of the served model."""
+GET /v1/models/{id} still answers only for the names of the served model. A chat's `session` may also be
+called `conversation_id`, the original Engram server's name for it."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         from engramctl.daemon.routes_agent import chat_with_tools
 
         return await chat_with_tools(body, request)
-    chat = ChatRequest(messages=[m.plain() for m in body.messages], session=body.session, params=body.params())
+    chat = ChatRequest(messages=[m.plain() for m in body.messages], session=body.session_name, params=body.params())
     job = d.worker.submit(lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await answer_turn(job, request, Completion(d.model_id, d.engine.info.fingerprint), body.stream, include_usage)

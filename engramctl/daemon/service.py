@@ -6,6 +6,10 @@ Every method here but `invalidate` runs on the worker thread (one at a time). A 
    the new tokens -> capture the prompt state -> generate, streaming pieces -> settle -> capture;
 3. the record (recorder.py): the prompt and reply snapshots, the transcript; the reply state stays hot.
 
+A restore (the snapshot routes) makes a snapshot a session's state; with a continuation message it is
+such a turn from there, and with continuation token ids (the original Engram server's restore-and-
+generate) a turn whose new input is those tokens (`_tokens`: Turn.for_tokens).
+
 Results are domain objects (TurnStart, ChatResult, Restored); the routes turn them into JSON.
 """
 
@@ -188,12 +192,43 @@ class ConversationService:
             self.engine.release(live)
         self._hot.release_retired(self.engine)
 
+    def _tokens(self, name: str, ids: list[int], params: SamplingParams, emit: Emit, cancel: threading.Event,
+                t0: float, *, base: tuple[list[dict], str | None],
+                before_commit: Callable[[], Any] | None) -> ChatResult:  # fmt: skip
+        """A turn whose new input is token ids (the Engram server's restore-and-generate): the state at
+        `base`'s head (or its transcript, prefilled, when it has none) consumes them, then the reply is
+        generated. The transcript records the user message the ids render, as near as it can be told."""
+        transcript, head = base
+        conversation = [plain(m) for m in transcript]
+        if head is not None:
+            live, origin = self.sources.at_head(name, head)  # an unusable snapshot is an error, not a fallback
+        else:
+            live = self.sources.from_transcript(conversation) if conversation else self.engine.new_live()
+            origin = Origin()
+        tok, budget = self.engine.tokenizer, self.default_max_tokens
+        vocab = _vocab_size(self.engine, live)
+        bad = next((t for t in ids if vocab is not None and t >= vocab), None)
+        if bad is not None or not (ids or live.token_ids):
+            if not origin.hot:
+                self.engine.release(live)
+            if bad is None:
+                raise UsageError(f"continuation_ids is empty and session {name!r} has no state to continue from.")
+            raise UsageError(f"continuation_ids: token id {bad} is not in the model's vocabulary (0-{vocab - 1}).")
+        added = tok.decode(ids, skip_special=False)
+        turn = self._plan(live, origin, lambda: Turn.for_tokens(self.engine, live, list(live.token_ids) + list(ids),
+                                                                live.text + added, params,
+                                                                default_max_tokens=budget))  # fmt: skip
+        new = [continuation_message(tok, conversation, added, ids)] if ids else []
+        record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
+        return self._run(turn, name, origin, record, emit, cancel, t0)
+
     # -- snapshot routes -----------------------------------------------------------------------------
     def restore(self, snapshot_ref: str | None, session: str | None, continuation: dict | None = None,
                 params: SamplingParams | None = None, emit: Emit | None = None,
-                cancel: threading.Event | None = None) -> Restored | ChatResult:  # fmt: skip
+                cancel: threading.Event | None = None, *,
+                continuation_ids: list[int] | None = None) -> Restored | ChatResult:  # fmt: skip
         """Make a snapshot (or a session's head) the state a session continues from and load it into
-        memory; with a continuation message, generate from there."""
+        memory; with a continuation message, or continuation token ids, generate from there."""
         t0 = time.perf_counter()
         self._hot.release_retired(self.engine)
         if snapshot_ref is not None:
@@ -214,6 +249,10 @@ class ConversationService:
             return self._session(target, [continuation], params or SamplingParams(), emit or _ignore,
                                  cancel or threading.Event(), t0, base=(transcript, head),
                                  before_commit=before)  # fmt: skip
+        if continuation_ids is not None:
+            return self._tokens(target, continuation_ids, params or SamplingParams(temperature=0.0), emit or _ignore,
+                                cancel or threading.Event(), t0, base=(transcript, head),
+                                before_commit=before)  # fmt: skip
         live, origin = (None, Origin()) if head is None else self.sources.at_head(target, head)
         try:
             if before is not None:
@@ -274,3 +313,36 @@ class ConversationService:
 
 def _ignore(_kind: str, _value: Any) -> None:
     pass
+
+
+def _vocab_size(engine: Engine, live: Live) -> int | None:
+    """How many token ids the model knows: its logits' width, else the tokenizer's size, else unknown."""
+    if live.last_logits is not None:
+        return int(live.last_logits.shape[-1])
+    tok = engine.tokenizer
+    n = getattr(tok, "n_vocab", None)
+    if n is None and getattr(tok, "hf", None) is not None:
+        n = len(tok.hf)
+    return None if n is None else int(n)
+
+
+_MARK = "ENGRAMCONTINUATIONMARK"
+
+
+def continuation_message(tok: Any, transcript: list[dict], text: str, ids: list[int]) -> dict[str, str]:
+    """The user message that token ids added after `transcript` render, for the transcript: the chat
+    template's render of a user message after that transcript (what token_delta feeds), or of a user
+    message alone (what the Engram server's clients send), with `text` in its content's place; else the
+    ids' plain text (special tokens left out)."""
+    try:
+        history = tok.render(transcript, add_generation_prompt=False) if transcript else ""
+        after = tok.render(transcript + [{"role": "user", "content": _MARK}], add_generation_prompt=True)
+        alone = tok.render([{"role": "user", "content": _MARK}], add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - no chat template, or one that cannot render this: the plain text
+        history, after, alone = None, "", ""
+    shapes = ([after[len(history):]] if history is not None and after.startswith(history) else []) + [alone]
+    for shape in shapes:
+        head, mark, tail = shape.partition(_MARK)
+        if mark and text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail):
+            return {"role": "user", "content": text[len(head) : len(text) - len(tail)]}
+    return {"role": "user", "content": tok.decode(ids, skip_special=True).strip()}

@@ -179,7 +179,8 @@ class Index:
     def remove_snapshots(self, ids: Iterable[str]) -> dict[str, str | None]:
         """Delete snapshot rows, keeping every reference valid: children are re-parented to the
         removed snapshot's parent, a session whose head goes falls back to the nearest surviving
-        ancestor (or None: resume from the transcript), a branch point that goes is forgotten.
+        ancestor (or None: resume from the transcript), a branch point that goes is forgotten, and so
+        are the names (saved turn, custom id) of the snapshot.
         Returns {session: new head} for the sessions whose head moved. Files are the caller's job."""
         moved: dict[str, str | None] = {}
         with self.tx():
@@ -193,6 +194,7 @@ class Index:
                     moved[s["name"]] = parent
                 self.execute("UPDATE sessions SET head = ? WHERE head = ?", (parent, sid))
                 self.execute("UPDATE sessions SET base = NULL WHERE base = ?", (sid,))
+                self.execute("DELETE FROM names WHERE snapshot = ?", (sid,))
                 self.execute("DELETE FROM snapshots WHERE id = ?", (sid,))
         return moved
 

@@ -10,6 +10,7 @@ increasing even when the clock stalls or steps back (the random part is incremen
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import threading
@@ -17,6 +18,11 @@ import threading
 from engramctl.errors import InvalidName, NotFound, UsageError
 
 SESSION_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# The original Engram server's conversation_id / branch_name / custom snapshot_id: the same alphabet, up to
+# 255 characters. A conversation_id longer than a session name is kept under a shortened session name
+# (session_for_conversation); the other two are only ever keys in the index.
+ENGRAM_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,255}")
+TURN_REF_RE = re.compile(r"(.+)-t([0-9]{1,9})")  # "<conversation_id>-t<turn_number>", their snapshot_id
 SNAPSHOT_ID_RE = re.compile(r"[0-9a-f]{32}")
 SNAPSHOT_SUFFIX = ".safetensors"
 MAX_LABEL_CHARS = 128
@@ -44,6 +50,47 @@ def validate_session_name(name: object) -> str:
             hint="for example: my-chat_2",
         )
     return name
+
+
+def validate_engram_name(name: object, what: str = "conversation_id") -> str:
+    """A name in the original Engram server's alphabet (conversation_id, branch_name, custom snapshot_id)."""
+    if isinstance(name, str) and name not in (".", "..") and ENGRAM_NAME_RE.fullmatch(name):
+        return name
+    shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else repr(name[:77] + "...")
+    noun = "session name" if what == "conversation_id" else what
+    raise InvalidName(f"invalid {noun} {shown} ({what}): use 1-255 letters, digits, '-', '_' or '.'.")
+
+
+def session_for_conversation(conversation_id: object) -> str:
+    """The session that holds an Engram conversation_id: the id itself when it is a valid session name,
+    else (65-255 characters) its first 47 characters, '-' and 16 hex digits of its SHA-256 (64 in all)."""
+    cid = validate_engram_name(conversation_id)
+    if SESSION_NAME_RE.fullmatch(cid):
+        return cid
+    return f"{cid[:47]}-{_digest(cid)}"
+
+
+def branch_session_name(session: str, branch: str, taken: bool = False) -> str:
+    """The session name for branch `branch` of `session`: "<session>.<branch>" when that is a valid session
+    name not `taken` by another session, else a shortened form with 16 hex digits of a SHA-256 of both."""
+    plain = f"{session}.{branch}"
+    if not taken and SESSION_NAME_RE.fullmatch(plain):
+        return plain
+    return f"{session[:23]}.{branch[:23]}-{_digest(session + '/' + branch)}"
+
+
+def parse_turn_ref(ref: object) -> tuple[str, int] | None:
+    """(conversation_id, turn_number) from "<conversation_id>-t<turn>" (split at the last "-t"), else None."""
+    if not isinstance(ref, str):
+        return None
+    m = TURN_REF_RE.fullmatch(ref)
+    if m is None or not ENGRAM_NAME_RE.fullmatch(m[1]) or m[1] in (".", ".."):
+        return None
+    return m[1], int(m[2])
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def validate_label(label: object) -> str:

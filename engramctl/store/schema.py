@@ -11,6 +11,9 @@ Invariants the store keeps (and reconcile restores after a crash):
   crash reconcile either finds its complete file (and marks it durable) or drops the row;
 - transcripts are a tree of immutable messages: a session (and every snapshot) points at its last
   message ("tip"); the transcript is the chain from the tip to the root. Branching shares messages.
+- names (2) are the original Engram server's names for snapshots (store/aliases.py): a saved turn
+  number or a custom snapshot id names a snapshot row that exists (deleting the snapshot deletes the
+  name); a branch name names a session that exists (deleting either session deletes the name).
 """
 
 from __future__ import annotations
@@ -58,5 +61,19 @@ MIGRATIONS: tuple[str, ...] = (
         body   TEXT NOT NULL
     );
     CREATE INDEX messages_by_parent ON messages (parent);
+    """,
+    # 2: the Engram server's names: saved turn numbers, branch names, custom snapshot ids
+    """
+    CREATE TABLE names (
+        kind     TEXT NOT NULL,  -- 'turn' | 'branch' | 'id'
+        scope    TEXT NOT NULL,  -- the session a turn or branch belongs to, '' for an id (unique store-wide)
+        name     TEXT NOT NULL,  -- the turn number (decimal), the branch name or the custom snapshot id
+        snapshot TEXT,           -- 'turn', 'id': the snapshot it names
+        session  TEXT,           -- 'branch': the session that is the branch
+        created  REAL NOT NULL,
+        PRIMARY KEY (kind, scope, name)
+    );
+    CREATE INDEX names_by_snapshot ON names (snapshot);
+    CREATE INDEX names_by_session ON names (session);
     """,
 )

@@ -68,10 +68,12 @@ class SessionsMixin(StoreCore):
 
     def delete_session(self, name: str) -> list[str]:
         """Delete a session and its transcript. Its snapshots go too, except those another session
-        still needs (head or branch point), which move to that session. Returns the deleted ids."""
+        still needs (head or branch point), which move to that session; so do its saved turn and branch
+        names, and the branch name that named it. Returns the deleted ids."""
         self.get_session(name)
         with self._lock, self._index.tx():
             self._index.execute("DELETE FROM sessions WHERE name = ?", (name,))
+            self._index.execute("DELETE FROM names WHERE scope = ? OR session = ?", (name, name))
             referenced = self._index.referenced_ids()
             victims = []
             for s in self._index.snapshots(name):

@@ -21,8 +21,10 @@ AlreadyExists / StoreLocked):
                branch(source_session_or_snapshot_id, new_session), set_head(session, id|None),
                reset_session(session)
   transcripts: append_messages, transcript, snapshot_transcript, set_transcript, truncate_transcript
-  snapshots:   commit, wait_durable, load, promote, info, list, resolve, delete, pin, unpin, label,
+  snapshots:   commit, wait_durable, load, token_ids, promote, info, list, resolve, delete, pin, unpin, label,
                find_prefix(token_ids, fingerprint, session=None)
+  names:       (the Engram server's, aliases.py) turns, find_turn, turn_snapshot, name_turn, turn_numbers,
+               name_snapshot, named, custom_ids, is_snapshot_name, save_branch, branch_session, branches
   tiers:       usage(), plan_json(), replan(model_bytes, model_on_cpu), plan (TierPlan)
   maintenance: gc(), verify(), reconcile_report, write_errors, pending_writes
 """
@@ -33,13 +35,14 @@ import time
 from functools import partial
 from typing import Any, Callable, Sequence
 
-from engramctl.errors import NotFound, SnapshotCorrupt
+from engramctl.errors import NotFound, SnapshotCorrupt, UsageError
 from engramctl.settings import Settings
+from engramctl.store.aliases import AliasesMixin
 from engramctl.store.errors import SnapshotInUse
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
 from engramctl.store.names import (
-    is_snapshot_id, new_snapshot_id, one_id, parse_id_ref, validate_label, validate_session_name,
+    is_snapshot_id, new_snapshot_id, one_id, parse_id_ref, parse_turn_ref, validate_label, validate_session_name,
     validate_snapshot_id,
 )  # fmt: skip
 from engramctl.store.persist import PersistMixin
@@ -51,7 +54,7 @@ from engramctl.tiers.hardware import Hardware, detect_hardware
 from engramctl.tiers.plan import plan
 
 
-class Store(SessionsMixin, PersistMixin):
+class Store(SessionsMixin, PersistMixin, AliasesMixin):
     @classmethod
     def open(cls, settings: Settings, clock: Callable[[], float] = time.time, hardware: Hardware | None = None, *,
              model_bytes: int = 0, model_on_cpu: bool = True, verify: bool = False) -> "Store":  # fmt: skip
@@ -179,6 +182,11 @@ class Store(SessionsMixin, PersistMixin):
                 payload = hit[0] if hit else payload
         return _maybe_copy(payload, copy)
 
+    def token_ids(self, snapshot_id: str) -> list[int] | None:
+        """The token ids the snapshot's state has consumed (None when its payload does not record them);
+        from memory, else from the file's token_ids tensor alone."""
+        return self._token_ids(self.info(snapshot_id).id)
+
     def promote(self, snapshot_id: str) -> str | None:
         """Warm a snapshot into the hottest tier with room (e.g. when a client opens its session);
         returns the tier it ended in."""
@@ -199,8 +207,20 @@ class Store(SessionsMixin, PersistMixin):
             return [self._with_tiers(r) for r in self._index.snapshots(session)]
 
     def resolve(self, ref: str) -> str:
-        """A full snapshot id from a full id or a unique prefix (the rule: names.parse_id_ref, one_id)."""
-        ref = parse_id_ref(ref)
+        """A full snapshot id from a full id or a unique prefix (the rule: names.parse_id_ref, one_id), or
+        from a name the Engram routes gave it (aliases.py): a custom snapshot id (looked up first: a
+        client's own name wins over an id prefix that reads the same), "<conversation_id>-t<N>"."""
+        if isinstance(ref, str) and ref and not is_snapshot_id(ref):
+            named = self.named(ref)
+            if named is not None:
+                return named
+        try:
+            ref = parse_id_ref(ref)
+        except UsageError:
+            turn = parse_turn_ref(ref)
+            if turn is None:
+                raise
+            return self.turn_snapshot(*turn)
         if is_snapshot_id(ref):
             return ref
         with self._lock:

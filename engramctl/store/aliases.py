@@ -1,0 +1,188 @@
+"""The original Engram server's names for snapshots: turn numbers, branch names, custom snapshot ids
+(part of Store; see core.py).
+
+The Engram server keeps one file per (conversation, turn number) and one per (conversation, branch name),
+overwritten by the next save of the same selector, and answers a save with "<conversation_id>-t<turn>"
+or the client's own snapshot_id. Here every snapshot keeps its unique id; these are names on top of
+them, kept in the index (schema migration 2). Nothing is copied:
+
+- turn N of a session: the snapshot a save named turn N (the newest such save), else the snapshot that
+  ends the session's N-th user turn (its transcript holds N user messages and ends with a reply; the
+  prompt snapshot in the middle of a turn ends none): the one on the session's current line (its head's
+  ancestry) first, else the newest it owns. Turns count from 1: turn 1 is the state after the first
+  reply, as the Engram guide saves it; turn 0 exists only when a save names it.
+- branch B of a session: a session of its own (as Store.branch makes: head and branch point shared, not
+  copied), named "<session>.<B>" where that is free (names.branch_session_name). Saving B again moves it.
+- a custom snapshot id: a store-wide name for one snapshot. Saving it again moves it.
+
+Store.resolve accepts a custom id and "<conversation_id>-t<N>" wherever it accepts a snapshot id.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from engramctl.errors import InvalidName, NotFound
+from engramctl.store.core import StoreCore
+from engramctl.store.errors import AlreadyExists
+from engramctl.store.names import (
+    branch_session_name, is_snapshot_id, parse_turn_ref, session_for_conversation, validate_engram_name,
+    validate_session_name,
+)  # fmt: skip
+from engramctl.store.records import SessionInfo
+
+# (snapshot, user messages in its transcript, role of its last message), for a set of snapshots
+_TURNS_SQL = """
+    WITH RECURSIVE chain(snap, parent, role, last) AS (
+        SELECT s.id, m.parent, json_extract(m.body, '$.role'), 1
+        FROM snapshots s JOIN messages m ON m.id = s.tip WHERE s.id IN ({marks})
+        UNION ALL
+        SELECT c.snap, m.parent, json_extract(m.body, '$.role'), 0 FROM chain c JOIN messages m ON m.id = c.parent
+    )
+    SELECT snap, SUM(role = 'user') AS users, MAX(CASE WHEN last = 1 THEN role END) AS last_role
+    FROM chain GROUP BY snap
+"""
+
+
+class AliasesMixin(StoreCore):
+    # -- turns ---------------------------------------------------------------------------------------
+    def turn_numbers(self, snapshot_ids: Iterable[str]) -> dict[str, int]:
+        """The user turn each snapshot ends: the number of user messages in its transcript, for the
+        snapshots whose transcript ends with a reply (the others are left out)."""
+        ids = list(dict.fromkeys(snapshot_ids))
+        out: dict[str, int] = {}
+        with self._lock:
+            self._check_open()
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                for row in self._index.rows(_TURNS_SQL.format(marks=",".join("?" * len(chunk))), chunk):
+                    if row["last_role"] == "assistant" and row["users"]:
+                        out[row["snap"]] = int(row["users"])
+        return out
+
+    def turns(self, session: str) -> dict[int, str]:
+        """turn number -> snapshot id, for every turn of the session that has one (see the module doc)."""
+        head = self.get_session(session).head
+        with self._lock:
+            line = [r.id for r in self._index.ancestry(head)] if head else []
+            owned = [r.id for r in self._index.snapshots(session)]
+            saved = self._index.rows(
+                "SELECT n.name, n.snapshot FROM names n JOIN snapshots s ON s.id = n.snapshot "
+                "WHERE n.kind = 'turn' AND n.scope = ? ORDER BY n.created", (session,))  # fmt: skip
+            ended = self.turn_numbers(owned + line)
+        table: dict[int, str] = {}
+        for sid in owned + line:  # oldest first, owned then the line: the line wins, then the newest
+            if sid in ended:
+                table[ended[sid]] = sid
+        for row in saved:
+            table[int(row["name"])] = row["snapshot"]
+        return dict(sorted(table.items()))
+
+    def find_turn(self, session: str, turn: int) -> str | None:
+        return self.turns(session).get(int(turn))
+
+    def turn_snapshot(self, conversation_id: str, turn: int) -> str:
+        """The snapshot "<conversation_id>-t<turn>" names; NotFound, in the Engram server's words, if none."""
+        session = session_for_conversation(conversation_id)
+        if not self.has_session(session):
+            raise NotFound(f"Snapshot not found: conversation={conversation_id}, turn={turn}, branch=None "
+                           f"(no conversation {conversation_id!r}).")  # fmt: skip
+        sid = self.find_turn(session, turn)
+        if sid is None:
+            raise NotFound(f"Snapshot not found: conversation={conversation_id}, turn={turn}, branch=None.")
+        return sid
+
+    def name_turn(self, session: str, turn: int, snapshot_id: str) -> None:
+        """Name `snapshot_id` turn `turn` of `session` (a later save of the same turn moves the name)."""
+        if int(turn) < 0:
+            raise ValueError("a turn number is >= 0")
+        self._name("turn", validate_session_name(session), str(int(turn)), snapshot_id)
+
+    # -- custom snapshot ids -------------------------------------------------------------------------
+    def name_snapshot(self, name: str, snapshot_id: str) -> None:
+        """Give `snapshot_id` a custom id, usable wherever a snapshot id is (a later save moves it)."""
+        validate_engram_name(name, "snapshot_id")
+        if is_snapshot_id(name):
+            raise InvalidName(f"a custom snapshot_id cannot look like a snapshot's own id ({name!r}).")
+        self._name("id", "", name, snapshot_id)
+
+    def named(self, name: str) -> str | None:
+        """The snapshot a custom id names, if any."""
+        with self._lock:
+            self._check_open()
+            row = self._index.one("SELECT snapshot FROM names WHERE kind = 'id' AND scope = '' AND name = ?", (name,))
+        return None if row is None else row["snapshot"]
+
+    def custom_ids(self, snapshot_ids: Iterable[str]) -> dict[str, str]:
+        """snapshot id -> the newest custom id naming it, for those that have one."""
+        ids = list(dict.fromkeys(snapshot_ids))
+        out: dict[str, str] = {}
+        with self._lock:
+            self._check_open()
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = self._index.rows(f"SELECT snapshot, name FROM names WHERE kind = 'id' AND snapshot IN ({marks}) "
+                                        "ORDER BY created", chunk)  # fmt: skip
+                out.update((r["snapshot"], r["name"]) for r in rows)
+        return out
+
+    def is_snapshot_name(self, ref: str) -> bool:
+        """Whether `ref` is a custom snapshot id, or "<conversation_id>-t<N>" of a conversation that exists
+        (Store.resolve then gives the snapshot, or NotFound when that conversation has no turn N)."""
+        if self.named(ref) is not None:
+            return True
+        turn = parse_turn_ref(ref)
+        return turn is not None and self.has_session(session_for_conversation(turn[0]))
+
+    # -- branches ------------------------------------------------------------------------------------
+    def save_branch(self, session: str, branch: str, snapshot_id: str) -> SessionInfo:
+        """Make branch `branch` of `session` a session at `snapshot_id`: a new one the first time (named by
+        names.branch_session_name), the same one moved there afterwards. Its transcript is the snapshot's."""
+        validate_session_name(session)
+        validate_engram_name(branch, "branch_name")
+        with self._lock, self._index.tx():
+            self._check_open()
+            snap = self._row(snapshot_id)
+            tip, now = self._index.snapshot_tip(snap.id), self.clock()
+            fields = dict(head=snap.id, base=snap.id, tip=tip, fingerprint=snap.fingerprint, model_id=snap.model_id,
+                          last_used=now)  # fmt: skip
+            name = self.branch_session(session, branch)
+            if name is not None:
+                self._index.update_session(name, **fields)
+                return self._index.session(name)  # type: ignore[return-value]
+            name = branch_session_name(session, branch)
+            if self._index.session(name) is not None:
+                name = branch_session_name(session, branch, taken=True)
+                if self._index.session(name) is not None:
+                    raise AlreadyExists(f"session {name!r} already exists; cannot make branch {branch!r} there.")
+            self._index.insert_session(name=name, created=now, **fields)
+            self._index.execute("INSERT OR REPLACE INTO names (kind, scope, name, snapshot, session, created) "
+                                "VALUES ('branch', ?, ?, NULL, ?, ?)", (session, branch, name, now))  # fmt: skip
+            return self._index.session(name)  # type: ignore[return-value]
+
+    def branch_session(self, session: str, branch: str) -> str | None:
+        """The session that is branch `branch` of `session`, if there is one."""
+        with self._lock:
+            self._check_open()
+            row = self._index.one(
+                "SELECT n.session FROM names n JOIN sessions s ON s.name = n.session "
+                "WHERE n.kind = 'branch' AND n.scope = ? AND n.name = ?", (session, branch))  # fmt: skip
+        return None if row is None else row["session"]
+
+    def branches(self, session: str) -> dict[str, str]:
+        """branch name -> its session, for the branches of `session`, by name."""
+        with self._lock:
+            self._check_open()
+            rows = self._index.rows(
+                "SELECT n.name, n.session FROM names n JOIN sessions s ON s.name = n.session "
+                "WHERE n.kind = 'branch' AND n.scope = ? ORDER BY n.name", (session,))  # fmt: skip
+        return {r["name"]: r["session"] for r in rows}
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _name(self, kind: str, scope: str, name: str, snapshot_id: str) -> None:
+        with self._lock, self._index.tx():
+            self._check_open()
+            sid = self._row(snapshot_id).id
+            self._index.execute("INSERT OR REPLACE INTO names (kind, scope, name, snapshot, session, created) "
+                                "VALUES (?, ?, ?, ?, NULL, ?)", (kind, scope, name, sid, self.clock()))  # fmt: skip
