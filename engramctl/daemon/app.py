@@ -57,8 +57,8 @@ def create_app(settings: Settings, engine: Engine | None = None, store: Store | 
         yield
         daemon.close()
 
-    app = FastAPI(title="engramctl", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)  # fmt: skip
+    # /openapi.json documents every route; like every route but /health it needs the token (auth.py).
+    app = FastAPI(title="engramctl", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.daemon = daemon
     app.include_router(routes_status.router)
     app.include_router(routes_openai.router)

@@ -163,3 +163,14 @@ def test_a_session_named_like_an_id_prefix_is_the_session(client):
     assert call.json()["result"]["snapshot_id"] == head and call.json()["result"]["source_session"] == name
     by_prefix = client.post("/branch_snapshot", json={"source": sid[:24], "new_session": "b3"}).json()
     assert by_prefix["head"] == sid
+
+
+def test_openapi_document_lists_every_route_behind_the_token(client):
+    served = {r.path for r in client.app.routes if getattr(r, "include_in_schema", False)}
+    doc = client.get("/openapi.json")
+    assert doc.status_code == 200
+    documented = set(doc.json()["paths"])
+    assert served <= documented and {"/v1/chat/completions", "/restore_snapshot"} <= documented
+    anonymous = TestClient(client.app, raise_server_exceptions=False)
+    refused = anonymous.get("/openapi.json")
+    assert refused.status_code == 401 and "error" in refused.json()
