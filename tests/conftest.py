@@ -68,16 +68,76 @@ def smol_converted(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def gguf_zoo(zoo, tmp_path_factory):
+def _gguf_files(zoo, tmp_path_factory):
+    """The one directory of GGUF conversions every test of the session shares (converted on first use)."""
+    from tests.gguf_factory import GgufZoo
+
+    return GgufZoo(zoo, tmp_path_factory.mktemp("gguf-zoo"))
+
+
+@pytest.fixture(scope="session")
+def gguf_zoo(_gguf_files):
     """ModelZoo's tiny models as GGUF files (llama.cpp's converter), converted once per test session."""
-    from tests.gguf_factory import LLAMA_FAMILIES, GgufZoo, needs_llama_cpp
+    from tests.gguf_factory import LLAMA_FAMILIES, needs_llama_cpp
 
     reason = needs_llama_cpp()
     if reason:
         pytest.skip(reason)
-    gguf = GgufZoo(zoo, tmp_path_factory.mktemp("gguf-zoo"))
-    gguf.ensure(LLAMA_FAMILIES)  # one converter process for all (~30 s) rather than one per family
-    return gguf
+    _gguf_files.ensure(LLAMA_FAMILIES)  # one converter process for all (~30 s) rather than one per family
+    return _gguf_files
+
+
+@pytest.fixture(scope="module")
+def backend(request) -> str:
+    """The backend a test runs on: transformers, unless the test is parametrized over tests.backends.BACKENDS
+    (mark it, or its module, with tests.backends.both_backends)."""
+    return getattr(request, "param", "transformers")
+
+
+@pytest.fixture(scope="session")
+def served_model(zoo, _gguf_files):
+    """backend -> what `--model` names for it: the model directory (transformers) or its GGUF (llama.cpp).
+    Skips a llama.cpp test where llama-cpp-python or its converter is missing."""
+    from tests.backends import SERVED_FAMILY
+
+    def get(backend: str, family: str = SERVED_FAMILY) -> Path:
+        if backend == "transformers":
+            return zoo.path(family)
+        from tests.gguf_factory import needs_llama_cpp
+
+        reason = needs_llama_cpp()
+        if reason:
+            pytest.skip(reason)
+        return _gguf_files.path(family)  # one conversion (~8 s), shared with gguf_zoo
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(served_model):
+    """(backend, model_id) -> an Engine on the tiny served model, loaded once per session and shared by
+    the in-process apps (each app has its own store; an engine holds no conversation between them)."""
+    engines: dict = {}
+
+    def get(backend: str, model_id: str = "tiny-gmh"):
+        if (backend, model_id) not in engines:
+            from engramctl.engine.engine import Engine
+
+            path = served_model(backend)
+            if backend == "transformers":
+                import torch
+
+                from engramctl.engine.hf_backend import TransformersBackend
+
+                b = TransformersBackend.load(path, model_id, "cpu", torch.float32)
+            else:
+                from engramctl.engine.llama_backend import LlamaCppBackend
+
+                b = LlamaCppBackend(path, model_id)
+            engines[backend, model_id] = Engine(b, b.tokenizer)
+        return engines[backend, model_id]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from engramctl.engine.engine import Engine
 from engramctl.errors import SnapshotMismatch, UsageError
-from engramctl.state.codec import from_payload
+from engramctl.state.codec import BACKEND, from_payload
 from engramctl.store.errors import AlreadyExists
 from engramctl.store.exchange import unpack
 from engramctl.store.names import validate_label, validate_session_name
@@ -36,8 +36,18 @@ def import_file(engine: Engine, store: Store, buf: bytes, session: str | None,
     validate_session_name(name)
     tensors, meta = payload
     spec = engine.spec
-    if meta.get("fingerprint") != spec.fingerprint:  # another model first: a dtype hint would mislead
+    written_by = meta.get(BACKEND) or "transformers"
+    # Another model, or the same one on another backend (a fingerprint is the backend's own: a GGUF's
+    # header on llama.cpp, the converted weights on transformers), is said first: a dtype hint would mislead.
+    if meta.get("fingerprint") != spec.fingerprint or written_by != spec.backend:
         model = meta.get("model_id") or "the model that wrote it"
+        if written_by != spec.backend:
+            raise SnapshotMismatch(
+                f"cannot import: the snapshot belongs to model {model!r} on the {written_by} backend; this daemon "
+                f"serves {spec.model_id!r} on {spec.backend}, whose state is not interchangeable with it.",
+                hint=f"import it into a daemon serving that model: engramctl daemon stop && engramctl daemon start "
+                f"--model {model} --backend {written_by}",
+            )
         raise SnapshotMismatch(
             f"cannot import: the snapshot belongs to model {model!r} (fingerprint {meta.get('fingerprint')}); "
             f"this daemon serves {spec.model_id!r} (fingerprint {spec.fingerprint}).",

@@ -61,7 +61,9 @@ def from_payload(tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: S
     if backend != spec.backend:
         raise SnapshotMismatch(
             f"snapshot was written by the {backend} backend; the loaded model runs on {spec.backend}, "
-            "whose state is not interchangeable with it."
+            "whose state is not interchangeable with it.",
+            hint=f"use it with the model served on {backend}: engramctl daemon stop && engramctl daemon start "
+            f"--backend {backend}",
         )
     state_format = meta.get(STATE_FORMAT, "")
     if state_format != spec.state_format:

@@ -7,26 +7,24 @@ import dataclasses
 import json
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 from starlette.testclient import WebSocketDenialResponse
 
 from engramctl.agent.tools import STATE_TOOLS, openai_tools, result_schemas
 from engramctl.daemon.app import create_app
 from engramctl.engine.engine import Engine
-from engramctl.engine.hf_backend import TransformersBackend
 from engramctl.settings import load_settings
 from engramctl.store.store import Store
 from tests.agent.conftest import TOKEN
 from tests.agent.test_tools import BAD
+from tests.backends import both_backends
 
 GREEDY = {"temperature": 0, "max_tokens": 3}
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    backend = TransformersBackend.load(model_dir, "tiny-gmh", "cpu", torch.float32)
-    return Engine(backend, backend.tokenizer)
+def engine(backend, tiny_engine) -> Engine:
+    return tiny_engine(backend)  # transformers, or each backend for a test marked both_backends
 
 
 @pytest.fixture
@@ -106,6 +104,7 @@ def test_tools_endpoint_serves_the_one_definition(client):
     assert with_chat["tools"][-1]["function"]["name"] == "chat" and "chat" in with_chat["results"]
 
 
+@both_backends
 def test_every_tool_end_to_end(client, app):
     d = app.state.daemon
     first = chat(client, "s", "Hello there")
@@ -237,6 +236,7 @@ def _script(monkeypatch, app, reply: str) -> list:
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
 
 
+@both_backends
 def test_model_tool_calls_run_in_its_session(client, app, monkeypatch):
     chat(client, "agent", "Hello there")
     seen = _script(monkeypatch, app, 'Saving.\n<tool_call>\n{"name": "checkpoint", "arguments": {"label": "mine"}}'

@@ -17,28 +17,33 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.backends import both_backends, served_id
+
 ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = both_backends  # the CLI does not depend on what runs the model: every test runs on both
 
 
 @pytest.fixture(scope="module")
-def daemon(zoo, tmp_path_factory):
+def daemon(backend, served_model, tmp_path_factory):
     """`engramctl daemon start --model <tiny model>` in a home of its own; stopped at the end."""
     from engramctl.daemon.runner import daemon_status, stop_background
     from engramctl.settings import load_settings
     from tests.cli.conftest import Runner
 
     home = tmp_path_factory.mktemp("daemon-home")
-    model = zoo.path("granitemoehybrid")
+    model = served_model(backend)
     env = {"ENGRAM_HOME": str(home), "ENGRAM_PORT": "0", "ENGRAM_NO_AUTOSTART": "1"}
     mp = pytest.MonkeyPatch()
     for k, v in env.items():
         mp.setenv(k, v)
     settings = load_settings({"model": str(model)})
-    started = Runner()("daemon", "start", "--model", str(model))
+    started = Runner()("daemon", "start", "--model", str(model), "--backend", backend)
     assert started.stderr.startswith("Daemon started (pid ") and started.stdout == ""
     info = daemon_status(settings)
-    try:
-        yield SimpleNamespace(home=home, model=str(model), settings=settings, info=info, env=env)
+    try:  # model: what --model named; served: the model id the daemon reports for it
+        yield SimpleNamespace(home=home, model=str(model), served=served_id(backend, model), settings=settings,
+                              info=info, env=env)  # fmt: skip
     finally:
         stop_background(settings)
         mp.undo()
@@ -58,12 +63,12 @@ def chat(cli, *args, input=None, code=0):
 
 def test_status_ps_tiers_logs(cli, live):
     st = cli("daemon", "status")
-    assert "MODEL" in st.stdout and live.model in st.stdout and "running" in st.stdout
+    assert "MODEL" in st.stdout and live.served in st.stdout and "running" in st.stdout
     data = cli.json("daemon", "status")
-    assert data["running"] is True and data["ready"] is True and data["model"] == live.model
+    assert data["running"] is True and data["ready"] is True and data["model"] == live.served
     assert cli("daemon", "status", "-q").stdout.strip() == str(data["pid"])
     ps = cli.json("ps")
-    assert ps["daemon"]["model"] == live.model and isinstance(ps["sessions"], list)
+    assert ps["daemon"]["model"] == live.served and isinstance(ps["sessions"], list)
     assert ps["daemon"]["weights_bytes"] > 0 and ps["daemon"]["notices"] == []
     human = cli("ps").stdout
     assert "DAEMON" in human and "weights " in human and "process " in human
@@ -201,7 +206,7 @@ def test_export_takes_the_snapshots_own_transcript(cli, live, tmp_path):
     assert recorded == "line" and [m["content"] for m in messages if m["role"] == "user"] == ["one", "two"]
 
 
-def test_import_of_another_models_snapshot_is_refused(cli, live, tmp_path):
+def test_import_of_another_models_snapshot_is_refused(cli, live, tmp_path, backend):
     from engramctl.store.exchange import pack
     from tests.cli.conftest import make_payload
 
@@ -210,6 +215,10 @@ def test_import_of_another_models_snapshot_is_refused(cli, live, tmp_path):
     r = cli("snapshots", "import", str(alien), code=1)
     assert r.stderr.startswith("Error: Cannot import: the snapshot belongs to model 'test/tiny-hybrid'"), r.stderr
     assert "Hint: import it into a daemon serving that model: engramctl daemon stop && " in r.stderr
+    if backend == "llama.cpp":  # a payload without a backend was written by transformers: both are named
+        assert "on the transformers backend; this daemon serves" in r.stderr and "--backend transformers" in r.stderr
+    else:
+        assert "fingerprint" in r.stderr and "--backend" not in r.stderr
     assert "alien" not in cli("sessions", "-q").stdout.split()
 
 
@@ -243,7 +252,7 @@ def test_serve_refuses_what_it_cannot_do(cli, live):
 
 def test_model_mismatch_says_how_to_switch(cli, live, tmp_path):
     r = chat(cli, "-s", "x", "--model", str(tmp_path / "other-model"), "hi", code=1)
-    assert f"serves {live.model}" in r.stderr and "engramctl daemon stop" in r.stderr
+    assert f"serves {live.served}" in r.stderr and "engramctl daemon stop" in r.stderr
 
 
 def test_ctrl_c_during_a_reply_in_a_terminal(live):

@@ -94,13 +94,16 @@ def model_dir(zoo) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference_backend(model_dir):
-    """The same model loaded in the test process, for reference replies computed by a full prefill."""
-    import torch
+def served(backend, served_model) -> Path:
+    """What `--model` names for the module's backend (tests.backends): the model directory or its GGUF."""
+    return served_model(backend)
 
-    from engramctl.engine.hf_backend import TransformersBackend
 
-    return TransformersBackend.load(model_dir, "reference", "cpu", torch.float32)
+@pytest.fixture(scope="module")
+def reference_backend(backend, tiny_engine):
+    """The same model on the same backend loaded in the test process, for reference replies computed by a
+    full prefill."""
+    return tiny_engine(backend, "reference").backend
 
 
 def greedy_reference(backend, messages: list[dict], max_tokens: int) -> str:

@@ -6,15 +6,14 @@ from __future__ import annotations
 import stat
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from engramctl.daemon.app import create_app
 from engramctl.daemon.auth import ensure_token, token_path
 from engramctl.engine.engine import Engine
-from engramctl.engine.hf_backend import TransformersBackend
 from engramctl.settings import load_settings
 from engramctl.store.store import Store
+from tests.backends import both_backends, weight_dtype
 
 TOKEN = "test-token-123"
 USER = [{"role": "user", "content": "Hello there"}]
@@ -30,9 +29,8 @@ ROUTES = [  # every route but /health
 
 
 @pytest.fixture(scope="module")
-def engine(zoo):
-    backend = TransformersBackend.load(zoo.path("granitemoehybrid"), "tiny-gmh", "cpu", torch.float32)
-    return Engine(backend, backend.tokenizer)
+def engine(backend, tiny_engine) -> Engine:
+    return tiny_engine(backend)  # transformers, or each backend for a test marked both_backends
 
 
 @pytest.fixture
@@ -70,14 +68,16 @@ def test_every_route_but_health_needs_the_token(app_client):
             assert r.headers["www-authenticate"] == "Bearer"
 
 
-def test_health_models_status(app_client, engine):
+@both_backends
+def test_health_models_status(app_client, engine, backend):
     h = app_client.get("/health").json()
     assert h["status"] == "ok" and h["model"] == "tiny-gmh" and h["version"]
     models = app_client.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny-gmh"]
     assert app_client.get("/v1/models/default").json()["id"] == "tiny-gmh"
     st = app_client.get("/v1/status").json()
-    assert st["model"] == "tiny-gmh" and st["device"] == "cpu" and st["dtype"] == "float32"
+    assert st["model"] == "tiny-gmh" and st["device"] == "cpu" and st["dtype"] == weight_dtype(backend)
+    assert (st["backend"], st["weight_type"]) == (backend, weight_dtype(backend))
     assert st["rss_bytes"] > 0 and st["uptime_s"] >= 0 and st["sessions"] == 0
     assert st["weights_bytes"] == engine.info.weights_bytes > 0 and st["notices"] == []
     tiers = app_client.get("/v1/tiers").json()
@@ -111,6 +111,7 @@ BAD_CHAT = [  # (body overrides, expected status, words the message must contain
 ]
 
 
+@both_backends
 def test_any_model_name_means_the_served_model(app_client):
     """One model is served: a request naming another (the original Engram server's README example asks
     for "granite-4.0-h-tiny") gets it, and the answer names the model that answered (as llama-server)."""
@@ -243,6 +244,7 @@ def test_bad_snapshot_requests_get_4xx_and_change_nothing(app_client):
     assert _stored(app_client) == before
 
 
+@both_backends
 def test_stream_answer_shape(app_client):
     with app_client.stream("POST", "/v1/chat/completions", json={
         "model": "default", "messages": USER, "max_tokens": 4, "temperature": 0, "stream": True,
@@ -293,6 +295,7 @@ def _corrupt(path):
     path.write_bytes(bytes(data))
 
 
+@both_backends
 def test_corrupt_head_falls_back_one_step_then_to_the_transcript(engine, engram_home):
     settings = load_settings({"api_key": TOKEN, "tier_ram_bytes": 0})  # nothing hot: loads read the files
     settings.paths.ensure()
@@ -330,7 +333,8 @@ def test_corrupt_head_falls_back_one_step_then_to_the_transcript(engine, engram_
         daemon.close()
 
 
-def test_import_is_verified_against_the_loaded_model_and_stores_nothing_when_refused(app_client):
+@both_backends
+def test_import_is_verified_against_the_loaded_model_and_stores_nothing_when_refused(app_client, engine):
     from engramctl.store import exchange
     from tests.cli.conftest import make_payload
 
@@ -340,7 +344,9 @@ def test_import_is_verified_against_the_loaded_model_and_stores_nothing_when_ref
     messages = app_client.post("/get_snapshot_transcript", json={"snapshot_id": sid[:24]}).json()["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
     own = exchange.pack(store.load(sid), messages, "src")
-    alien = exchange.pack(make_payload(8, fingerprint="another-model"), [{"role": "user", "content": "x"}], "alien")
+    tensors, meta = make_payload(8, fingerprint="another-model")
+    meta.update(backend=engine.spec.backend, state_format=engine.spec.state_format)  # another model, same backend
+    alien = exchange.pack((tensors, meta), [{"role": "user", "content": "x"}], "alien")
     raw = {"Content-Type": "application/octet-stream"}
     before = _stored(app_client)
     r = app_client.post("/import_snapshot", content=alien, headers=raw)
@@ -364,7 +370,7 @@ def test_load_model_logs_the_fallback_notice_and_keeps_it(zoo, engram_home, monk
     from engramctl.daemon import runner
     from engramctl.engine import models
 
-    def fallback(cache_dir, say=None):
+    def fallback(cache_dir, say=None, **_choice):  # device= and backend= pick among defaults
         say("the default model is not available offline; using the fallback.")
         return str(zoo.path("granitemoehybrid"))
 
@@ -375,6 +381,7 @@ def test_load_model_logs_the_fallback_notice_and_keeps_it(zoo, engram_home, monk
     assert "not available offline" in caplog.text
 
 
+@both_backends
 def test_dropped_states_are_released_once_and_the_hot_one_never(app_client, engine, monkeypatch):
     """A llama.cpp backend frees a state's memory on release: every Live the daemon stops needing is
     released (replaced as hot, reset, refused turn), once, and never the one it keeps hot."""
@@ -401,7 +408,8 @@ def test_dropped_states_are_released_once_and_the_hot_one_never(app_client, engi
     a2 = daemon.service.hot.live
     assert _chat(app_client, session="a").json()["engram"]["tier"] == "live"
     assert released == [a1, b1] and daemon.service.hot.live is a2  # continued in place
-    r = _chat(app_client, session="b", messages=[{"role": "user", "content": "word " * 5000}])
+    too_long = "word " * (engine.info.context_length + 100)  # 4096 on transformers; llama.cpp's context is 32768
+    r = _chat(app_client, session="b", messages=[{"role": "user", "content": too_long}])
     assert r.status_code == 400 and len(released) == 3  # the state loaded for the refused turn
     assert daemon.service.hot.live is a2  # a refused turn leaves the hot state hot
     assert app_client.post("/v1/sessions/a/reset").status_code == 200

@@ -14,19 +14,22 @@ import pytest
 
 from engramctl.daemon import runner
 from engramctl.settings import load_settings
+from tests.backends import both_backends, weight_dtype
 from tests.daemon.conftest import daemon_env, greedy_reference
 
 TURNS = 6
 MAX_TOKENS = 8
 
+pytestmark = both_backends
+
 
 @pytest.fixture
-def bg_settings(model_dir, tmp_path, monkeypatch):
+def bg_settings(served, backend, tmp_path, monkeypatch):
     home = tmp_path / "bg-home"
     for key, value in daemon_env(home).items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("ENGRAM_DTYPE", "float32")
-    settings = load_settings({"model": str(model_dir), "port": 0})
+    settings = load_settings({"model": str(served), "backend": backend, "port": 0})
     yield settings
     runner.stop_background(settings)
 
@@ -37,11 +40,11 @@ def _client(settings, status) -> openai.OpenAI:
     return openai.OpenAI(base_url=status["url"] + "/v1", api_key=read_token(settings), max_retries=0, timeout=60)
 
 
-def test_history_resent_after_sigkill_is_restored_not_recomputed(bg_settings, reference_backend):
+def test_history_resent_after_sigkill_is_restored_not_recomputed(bg_settings, reference_backend, backend):
     assert runner.daemon_status(bg_settings) is None
     st = runner.start_background(bg_settings, wait=True, timeout=90)
     assert st["ready"] and st["pid"] != os.getpid() and st["port"] > 0 and not st["already_running"]
-    assert st["device"] == "cpu" and st["dtype"] == "float32" and st["uptime_s"] >= 0
+    assert st["device"] == "cpu" and st["dtype"] == weight_dtype(backend) and st["uptime_s"] >= 0
     assert runner.start_background(bg_settings)["already_running"]
     client = _client(bg_settings, st)
 
