@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.conftest import FAMILY, greedy_reference, reference_backend, start_daemon  # noqa: F401
+from tests.daemon.conftest import FAMILY, greedy_reference, reference_backend, served, start_daemon  # noqa: F401
 
 TOKEN = "agent-test-token"
 

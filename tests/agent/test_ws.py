@@ -12,14 +12,17 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from tests.agent.conftest import greedy_reference, start_daemon
+from tests.backends import both_backends
 
 N = 6  # tokens per greedy reply
 GREEDY = {"temperature": 0, "max_tokens": N}
 
+pytestmark = both_backends
+
 
 @pytest.fixture(scope="module")
-def daemon(model_dir, tmp_path_factory):
-    d = start_daemon(model_dir, tmp_path_factory.mktemp("agent-ws-home"))
+def daemon(served, tmp_path_factory):
+    d = start_daemon(served, tmp_path_factory.mktemp("agent-ws-home"))
     yield d
     d.stop()
 
