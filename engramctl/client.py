@@ -27,9 +27,18 @@ import httpx
 from engramctl.daemon.errors import AuthenticationFailed, Cancelled, QueueFull, RequestTooLarge, ShuttingDown
 from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
 from engramctl.errors import (
-    ContextOverflow, DaemonUnreachable, EngramError, InvalidName, ModelNotFound, NotFound, SnapshotCorrupt,
-    SnapshotError, SnapshotMismatch, UnsupportedModel, UsageError,
-)  # fmt: skip
+    ContextOverflow,
+    DaemonUnreachable,
+    EngramError,
+    InvalidName,
+    ModelNotFound,
+    NotFound,
+    SnapshotCorrupt,
+    SnapshotError,
+    SnapshotMismatch,
+    UnsupportedModel,
+    UsageError,
+)
 from engramctl.protocol import ErrorBody, TurnInfo
 from engramctl.settings import Settings, load_settings
 from engramctl.store.errors import AlreadyExists, SnapshotInUse, StoreClosed, StoreLocked
@@ -37,14 +46,38 @@ from engramctl.store.names import validate_session_name
 
 _BY_KIND: dict[str, type[EngramError]] = {
     cls.kind: cls
-    for cls in (UsageError, InvalidName, ModelNotFound, UnsupportedModel, SnapshotError, SnapshotCorrupt,
-                SnapshotMismatch, NotFound, ContextOverflow, DaemonUnreachable, QueueFull, ShuttingDown, Cancelled,
-                AuthenticationFailed, RequestTooLarge, SnapshotInUse, AlreadyExists, StoreLocked, StoreClosed)
-}  # fmt: skip
+    for cls in (
+        UsageError,
+        InvalidName,
+        ModelNotFound,
+        UnsupportedModel,
+        SnapshotError,
+        SnapshotCorrupt,
+        SnapshotMismatch,
+        NotFound,
+        ContextOverflow,
+        DaemonUnreachable,
+        QueueFull,
+        ShuttingDown,
+        Cancelled,
+        AuthenticationFailed,
+        RequestTooLarge,
+        SnapshotInUse,
+        AlreadyExists,
+        StoreLocked,
+        StoreClosed,
+    )
+}
 _BY_STATUS: dict[int, type[EngramError]] = {
-    400: UsageError, 401: AuthenticationFailed, 404: NotFound, 409: SnapshotError, 413: RequestTooLarge,
-    422: UsageError, 429: QueueFull, 503: ShuttingDown,
-}  # fmt: skip
+    400: UsageError,
+    401: AuthenticationFailed,
+    404: NotFound,
+    409: SnapshotError,
+    413: RequestTooLarge,
+    422: UsageError,
+    429: QueueFull,
+    503: ShuttingDown,
+}
 _SAMPLING = tuple(SAMPLING_OPTIONS)  # defined once: engine/sampling_params.py
 
 
@@ -131,9 +164,16 @@ class ChatStream:
 
 
 class Client:
-    def __init__(self, settings: Settings | None = None, *, base_url: str | None = None, token: str | None = None,
-                 autostart: bool | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None):  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        autostart: bool | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
         """base_url: default = the running daemon of settings' data directory, else settings.host:port.
         autostart: default = not settings.no_autostart, and only when base_url is not given."""
         self.settings = settings or load_settings()
@@ -194,8 +234,17 @@ class Client:
             except httpx.HTTPError as e:
                 raise DaemonUnreachable(f"the request to {url} failed: {e}.") from None
 
-    def _request(self, method: str, path: str, body: Any = None, *, long: bool = False, auth: bool = True,
-                 content: bytes | None = None, params: dict | None = None) -> Any:  # fmt: skip
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        long: bool = False,
+        auth: bool = True,
+        content: bytes | None = None,
+        params: dict | None = None,
+    ) -> Any:
         """JSON `body`, or raw `content` (sent as application/octet-stream); `params` go in the query."""
         timeout = httpx.Timeout(self._http.timeout.write, connect=5.0, read=None) if long else None
 
@@ -281,14 +330,18 @@ class Client:
                 body[key] = value
         return body
 
-    def chat(self, messages: Sequence[dict], *, session: str | None = None, model: str = "default",
-             **sampling: Any) -> dict:  # fmt: skip
+    def chat(
+        self, messages: Sequence[dict], *, session: str | None = None, model: str = "default", **sampling: Any
+    ) -> dict:
         """POST /v1/chat/completions (not streamed). sampling: temperature, top_p, top_k, max_tokens,
         stop, seed. Returns the OpenAI response with its "engram" extension."""
-        return self._request("POST", "/v1/chat/completions", self._chat_body(messages, model, session, sampling), long=True)
+        return self._request(
+            "POST", "/v1/chat/completions", self._chat_body(messages, model, session, sampling), long=True
+        )
 
-    def chat_stream(self, messages: Sequence[dict], *, session: str | None = None, model: str = "default",
-                    **sampling: Any) -> ChatStream:  # fmt: skip
+    def chat_stream(
+        self, messages: Sequence[dict], *, session: str | None = None, model: str = "default", **sampling: Any
+    ) -> ChatStream:
         """POST /v1/chat/completions with stream=true (usage included). Raises before returning if the
         daemon refuses the request."""
         body = self._chat_body(messages, model, session, sampling)
@@ -300,9 +353,15 @@ class Client:
         """POST /save_snapshot: pin (and label) the session's current state. Returns the snapshot."""
         return self._request("POST", "/save_snapshot", {"session": session, "label": label, "pin": pin}, long=True)
 
-    def restore_snapshot(self, snapshot_id: str | None = None, *, session: str | None = None,
-                         continuation: str | dict | None = None, stream: bool = False,
-                         **sampling: Any) -> dict | ChatStream:  # fmt: skip
+    def restore_snapshot(
+        self,
+        snapshot_id: str | None = None,
+        *,
+        session: str | None = None,
+        continuation: str | dict | None = None,
+        stream: bool = False,
+        **sampling: Any,
+    ) -> dict | ChatStream:
         """POST /restore_snapshot: make `snapshot_id` (or `session`'s head) the session's state and load
         it into memory; restoring into a new `session` name branches there. Returns {session,
         snapshot_id, tokens, tier, restore_ms}; with a continuation (a user message), the completion
@@ -360,8 +419,9 @@ class Client:
         """POST /import_snapshot: the bytes of a `snapshots export` file become a new session (default
         name: the one the file records). The daemon verifies it against the loaded model first
         (SnapshotMismatch for another model's snapshot; nothing is stored then). Returns the snapshot."""
-        return self._request("POST", "/import_snapshot", content=data, params={"session": session, "label": label},
-                             long=True)  # fmt: skip
+        return self._request(
+            "POST", "/import_snapshot", content=data, params={"session": session, "label": label}, long=True
+        )
 
     # -- sessions ------------------------------------------------------------------------------------
     def sessions(self) -> list[dict]:

@@ -67,12 +67,23 @@ class Snapshot:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "snapshot_id": self.id, "session": self.session, "parent": self.parent, "tokens": self.n_tokens,
-            "bytes": self.nbytes, "tier": self.tier, "tiers": list(self.tiers), "created": self.created,
-            "last_access": self.last_access, "pinned": self.pinned, "label": self.label, "durable": self.durable,
-            "n_messages": self.n_messages, "model_id": self.model_id, "fingerprint": self.fingerprint,
+            "snapshot_id": self.id,
+            "session": self.session,
+            "parent": self.parent,
+            "tokens": self.n_tokens,
+            "bytes": self.nbytes,
+            "tier": self.tier,
+            "tiers": list(self.tiers),
+            "created": self.created,
+            "last_access": self.last_access,
+            "pinned": self.pinned,
+            "label": self.label,
+            "durable": self.durable,
+            "n_messages": self.n_messages,
+            "model_id": self.model_id,
+            "fingerprint": self.fingerprint,
             "checksum": self.checksum,
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Snapshot":
@@ -178,6 +189,10 @@ class ErrorBody:
         err = body.get("error") if isinstance(body, Mapping) else None
         if not isinstance(err, Mapping):
             return None
-        return cls(message=str(err.get("message") or ""), type=str(err.get("type") or ""),
-                   code=None if err.get("code") is None else str(err["code"]),
-                   param=err.get("param"), hint=err.get("hint"))  # fmt: skip
+        return cls(
+            message=str(err.get("message") or ""),
+            type=str(err.get("type") or ""),
+            code=None if err.get("code") is None else str(err["code"]),
+            param=err.get("param"),
+            hint=err.get("hint"),
+        )

@@ -54,8 +54,11 @@ def main() -> int:
     print(f"load before: {load_before}", file=sys.stderr)
     with Clock() as build:
         backend = preset_engine(args.preset, dtype="float32", device=args.device).backend
-    print(f"built {args.preset} in {build.sample.wall_s:.1f} s; scan mixers fitted: {len(backend.scan_chunks.mixers)}, "
-          f"chunk {backend.scan_chunks.base_tokens[:1]}, torch threads {torch.get_num_threads()}", file=sys.stderr)  # fmt: skip
+    print(
+        f"built {args.preset} in {build.sample.wall_s:.1f} s; scan mixers fitted: {len(backend.scan_chunks.mixers)}, "
+        f"chunk {backend.scan_chunks.base_tokens[:1]}, torch threads {torch.get_num_threads()}",
+        file=sys.stderr,
+    )
     if not backend.scan_chunks.mixers:
         print("this model has no padded chunked scan to fit (or mamba-ssm kernels run it)", file=sys.stderr)
 
@@ -78,8 +81,10 @@ def main() -> int:
             out = fn()
             sync()
         samples[mode].setdefault(name, []).append(c.sample)
-        print(f"  {mode:6s} {name:16s} wall {c.sample.wall_s * 1000:9.1f} ms  cpu {c.sample.cpu_s * 1000:9.1f} ms",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"  {mode:6s} {name:16s} wall {c.sample.wall_s * 1000:9.1f} ms  cpu {c.sample.cpu_s * 1000:9.1f} ms",
+            file=sys.stderr,
+        )
         return out
 
     for rep in range(args.reps):
@@ -96,8 +101,17 @@ def main() -> int:
     backend.scan_chunks.enabled = True
     load_after = machine_load()
 
-    report: dict = {"preset": args.preset, "dtype": "float32", "device": args.device, "reps": args.reps, "torch_threads": torch.get_num_threads(),
-                    "cpu_count": os.cpu_count(), "load_before": load_before, "load_after": load_after, "modes": {}}  # fmt: skip
+    report: dict = {
+        "preset": args.preset,
+        "dtype": "float32",
+        "device": args.device,
+        "reps": args.reps,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": load_after,
+        "modes": {},
+    }
     for mode in MODES:
         rows = {}
         for name, ss in samples[mode].items():
@@ -105,10 +119,13 @@ def main() -> int:
             rows[name] = {
                 "wall_ms": round(statistics.median(s.wall_s for s in ss) * 1000, 1),
                 "cpu_ms": round(statistics.median(s.cpu_s for s in ss) * 1000, 1),
-                "wall_spread_ms": [round(min(s.wall_s for s in ss) * 1000, 1), round(max(s.wall_s for s in ss) * 1000, 1)],
+                "wall_spread_ms": [
+                    round(min(s.wall_s for s in ss) * 1000, 1),
+                    round(max(s.wall_s for s in ss) * 1000, 1),
+                ],
                 "cpu_min_ms": round(min(s.cpu_s for s in ss) * 1000, 1),
                 "cpu_per_wall": round(cpu / wall, 2) if wall > 0 else None,
-            }  # fmt: skip
+            }
         p, c = rows[f"prefill_{args.prompt}"], rows[f"continuation_{args.message}"]
         rows["ratio_wall"] = round(c["wall_ms"] / p["wall_ms"], 4)
         rows["ratio_cpu"] = round(c["cpu_ms"] / p["cpu_ms"], 4)

@@ -50,15 +50,34 @@ def build_model(shape: str, out: Path) -> Path:
     from transformers import AutoModelForCausalLM, GenerationConfig, GraniteMoeHybridConfig
 
     cfg = GraniteMoeHybridConfig(
-        vocab_size=512, hidden_size=768, intermediate_size=2048, shared_intermediate_size=2048,
-        num_hidden_layers=32, num_attention_heads=12, num_key_value_heads=4,
+        vocab_size=512,
+        hidden_size=768,
+        intermediate_size=2048,
+        shared_intermediate_size=2048,
+        num_hidden_layers=32,
+        num_attention_heads=12,
+        num_key_value_heads=4,
         layer_types=["full_attention" if i in {7, 15, 23, 31} else "linear_attention" for i in range(32)],
-        mamba_n_heads=48, mamba_d_head=32, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
-        mamba_chunk_size=256, num_local_experts=0, num_experts_per_tok=0, position_embedding_type="nope",
-        max_position_embeddings=32768, tie_word_embeddings=True, embedding_multiplier=12.0, logits_scaling=3.0,
-        residual_multiplier=0.246, attention_multiplier=0.015625,
-        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-    )  # fmt: skip
+        mamba_n_heads=48,
+        mamba_d_head=32,
+        mamba_d_state=128,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=256,
+        num_local_experts=0,
+        num_experts_per_tok=0,
+        position_embedding_type="nope",
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        embedding_multiplier=12.0,
+        logits_scaling=3.0,
+        residual_multiplier=0.246,
+        attention_multiplier=0.015625,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
@@ -94,8 +113,19 @@ def wait_idle(max_wait: float = 600.0, threshold: float = 25.0) -> float:
 def start_daemon(model_dir: Path, home: Path, reuse: bool) -> tuple[subprocess.Popen, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
     env.update(ENGRAM_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "engramctl.daemon", "--model", str(model_dir), "--port", "0", "--dtype", "float32",
-           "--log-level", "warning"] + ([] if reuse else ["--no-reuse"])  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "engramctl.daemon",
+        "--model",
+        str(model_dir),
+        "--port",
+        "0",
+        "--dtype",
+        "float32",
+        "--log-level",
+        "warning",
+    ] + ([] if reuse else ["--no-reuse"])
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(home / "daemon.log", "wb"))
     state = home / "run" / "daemon.json"
     deadline = time.monotonic() + 300
@@ -115,8 +145,10 @@ def start_daemon(model_dir: Path, home: Path, reuse: bool) -> tuple[subprocess.P
 
 
 def user_message(k: int) -> str:
-    return (f"Turn {k}: here is another paragraph of our long conversation about state space models, "
-            f"attention layers and caches; please answer briefly and keep the thread going. ({k})")  # fmt: skip
+    return (
+        f"Turn {k}: here is another paragraph of our long conversation about state space models, "
+        f"attention layers and caches; please answer briefly and keep the thread going. ({k})"
+    )
 
 
 def run(model_dir: Path, turns: int, max_tokens: int, reuse: bool, replies: list[str] | None, think_s: float) -> dict:
@@ -128,16 +160,29 @@ def run(model_dir: Path, turns: int, max_tokens: int, reuse: bool, replies: list
     try:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=None) as h:
             # one warm-up request on a different prompt (first-call allocations), not timed
-            h.post("/v1/chat/completions", json={"model": "default", "max_tokens": 2, "temperature": 0,
-                                                 "messages": [{"role": "user", "content": "warm up"}]})  # fmt: skip
+            h.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "default",
+                    "max_tokens": 2,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": "warm up"}],
+                },
+            )
             me = psutil.Process()
             cpu0, wall0 = sum(ps.cpu_times()[:2]), time.perf_counter()
             sys0, me0 = psutil.cpu_times(), sum(me.cpu_times()[:2])
             for k in range(1, turns + 1):
                 time.sleep(think_s)
                 messages.append({"role": "user", "content": user_message(k)})
-                body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                        "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+                body = {
+                    "model": "default",
+                    "messages": messages,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
                 t0 = time.perf_counter()
                 ttft = None
                 pieces, usage, ext = [], None, {}
@@ -158,23 +203,41 @@ def run(model_dir: Path, turns: int, max_tokens: int, reuse: bool, replies: list
                 reply = "".join(pieces) if replies is None else replies[k - 1]
                 out_replies.append("".join(pieces))
                 messages.append({"role": "assistant", "content": reply})
-                rows.append({"turn": k, "prompt_tokens": usage["prompt_tokens"],
-                             "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
-                             "computed_tokens": ext.get("computed_tokens"), "tier": ext.get("tier"),
-                             "ttft_ms": round(ttft * 1000, 1), "prefill_ms": ext.get("prefill_ms"),
-                             "turn_ms": round(total * 1000, 1)})  # fmt: skip
-                print(f"  {'reuse' if reuse else 'no-reuse'} turn {k:2d}: prompt {rows[-1]['prompt_tokens']:5d} "
-                      f"computed {rows[-1]['computed_tokens']:5d} ttft {rows[-1]['ttft_ms']:9.1f} ms", file=sys.stderr)
+                rows.append(
+                    {
+                        "turn": k,
+                        "prompt_tokens": usage["prompt_tokens"],
+                        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                        "computed_tokens": ext.get("computed_tokens"),
+                        "tier": ext.get("tier"),
+                        "ttft_ms": round(ttft * 1000, 1),
+                        "prefill_ms": ext.get("prefill_ms"),
+                        "turn_ms": round(total * 1000, 1),
+                    }
+                )
+                print(
+                    f"  {'reuse' if reuse else 'no-reuse'} turn {k:2d}: prompt {rows[-1]['prompt_tokens']:5d} "
+                    f"computed {rows[-1]['computed_tokens']:5d} ttft {rows[-1]['ttft_ms']:9.1f} ms",
+                    file=sys.stderr,
+                )
             cpu = sum(ps.cpu_times()[:2]) - cpu0
             wall = time.perf_counter() - wall0
             sys1 = psutil.cpu_times()
-            busy = (sys1.user + sys1.system + getattr(sys1, "nice", 0)) - (sys0.user + sys0.system + getattr(sys0, "nice", 0))
+            busy = (sys1.user + sys1.system + getattr(sys1, "nice", 0)) - (
+                sys0.user + sys0.system + getattr(sys0, "nice", 0)
+            )
             others = max(0.0, busy - cpu - (sum(me.cpu_times()[:2]) - me0))
     finally:
         proc.terminate()
         proc.wait(30)
-    return {"rows": rows, "replies": out_replies, "daemon_cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
-            "cpu_per_wall": round(cpu / wall, 2), "others_cpu_per_wall": round(others / wall, 2)}  # fmt: skip
+    return {
+        "rows": rows,
+        "replies": out_replies,
+        "daemon_cpu_s": round(cpu, 2),
+        "wall_s": round(wall, 2),
+        "cpu_per_wall": round(cpu / wall, 2),
+        "others_cpu_per_wall": round(others / wall, 2),
+    }
 
 
 def main() -> None:
@@ -203,25 +266,37 @@ def main() -> None:
             results[name]["attempts"] = attempt + 1
             if args.no_wait_idle or results[name]["others_cpu_per_wall"] <= args.max_others:
                 break
-            print(f"  {name}: other processes used {results[name]['others_cpu_per_wall']} cores; running it again",
-                  file=sys.stderr)
+            print(
+                f"  {name}: other processes used {results[name]['others_cpu_per_wall']} cores; running it again",
+                file=sys.stderr,
+            )
     a, b = results["reuse"]["rows"], results["no_reuse"]["rows"]
     assert [r["prompt_tokens"] for r in a] == [r["prompt_tokens"] for r in b], "the two runs sent different prompts"
 
-    print(f"\nshape {args.shape}, {args.turns} turns, max_tokens {args.max_tokens}, think {args.think_ms:.0f} ms, float32, "
-          f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} CPUs")  # fmt: skip
-    print("| turn k | prompt tokens sent | computed (reuse) | computed (no reuse) | TTFT reuse ms | TTFT no reuse ms | speedup |")
+    print(
+        f"\nshape {args.shape}, {args.turns} turns, max_tokens {args.max_tokens}, "
+        f"think {args.think_ms:.0f} ms, float32, "
+        f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} CPUs"
+    )
+    print(
+        "| turn k | prompt tokens sent | computed (reuse) | computed (no reuse) "
+        "| TTFT reuse ms | TTFT no reuse ms | speedup |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for x, y in zip(a, b):
-        print(f"| {x['turn']} | {x['prompt_tokens']} | {x['computed_tokens']} | {y['computed_tokens']} | "
-              f"{x['ttft_ms']:.0f} | {y['ttft_ms']:.0f} | {y['ttft_ms'] / x['ttft_ms']:.1f}x |")
+        print(
+            f"| {x['turn']} | {x['prompt_tokens']} | {x['computed_tokens']} | {y['computed_tokens']} | "
+            f"{x['ttft_ms']:.0f} | {y['ttft_ms']:.0f} | {y['ttft_ms'] / x['ttft_ms']:.1f}x |"
+        )
     sa, sb = sum(r["computed_tokens"] for r in a), sum(r["computed_tokens"] for r in b)
     print(f"\ntotal prompt tokens sent {sum(r['prompt_tokens'] for r in a)}; computed with reuse {sa}, without {sb}")
     for name in ("reuse", "no_reuse"):
         r = results[name]
-        print(f"{name}: daemon CPU {r['daemon_cpu_s']} s over {r['wall_s']} s wall (cpu/wall {r['cpu_per_wall']}); "
-              f"other processes: {r['others_cpu_percent_before']}% of a core before the run, "
-              f"{r['others_cpu_per_wall']} cores on average during it (attempt {r['attempts']})")
+        print(
+            f"{name}: daemon CPU {r['daemon_cpu_s']} s over {r['wall_s']} s wall (cpu/wall {r['cpu_per_wall']}); "
+            f"other processes: {r['others_cpu_percent_before']}% of a core before the run, "
+            f"{r['others_cpu_per_wall']} cores on average during it (attempt {r['attempts']})"
+        )
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, **results}, indent=1))
 

@@ -51,8 +51,13 @@ def bench_payload(state_mb: float, n_tokens: int, seed: int = 0) -> tuple[dict, 
             tensors[f"layers.{n_rec + j}.{kind}"] = torch.randn(1, kv_heads, n_tokens, head_dim, generator=g)
     tensors["token_ids"] = torch.randint(0, 49152, (n_tokens,), generator=g)
     tensors["last_logits"] = torch.randn(49152, generator=g)
-    meta = {"n_tokens": str(n_tokens), "fingerprint": "bench", "model_id": "bench/granite-like", "dtype": "float32",
-            "text": "x" * 100}  # fmt: skip
+    meta = {
+        "n_tokens": str(n_tokens),
+        "fingerprint": "bench",
+        "model_id": "bench/granite-like",
+        "dtype": "float32",
+        "text": "x" * 100,
+    }
     return tensors, meta
 
 
@@ -107,8 +112,10 @@ def codec(payload, repeat: int) -> dict:
     from engramctl.store import snapshot_file
 
     buf = snapshot_file.encode(*payload)
-    return {"encode": timed(lambda: snapshot_file.encode(*payload), repeat),
-            "decode": timed(lambda: snapshot_file.decode(buf), repeat)}  # fmt: skip
+    return {
+        "encode": timed(lambda: snapshot_file.encode(*payload), repeat),
+        "decode": timed(lambda: snapshot_file.decode(buf), repeat),
+    }
 
 
 def store_ops(payload, repeat: int, home: Path) -> dict:
@@ -117,8 +124,9 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
     from engramctl.store.store import Store
 
     size = nbytes(payload)
-    settings = load_settings({"tier_ram_bytes": size * (repeat + 4), "tier_disk_bytes": size * (repeat * 4 + 8),
-                              "keep_last": 10_000})  # fmt: skip
+    settings = load_settings(
+        {"tier_ram_bytes": size * (repeat + 4), "tier_disk_bytes": size * (repeat * 4 + 8), "keep_last": 10_000}
+    )
     out: dict = {}
     store = Store.open(settings)
     ids: list[str] = []
@@ -155,7 +163,9 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
                 store._placement.set_budget("vram", 0)
                 store._placement.set_budget("vram", store.plan.budget("vram"))
 
-            out["promote_ram_to_vram"] = timed(lambda: (store.load(vid), torch.cuda.synchronize()), repeat, setup=demote)
+            out["promote_ram_to_vram"] = timed(
+                lambda: (store.load(vid), torch.cuda.synchronize()), repeat, setup=demote
+            )
     store.close()
     return out
 
@@ -175,9 +185,11 @@ def main() -> None:
         parts = codec(payload, args.repeat)
         ops = store_ops(payload, args.repeat, Path(tmp) / "home")
     rows = {**{f"raw {k}": v for k, v in base.items()}, **{f"file {k}": v for k, v in parts.items()}, **ops}
-    print(f"payload {size / 2**20:.1f} MiB ({args.state_mb} MiB state + {args.tokens} tokens), "
-          f"median of {args.repeat}; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__}")  # fmt: skip
+    print(
+        f"payload {size / 2**20:.1f} MiB ({args.state_mb} MiB state + {args.tokens} tokens), "
+        f"median of {args.repeat}; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}"
+    )
     print(f"{'operation':<24} {'wall ms':>9} {'cpu ms':>9} {'GB/s':>8}")
     for name, r in rows.items():
         print(f"{name:<24} {r['wall_s'] * 1e3:9.2f} {r['cpu_s'] * 1e3:9.2f} {size / r['wall_s'] / 1e9:8.2f}")

@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = [n for n, text in files.items() if not (OUT / n).is_file() or (OUT / n).read_text() != text]
         if stale:
-            print(f"completions out of date: {', '.join(stale)}; run python scripts/gen_completions.py", file=sys.stderr)
+            print(
+                f"completions out of date: {', '.join(stale)}; run python scripts/gen_completions.py", file=sys.stderr
+            )
             return 1
         return 0
     OUT.mkdir(exist_ok=True)

@@ -35,8 +35,18 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 FAMILIES: tuple[str, ...] = (
-    "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "bamba", "zamba2",
-    "qwen3_next", "lfm2", "jamba", "mamba", "falcon_mamba", "llama",
+    "mamba2",
+    "granitemoehybrid",
+    "nemotron_h",
+    "falcon_h1",
+    "bamba",
+    "zamba2",
+    "qwen3_next",
+    "lfm2",
+    "jamba",
+    "mamba",
+    "falcon_mamba",
+    "llama",
 )
 
 from engramctl.bench import presets
@@ -45,8 +55,7 @@ from engramctl.bench.presets import BOS_ID, CHATML_TEMPLATE, EOS_ID, PAD_ID, SPE
 # Deliberately NOT prefix-stable: a header carries the running message count, so every new turn
 # rewrites the start of the prompt. Tests use it to prove the instability check fires.
 UNSTABLE_TEMPLATE = (
-    "{{ '<|im_start|>system\\nmessages: ' + (messages | length | string) + '<|im_end|>\\n' }}"
-    + CHATML_TEMPLATE
+    "{{ '<|im_start|>system\\nmessages: ' + (messages | length | string) + '<|im_end|>\\n' }}" + CHATML_TEMPLATE
 )
 TEMPLATES = {"chatml": CHATML_TEMPLATE, "unstable": UNSTABLE_TEMPLATE}
 
@@ -62,48 +71,136 @@ def _config(family: str):
     """Tiny config for `family`; layer layouts noted as L = recurrent, A = attention."""
     attn = dict(num_attention_heads=4, num_key_value_heads=2)
     if family == "mamba2":  # L L L
-        return Mamba2Config(hidden_size=64, num_hidden_layers=3, num_heads=8, head_dim=16, state_size=16,
-                            n_groups=1, expand=2, conv_kernel=4, chunk_size=64)
+        return Mamba2Config(
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_heads=8,
+            head_dim=16,
+            state_size=16,
+            n_groups=1,
+            expand=2,
+            conv_kernel=4,
+            chunk_size=64,
+        )
     if family == "granitemoehybrid":  # L A L L, dense MLP only (no experts), no RoPE like Granite 4.0-H
         return GraniteMoeHybridConfig(
-            hidden_size=64, intermediate_size=128, shared_intermediate_size=128, num_hidden_layers=4, **attn,
+            hidden_size=64,
+            intermediate_size=128,
+            shared_intermediate_size=128,
+            num_hidden_layers=4,
+            **attn,
             layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
-            mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4,
-            mamba_expand=2, mamba_chunk_size=64, num_local_experts=0, num_experts_per_tok=0,
-            position_embedding_type="nope")
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=16,
+            mamba_n_groups=1,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_chunk_size=64,
+            num_local_experts=0,
+            num_experts_per_tok=0,
+            position_embedding_type="nope",
+        )
     if family == "nemotron_h":  # L mlp L A mlp ("M-M*-"); layers_block_type replaces num_hidden_layers
         return NemotronHConfig(
-            hidden_size=64, **attn, head_dim=16, intermediate_size=128,
+            hidden_size=64,
+            **attn,
+            head_dim=16,
+            intermediate_size=128,
             layers_block_type=["linear_attention", "mlp", "linear_attention", "full_attention", "mlp"],
-            ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=1, conv_kernel=4, expand=2,
-            chunk_size=64)
+            ssm_state_size=16,
+            mamba_num_heads=8,
+            mamba_head_dim=16,
+            n_groups=1,
+            conv_kernel=4,
+            expand=2,
+            chunk_size=64,
+        )
     if family == "falcon_h1":  # every layer is "hybrid": attention and mamba2 side by side
-        return FalconH1Config(hidden_size=64, intermediate_size=128, num_hidden_layers=3, **attn,
-                              mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
-                              mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=64)
+        return FalconH1Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            **attn,
+            mamba_d_ssm=128,
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=16,
+            mamba_n_groups=1,
+            mamba_d_conv=4,
+            mamba_chunk_size=64,
+        )
     if family == "bamba":  # L A L L
-        return BambaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, **attn,
-                           attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
-                           mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=64)
+        return BambaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            **attn,
+            attn_layer_indices=[1],
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=16,
+            mamba_n_groups=1,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_chunk_size=64,
+        )
     if family == "zamba2":  # L H L L; H = the shared attention block followed by a mamba2 layer
-        return Zamba2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                            layers_block_type=["linear_attention", "hybrid", "linear_attention", "linear_attention"],
-                            num_attention_heads=4, num_key_value_heads=4, num_mem_blocks=1,
-                            n_mamba_heads=8, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
-                            mamba_ngroups=1, chunk_size=64)
+        return Zamba2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            layers_block_type=["linear_attention", "hybrid", "linear_attention", "linear_attention"],
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_mem_blocks=1,
+            n_mamba_heads=8,
+            mamba_d_state=16,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_ngroups=1,
+            chunk_size=64,
+        )
     if family == "qwen3_next":  # L L L A (gated delta net; full_attention_interval defaults to 4); MoE MLP
-        return Qwen3NextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, **attn, head_dim=16,
-                               linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                               linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
-                               shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+        return Qwen3NextConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            **attn,
+            head_dim=16,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+        )
     if family == "lfm2":  # conv A conv conv; no auto-adjust, which would round the FFN up to 256
-        return Lfm2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=4, **attn,
-                          layer_types=["conv", "full_attention", "conv", "conv"],
-                          block_auto_adjust_ff_dim=False)
+        return Lfm2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            **attn,
+            layer_types=["conv", "full_attention", "conv", "conv"],
+            block_auto_adjust_ff_dim=False,
+        )
     if family == "jamba":  # L A L L (Mamba1 mixers), MoE on odd layers
-        return JambaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, **attn,
-                           attn_layer_period=4, attn_layer_offset=1, num_experts=4, num_experts_per_tok=2,
-                           mamba_d_state=16, mamba_d_conv=4, mamba_expand=2)
+        return JambaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            **attn,
+            attn_layer_period=4,
+            attn_layer_offset=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            mamba_d_state=16,
+            mamba_d_conv=4,
+            mamba_expand=2,
+        )
     if family == "mamba":  # L L L (Mamba1)
         return MambaConfig(hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4)
     if family == "falcon_mamba":  # L L L (Mamba1 + RMS-normed B/C/dt)

@@ -13,9 +13,16 @@ from pathlib import Path
 
 # GGUF architecture of each transformers family the llama.cpp backend serves (bamba -> granitehybrid).
 LLAMA_FAMILIES: dict[str, str] = {
-    "mamba2": "mamba2", "granitemoehybrid": "granitehybrid", "nemotron_h": "nemotron_h", "falcon_h1": "falcon-h1",
-    "bamba": "granitehybrid", "jamba": "jamba", "lfm2": "lfm2", "qwen3_next": "qwen3next", "mamba": "mamba",
-}  # fmt: skip
+    "mamba2": "mamba2",
+    "granitemoehybrid": "granitehybrid",
+    "nemotron_h": "nemotron_h",
+    "falcon_h1": "falcon-h1",
+    "bamba": "granitehybrid",
+    "jamba": "jamba",
+    "lfm2": "lfm2",
+    "qwen3_next": "qwen3next",
+    "mamba": "mamba",
+}
 PRETOKENIZER = "gpt-2"
 
 
@@ -49,8 +56,11 @@ class GgufZoo:
         """Convert every family of `families` not converted yet, in one converter process."""
         from engramctl.engine.gguf_export import export_many
 
-        jobs = [(self.zoo.path(f, seed), self._out(f, seed, outtype), outtype) for f in families
-                if not self._out(f, seed, outtype).is_file()]  # fmt: skip
+        jobs = [
+            (self.zoo.path(f, seed), self._out(f, seed, outtype), outtype)
+            for f in families
+            if not self._out(f, seed, outtype).is_file()
+        ]
         if jobs:
             export_many(jobs, pretokenizer_fallback=PRETOKENIZER)
 

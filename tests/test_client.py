@@ -13,8 +13,14 @@ from engramctl import client as client_mod
 from engramctl.client import ChatStream, Client, error_from_body
 from engramctl.daemon.errors import AuthenticationFailed, QueueFull, ShuttingDown
 from engramctl.errors import (
-    ContextOverflow, DaemonUnreachable, EngramError, InvalidName, ModelNotFound, NotFound, SnapshotMismatch,
-)  # fmt: skip
+    ContextOverflow,
+    DaemonUnreachable,
+    EngramError,
+    InvalidName,
+    ModelNotFound,
+    NotFound,
+    SnapshotMismatch,
+)
 from engramctl.settings import load_settings
 from engramctl.store.errors import SnapshotInUse
 
@@ -63,11 +69,26 @@ def test_requests_carry_the_token_and_raise_on_errors():
     seen = []
 
     def handler(request: httpx.Request) -> httpx.Response:
-        seen.append((request.method, request.url.path, request.headers.get("authorization"),
-                     json.loads(request.content) if request.content else None))  # fmt: skip
+        seen.append(
+            (
+                request.method,
+                request.url.path,
+                request.headers.get("authorization"),
+                json.loads(request.content) if request.content else None,
+            )
+        )
         if request.url.path == "/delete_snapshot":
-            return httpx.Response(409, json={"error": {"message": "in use", "type": "invalid_request_error",
-                                                       "code": "snapshot_in_use", "hint": "force it"}})  # fmt: skip
+            return httpx.Response(
+                409,
+                json={
+                    "error": {
+                        "message": "in use",
+                        "type": "invalid_request_error",
+                        "code": "snapshot_in_use",
+                        "hint": "force it",
+                    }
+                },
+            )
         if request.url.path == "/list_snapshots":
             return httpx.Response(200, json={"success": True, "snapshots": [{"snapshot_id": "a"}]})
         return httpx.Response(200, json={"ok": True})
@@ -84,8 +105,13 @@ def test_requests_carry_the_token_and_raise_on_errors():
         with pytest.raises(TypeError):
             c.chat([], temprature=1)
     assert seen[0] == ("POST", "/list_snapshots", "Bearer t", {"session": "s"})
-    assert seen[2][3] == {"model": "default", "messages": [{"role": "user", "content": "hi"}], "session": "s",
-                          "temperature": 0, "max_tokens": 4}  # fmt: skip
+    assert seen[2][3] == {
+        "model": "default",
+        "messages": [{"role": "user", "content": "hi"}],
+        "session": "s",
+        "temperature": 0,
+        "max_tokens": 4,
+    }
     assert seen[3][3] == {"source": "s", "new_session": "t"}
 
 
@@ -95,12 +121,17 @@ def _sse(*objs) -> bytes:
 
 def test_chat_stream_parses_pieces_extension_and_usage():
     def chunk(delta, finish=None, **extra):
-        return {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
-                "finish_reason": finish}], **extra}  # fmt: skip
+        return {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **extra,
+        }
 
     body = _sse(
         chunk({"role": "assistant", "content": ""}, engram={"session": "s", "resumed": True, "snapshot_id": None}),
-        chunk({"content": "Hel"}), chunk({"content": "lo"}),
+        chunk({"content": "Hel"}),
+        chunk({"content": "lo"}),
         chunk({}, "stop", engram={"session": "s", "resumed": True, "snapshot_id": "abc"}),
         {"id": "c1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
     )
@@ -117,8 +148,11 @@ def test_chat_stream_parses_pieces_extension_and_usage():
     assert s.engram == {"session": "s", "resumed": True, "snapshot_id": "abc"} and s.usage["completion_tokens"] == 2
 
     def failing(request):
-        return httpx.Response(200, headers={"content-type": "text/event-stream"},
-                              content=_sse(chunk({"content": "a"}), {"error": {"message": "boom", "code": "x"}}))  # fmt: skip
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=_sse(chunk({"content": "a"}), {"error": {"message": "boom", "code": "x"}}),
+        )
 
     with _mock(failing) as c, pytest.raises(EngramError, match="boom"):
         list(c.chat_stream([{"role": "user", "content": "hi"}]))
@@ -152,8 +186,10 @@ def test_autostart_starts_the_daemon_once_when_allowed(engram_home, monkeypatch)
     assert calls == [True]
 
     up["flag"] = False
-    for c in (Client(load_settings({}), token="t", transport=httpx.MockTransport(handler)),  # no_autostart
-              Client(allowed, base_url="http://127.0.0.1:1", token="t", transport=httpx.MockTransport(handler))):
+    for c in (
+        Client(load_settings({}), token="t", transport=httpx.MockTransport(handler)),  # no_autostart
+        Client(allowed, base_url="http://127.0.0.1:1", token="t", transport=httpx.MockTransport(handler)),
+    ):
         with c, pytest.raises(DaemonUnreachable):
             c.health()
     assert calls == [True]
@@ -169,8 +205,17 @@ def test_management_methods_hit_their_routes():
         body = json.loads(request.content) if is_json else request.content
         seen.append((request.url.path, dict(request.url.params), ctype, body))
         if request.url.path == "/import_snapshot":
-            return httpx.Response(409, json={"error": {"message": "the snapshot belongs to model 'x'", "type": "x",
-                                                       "code": "snapshot_mismatch", "hint": "serve x"}})  # fmt: skip
+            return httpx.Response(
+                409,
+                json={
+                    "error": {
+                        "message": "the snapshot belongs to model 'x'",
+                        "type": "x",
+                        "code": "snapshot_mismatch",
+                        "hint": "serve x",
+                    }
+                },
+            )
         return httpx.Response(200, json={"success": True})
 
     with _mock(handler) as c:

@@ -110,8 +110,10 @@ def test_imports_point_down_only():
             if target_package == package:
                 continue  # within a package (cycles are the next test's)
             if target_level <= level:
-                upward.append(f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} {module} imports {target} "
-                              f"({target_package} is {'a peer' if target_level == level else 'above'})")
+                upward.append(
+                    f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} {module} imports {target} "
+                    f"({target_package} is {'a peer' if target_level == level else 'above'})"
+                )
     assert not upward, "imports must point down the layers:\n" + "\n".join(upward)
 
 
@@ -123,7 +125,7 @@ def test_no_import_cycles():
         state[m] = 1
         for t in graph[m]:
             if state.get(t) == 1:
-                cycles.append(" -> ".join(path[path.index(t):] + [t]) if t in path else f"{m} -> {t}")
+                cycles.append(" -> ".join(path[path.index(t) :] + [t]) if t in path else f"{m} -> {t}")
             elif t not in state:
                 walk(t, path + [t])
         state[m] = 2
@@ -134,13 +136,16 @@ def test_no_import_cycles():
     assert not cycles, "import cycles (lazy imports count):\n" + "\n".join(cycles)
 
 
-@pytest.mark.parametrize("source,wrong", [
-    ("from engramctl.daemon.app import create_app\n", "engramctl.engine.fake"),
-    ("def f():\n    from engramctl.cli import output\n", "engramctl.client"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "source,wrong",
+    [
+        ("from engramctl.daemon.app import create_app\n", "engramctl.engine.fake"),
+        ("def f():\n    from engramctl.cli import output\n", "engramctl.client"),
+    ],
+)
 def test_the_checks_see_lazy_and_upward_imports(tmp_path, source, wrong):
     """The scanner itself: an import inside a function counts, and an upward one is recognised."""
     path = tmp_path / "m.py"
     path.write_text(source)
-    (target, _), = _imports(wrong, path)
+    ((target, _),) = _imports(wrong, path)
     assert _layer(target)[0] < _layer(wrong)[0]

@@ -78,7 +78,7 @@ def request_tools(tools: Iterable[Any]) -> RequestTools:
     declared, engram, client = [], set(), set()
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type", "function") != "function":
-            raise UsageError(f"tools[{i}]: only function tools are supported ({{\"type\": \"function\", ...}}).")
+            raise UsageError(f'tools[{i}]: only function tools are supported ({{"type": "function", ...}}).')
         fn = t.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
@@ -102,8 +102,9 @@ def tools_message(tools: RequestTools) -> dict[str, str]:
 def with_tools_message(messages: list[dict], transcript: list[dict], prompt: dict) -> list[dict]:
     """`messages` with the tools system message added unless the conversation already has it: first for
     a new conversation, right after the stored part when the request repeats it, else before the new ones."""
-    if prompt in messages or any(m.get("role") == "system" and m.get("content") == prompt["content"]
-                                 for m in transcript):  # fmt: skip
+    if prompt in messages or any(
+        m.get("role") == "system" and m.get("content") == prompt["content"] for m in transcript
+    ):
         return list(messages)
     stored = [{"role": str(m.get("role")), "content": str(m.get("content") or "")} for m in transcript]
     n = len(stored)
@@ -183,7 +184,7 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str, list[Parse
         return text, []
     stripped = text.strip()
     if stripped.startswith(_MISTRAL):
-        stripped = stripped[len(_MISTRAL):].strip()
+        stripped = stripped[len(_MISTRAL) :].strip()
     fenced = _FENCE.match(stripped)
     if fenced:
         stripped = fenced.group(1).strip()
@@ -243,5 +244,9 @@ def plain_messages(messages: Iterable[Any]) -> list[dict[str, str]]:
 
 def tool_message(call: ParsedCall, content: Any) -> dict[str, str]:
     """The `{"role": "tool"}` message answering `call` (content: the result or {"error": ...} as JSON)."""
-    return {"role": "tool", "tool_call_id": call.id, "name": call.name,
-            "content": content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)}  # fmt: skip
+    return {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "name": call.name,
+        "content": content if isinstance(content, str) else json.dumps(content, ensure_ascii=False),
+    }

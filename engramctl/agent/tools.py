@@ -61,23 +61,29 @@ _INT = {"type": "integer", "minimum": 0}
 
 
 def _obj(properties: dict, required: list[str] | None = None) -> dict:
-    return {"type": "object", "properties": properties, "required": list(required or properties),
-            "additionalProperties": False}  # fmt: skip
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required or properties),
+        "additionalProperties": False,
+    }
 
 
-_CHECKPOINT_ITEM = _obj({
-    "snapshot_id": _ID,
-    "session": {"type": "string", "description": "The session that owns it."},
-    "label": _NULLABLE_STR,
-    "pinned": {"type": "boolean"},
-    "tokens": {**_INT, "description": "Tokens in the state."},
-    "n_messages": {**_INT, "description": "Transcript messages the state has consumed."},
-    "bytes": _INT,
-    "created": {"type": "number", "description": "Unix time."},
-    "tier": {**_NULLABLE_STR, "description": "Hottest tier holding it: vram, ram or disk."},
-    "is_head": {"type": "boolean", "description": "The session continues from this one."},
-    "in_history": {"type": "boolean", "description": "The session's current head descends from it."},
-})  # fmt: skip
+_CHECKPOINT_ITEM = _obj(
+    {
+        "snapshot_id": _ID,
+        "session": {"type": "string", "description": "The session that owns it."},
+        "label": _NULLABLE_STR,
+        "pinned": {"type": "boolean"},
+        "tokens": {**_INT, "description": "Tokens in the state."},
+        "n_messages": {**_INT, "description": "Transcript messages the state has consumed."},
+        "bytes": _INT,
+        "created": {"type": "number", "description": "Unix time."},
+        "tier": {**_NULLABLE_STR, "description": "Hottest tier holding it: vram, ram or disk."},
+        "is_head": {"type": "boolean", "description": "The session continues from this one."},
+        "in_history": {"type": "boolean", "description": "The session's current head descends from it."},
+    }
+)
 
 _SAMPLING = copy.deepcopy(SAMPLING_OPTIONS)  # defined once, with their bounds: engine/sampling_params.py
 
@@ -103,8 +109,14 @@ class Tool:
 
     def openai(self, contextual: bool = False) -> dict:
         """The OpenAI function-calling tool object."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.input_schema(contextual)}}  # fmt: skip
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.input_schema(contextual),
+            },
+        }
 
 
 TOOLS: dict[str, Tool] = {}
@@ -114,157 +126,232 @@ def _add(tool: Tool) -> None:
     TOOLS[tool.name] = tool
 
 
-_add(Tool(
-    name="checkpoint",
-    description=("Save the session's current state as a checkpoint (pinned, never evicted) under an optional "
-                 "label, before a risky step. Returns the checkpoint's snapshot id; restore or branch from it "
-                 "later by id or label."),
-    parameters=_obj({
-        "session": _session("The session to checkpoint."),
-        "label": {**_REF, "description": f"A name for the checkpoint (at most {MAX_LABEL_CHARS} characters)."},
-    }, required=["session"]),
-    returns=_obj({
-        "snapshot_id": _ID,
-        "session": {"type": "string"},
-        "label": _NULLABLE_STR,
-        "pinned": {"type": "boolean"},
-        "tokens": _INT,
-        "n_messages": _INT,
-        "created": {"type": "number"},
-    }),
-    mutates=True,
-))  # fmt: skip
+_add(
+    Tool(
+        name="checkpoint",
+        description=(
+            "Save the session's current state as a checkpoint (pinned, never evicted) under an optional "
+            "label, before a risky step. Returns the checkpoint's snapshot id; restore or branch from it "
+            "later by id or label."
+        ),
+        parameters=_obj(
+            {
+                "session": _session("The session to checkpoint."),
+                "label": {**_REF, "description": f"A name for the checkpoint (at most {MAX_LABEL_CHARS} characters)."},
+            },
+            required=["session"],
+        ),
+        returns=_obj(
+            {
+                "snapshot_id": _ID,
+                "session": {"type": "string"},
+                "label": _NULLABLE_STR,
+                "pinned": {"type": "boolean"},
+                "tokens": _INT,
+                "n_messages": _INT,
+                "created": {"type": "number"},
+            }
+        ),
+        mutates=True,
+    )
+)
 
-_add(Tool(
-    name="branch",
-    description=("Fork a new session to explore an alternative without touching the original: from a session's "
-                 "current state, from one of its checkpoints (give `checkpoint`: a label or snapshot id), from a "
-                 "snapshot id, or from a label. Nothing is copied; the new session shares the history up to there."),
-    parameters=_obj({
-        "source": {**_REF, "description": "A session name, a snapshot id (or unique prefix), or a checkpoint label."},
-        "new_session": _session("Name of the new session (must not exist yet)."),
-        "checkpoint": {**_REF, "description": "With a session as source: branch from this checkpoint of it "
-                                              "(label or snapshot id) instead of its current state."},
-    }, required=["source", "new_session"]),
-    returns=_obj({
-        "session": {"type": "string", "description": "The new session."},
-        "source_session": _NULLABLE_STR,
-        "snapshot_id": {**_NULLABLE_STR, "description": "The state it starts from (null: none yet)."},
-        "tokens": _INT,
-        "n_messages": _INT,
-    }),
-    mutates=True,
-    context="source",
-))  # fmt: skip
+_add(
+    Tool(
+        name="branch",
+        description=(
+            "Fork a new session to explore an alternative without touching the original: from a session's "
+            "current state, from one of its checkpoints (give `checkpoint`: a label or snapshot id), from a "
+            "snapshot id, or from a label. Nothing is copied; the new session shares the history up to there."
+        ),
+        parameters=_obj(
+            {
+                "source": {
+                    **_REF,
+                    "description": "A session name, a snapshot id (or unique prefix), or a checkpoint label.",
+                },
+                "new_session": _session("Name of the new session (must not exist yet)."),
+                "checkpoint": {
+                    **_REF,
+                    "description": "With a session as source: branch from this checkpoint of it "
+                    "(label or snapshot id) instead of its current state.",
+                },
+            },
+            required=["source", "new_session"],
+        ),
+        returns=_obj(
+            {
+                "session": {"type": "string", "description": "The new session."},
+                "source_session": _NULLABLE_STR,
+                "snapshot_id": {**_NULLABLE_STR, "description": "The state it starts from (null: none yet)."},
+                "tokens": _INT,
+                "n_messages": _INT,
+            }
+        ),
+        mutates=True,
+        context="source",
+    )
+)
 
-_add(Tool(
-    name="restore",
-    description=("Move the session back to an earlier checkpoint of its own history (label or snapshot id): the "
-                 "next turn continues exactly from there and the transcript is rewound to that point. Later "
-                 "snapshots stay listed, so you can restore forward again. A checkpoint of a branch made from "
-                 "this session works too: the session adopts that branch's state and transcript."),
-    parameters=_obj({
-        "session": _session("The session to restore."),
-        "checkpoint": {**_REF, "description": "Label or snapshot id (or unique prefix) of a checkpoint in its "
-                                              "history, or of a branch made from it."},
-    }),
-    returns=_obj({
-        "session": {"type": "string"},
-        "snapshot_id": _ID,
-        "label": _NULLABLE_STR,
-        "previous_head": _NULLABLE_STR,
-        "tokens": _INT,
-        "n_messages": _INT,
-        "tier": {**_NULLABLE_STR, "description": "Where the state was loaded from: live, vram, ram or disk."},
-        "restore_ms": _NULLABLE_NUM,
-    }),
-    mutates=True,
-))  # fmt: skip
+_add(
+    Tool(
+        name="restore",
+        description=(
+            "Move the session back to an earlier checkpoint of its own history (label or snapshot id): the "
+            "next turn continues exactly from there and the transcript is rewound to that point. Later "
+            "snapshots stay listed, so you can restore forward again. A checkpoint of a branch made from "
+            "this session works too: the session adopts that branch's state and transcript."
+        ),
+        parameters=_obj(
+            {
+                "session": _session("The session to restore."),
+                "checkpoint": {
+                    **_REF,
+                    "description": "Label or snapshot id (or unique prefix) of a checkpoint in its "
+                    "history, or of a branch made from it.",
+                },
+            }
+        ),
+        returns=_obj(
+            {
+                "session": {"type": "string"},
+                "snapshot_id": _ID,
+                "label": _NULLABLE_STR,
+                "previous_head": _NULLABLE_STR,
+                "tokens": _INT,
+                "n_messages": _INT,
+                "tier": {**_NULLABLE_STR, "description": "Where the state was loaded from: live, vram, ram or disk."},
+                "restore_ms": _NULLABLE_NUM,
+            }
+        ),
+        mutates=True,
+    )
+)
 
-_add(Tool(
-    name="list_checkpoints",
-    description=("List the session's checkpoints, oldest first: its own and those its history descends from "
-                 "(a branch sees its source's earlier checkpoints). include_turns adds every turn's snapshot."),
-    parameters=_obj({
-        "session": _session("The session."),
-        "include_turns": {"type": "boolean", "description": "Also list unpinned per-turn snapshots. Default false."},
-    }, required=["session"]),
-    returns=_obj({
-        "session": {"type": "string"},
-        "head": _NULLABLE_STR,
-        "checkpoints": {"type": "array", "items": _CHECKPOINT_ITEM},
-    }),
-    mutates=False,
-))  # fmt: skip
+_add(
+    Tool(
+        name="list_checkpoints",
+        description=(
+            "List the session's checkpoints, oldest first: its own and those its history descends from "
+            "(a branch sees its source's earlier checkpoints). include_turns adds every turn's snapshot."
+        ),
+        parameters=_obj(
+            {
+                "session": _session("The session."),
+                "include_turns": {
+                    "type": "boolean",
+                    "description": "Also list unpinned per-turn snapshots. Default false.",
+                },
+            },
+            required=["session"],
+        ),
+        returns=_obj(
+            {
+                "session": {"type": "string"},
+                "head": _NULLABLE_STR,
+                "checkpoints": {"type": "array", "items": _CHECKPOINT_ITEM},
+            }
+        ),
+        mutates=False,
+    )
+)
 
-_add(Tool(
-    name="delete_checkpoint",
-    description=("Delete a checkpoint by snapshot id (or unique prefix). It stops being a checkpoint at once; its "
-                 "data is deleted too unless a session still continues or branches from it (then `deleted` is "
-                 "false and `reason` says which)."),
-    parameters=_obj({
-        "id": {"type": "string", "minLength": MIN_ID_PREFIX, "maxLength": 32,
-               "pattern": f"^[0-9a-f]{{{MIN_ID_PREFIX},32}}$",
-               "description": f"Snapshot id of the checkpoint, or a unique prefix of {MIN_ID_PREFIX}+ hex digits."},
-    }),
-    returns=_obj({
-        "snapshot_id": _ID,
-        "session": {"type": "string"},
-        "deleted": {"type": "boolean", "description": "The snapshot's data was deleted."},
-        "reason": {**_NULLABLE_STR, "description": "Why the data was kept."},
-    }),
-    mutates=True,
-    context=None,
-))  # fmt: skip
+_add(
+    Tool(
+        name="delete_checkpoint",
+        description=(
+            "Delete a checkpoint by snapshot id (or unique prefix). It stops being a checkpoint at once; its "
+            "data is deleted too unless a session still continues or branches from it (then `deleted` is "
+            "false and `reason` says which)."
+        ),
+        parameters=_obj(
+            {
+                "id": {
+                    "type": "string",
+                    "minLength": MIN_ID_PREFIX,
+                    "maxLength": 32,
+                    "pattern": f"^[0-9a-f]{{{MIN_ID_PREFIX},32}}$",
+                    "description": f"Snapshot id of the checkpoint, or a unique prefix of {MIN_ID_PREFIX}+ hex digits.",
+                },
+            }
+        ),
+        returns=_obj(
+            {
+                "snapshot_id": _ID,
+                "session": {"type": "string"},
+                "deleted": {"type": "boolean", "description": "The snapshot's data was deleted."},
+                "reason": {**_NULLABLE_STR, "description": "Why the data was kept."},
+            }
+        ),
+        mutates=True,
+        context=None,
+    )
+)
 
-_add(Tool(
-    name="session_info",
-    description=("How big the session's state is and where it lives: tokens in the state, snapshot bytes, tier, "
-                 "head snapshot, transcript length, checkpoints."),
-    parameters=_obj({"session": _session("The session.")}),
-    returns=_obj({
-        "session": {"type": "string"},
-        "head": {**_NULLABLE_STR, "description": "Snapshot id the next turn continues from."},
-        "tokens": {**_INT, "description": "Tokens in the head state."},
-        "snapshot_bytes": {**_INT, "description": "Bytes of the head snapshot."},
-        "stored_bytes": {**_INT, "description": "Bytes of all snapshots the session owns."},
-        "tier": {**_NULLABLE_STR, "description": "Hottest tier holding the head: vram, ram or disk."},
-        "hot": {"type": "boolean", "description": "The head state is loaded in the model, ready to continue."},
-        "n_messages": _INT,
-        "n_snapshots": _INT,
-        "n_checkpoints": _INT,
-        "base": {**_NULLABLE_STR, "description": "The snapshot it was branched from, if a branch."},
-        "model_id": _NULLABLE_STR,
-        "created": {"type": "number"},
-        "last_used": {"type": "number"},
-    }),
-    mutates=False,
-))  # fmt: skip
+_add(
+    Tool(
+        name="session_info",
+        description=(
+            "How big the session's state is and where it lives: tokens in the state, snapshot bytes, tier, "
+            "head snapshot, transcript length, checkpoints."
+        ),
+        parameters=_obj({"session": _session("The session.")}),
+        returns=_obj(
+            {
+                "session": {"type": "string"},
+                "head": {**_NULLABLE_STR, "description": "Snapshot id the next turn continues from."},
+                "tokens": {**_INT, "description": "Tokens in the head state."},
+                "snapshot_bytes": {**_INT, "description": "Bytes of the head snapshot."},
+                "stored_bytes": {**_INT, "description": "Bytes of all snapshots the session owns."},
+                "tier": {**_NULLABLE_STR, "description": "Hottest tier holding the head: vram, ram or disk."},
+                "hot": {"type": "boolean", "description": "The head state is loaded in the model, ready to continue."},
+                "n_messages": _INT,
+                "n_snapshots": _INT,
+                "n_checkpoints": _INT,
+                "base": {**_NULLABLE_STR, "description": "The snapshot it was branched from, if a branch."},
+                "model_id": _NULLABLE_STR,
+                "created": {"type": "number"},
+                "last_used": {"type": "number"},
+            }
+        ),
+        mutates=False,
+    )
+)
 
-_add(Tool(
-    name="chat",
-    description=("Send a user message to the session and get the model's reply. The state is snapshotted after "
-                 "the turn; the next turn continues from it without re-reading the conversation."),
-    parameters=_obj({
-        "session": _session("The session (created on first use)."),
-        "message": {"type": "string", "minLength": 1, "description": "The user message."},
-        **_SAMPLING,
-    }, required=["session", "message"]),
-    returns=_obj({
-        "session": {"type": "string"},
-        "reply": {"type": "string"},
-        "finish_reason": {"type": "string", "enum": ["stop", "length", "cancelled"]},
-        "snapshot_id": _NULLABLE_STR,
-        "usage": _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT,
-                       "cached_tokens": _INT}),  # fmt: skip
-        "resumed": {"type": "boolean"},
-        "restored_tokens": _INT,
-        "tier": _NULLABLE_STR,
-        "restore_ms": _NULLABLE_NUM,
-    }),
-    mutates=True,
-    model_callable=False,
-))  # fmt: skip
+_add(
+    Tool(
+        name="chat",
+        description=(
+            "Send a user message to the session and get the model's reply. The state is snapshotted after "
+            "the turn; the next turn continues from it without re-reading the conversation."
+        ),
+        parameters=_obj(
+            {
+                "session": _session("The session (created on first use)."),
+                "message": {"type": "string", "minLength": 1, "description": "The user message."},
+                **_SAMPLING,
+            },
+            required=["session", "message"],
+        ),
+        returns=_obj(
+            {
+                "session": {"type": "string"},
+                "reply": {"type": "string"},
+                "finish_reason": {"type": "string", "enum": ["stop", "length", "cancelled"]},
+                "snapshot_id": _NULLABLE_STR,
+                "usage": _obj(
+                    {"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT, "cached_tokens": _INT}
+                ),
+                "resumed": {"type": "boolean"},
+                "restored_tokens": _INT,
+                "tier": _NULLABLE_STR,
+                "restore_ms": _NULLABLE_NUM,
+            }
+        ),
+        mutates=True,
+        model_callable=False,
+    )
+)
 
 STATE_TOOLS = tuple(n for n, t in TOOLS.items() if t.model_callable)  # what a model may call
 
@@ -272,8 +359,10 @@ STATE_TOOLS = tuple(n for n, t in TOOLS.items() if t.model_callable)  # what a m
 def get_tool(name: object) -> Tool:
     if not isinstance(name, str) or name not in TOOLS:
         shown = name if isinstance(name, str) else type(name).__name__
-        raise UnknownTool(f"no tool named {str(shown)[:60]!r}; the tools are: {', '.join(TOOLS)}.",
-                          hint="GET /v1/agent/tools lists them with their schemas")  # fmt: skip
+        raise UnknownTool(
+            f"no tool named {str(shown)[:60]!r}; the tools are: {', '.join(TOOLS)}.",
+            hint="GET /v1/agent/tools lists them with their schemas",
+        )
     return TOOLS[name]
 
 
@@ -322,16 +411,22 @@ def check(schema: Mapping[str, Any], value: Any, where: str) -> None:
     if types is not None:
         allowed = [types] if isinstance(types, str) else list(types)
         if not any(_is(value, t) for t in allowed):
-            want = " or ".join("an integer" if t == "integer" else f"a {t}" if t != "object" else "an object"
-                               for t in allowed)  # fmt: skip
+            want = " or ".join(
+                "an integer" if t == "integer" else f"a {t}" if t != "object" else "an object" for t in allowed
+            )
             raise ToolArgumentError(f"{where}: must be {want} (got {_type_name(value)} {_shown(value)}).", where)
     if "enum" in schema and value not in schema["enum"]:
-        raise ToolArgumentError(f"{where}: must be one of {', '.join(map(str, schema['enum']))} (got {_shown(value)}).",
-                                where)  # fmt: skip
+        raise ToolArgumentError(
+            f"{where}: must be one of {', '.join(map(str, schema['enum']))} (got {_shown(value)}).", where
+        )
     if isinstance(value, str):
         if len(value) < schema.get("minLength", 0):
-            raise ToolArgumentError(f"{where}: must not be empty." if schema["minLength"] == 1 else
-                                    f"{where}: must be at least {schema['minLength']} characters.", where)  # fmt: skip
+            raise ToolArgumentError(
+                f"{where}: must not be empty."
+                if schema["minLength"] == 1
+                else f"{where}: must be at least {schema['minLength']} characters.",
+                where,
+            )
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             raise ToolArgumentError(f"{where}: must be at most {schema['maxLength']} characters.", where)
         if "pattern" in schema and not re.search(schema["pattern"], value):
@@ -358,7 +453,8 @@ def check(schema: Mapping[str, Any], value: Any, where: str) -> None:
                 if schema.get("additionalProperties", True) is False:
                     raise ToolArgumentError(
                         f"{_join(where, str(key))}: unknown argument; the arguments are {', '.join(props) or 'none'}.",
-                        _join(where, str(key)))  # fmt: skip
+                        _join(where, str(key)),
+                    )
                 continue
             if item is None and key not in schema.get("required", ()) and "null" not in _types(props[key]):
                 continue  # an optional argument given as null = left out

@@ -153,7 +153,9 @@ def open_catalog(settings: Any, *, wait_s: float = 2.0, starting_wait_s: float =
                 return daemonlink.daemon_catalog(settings)
             if time.monotonic() >= deadline:
                 if info is not None:
-                    raise EngramError("the daemon is still starting (loading its model).",
-                                      hint="try again in a moment; engramctl daemon status") from None  # fmt: skip
+                    raise EngramError(
+                        "the daemon is still starting (loading its model).",
+                        hint="try again in a moment; engramctl daemon status",
+                    ) from None
                 raise EngramError(locked.message, hint=locked.hint) from None
             time.sleep(0.1)

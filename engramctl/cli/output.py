@@ -181,8 +181,15 @@ class Output:
         """One NDJSON line (streams)."""
         self.line(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_json_default))
 
-    def table(self, rows: Sequence[dict], columns: Sequence[Column], *, json_rows: Any = None,
-              quiet_key: str | Callable[[dict], str] = "id", empty: str | None = None) -> None:  # fmt: skip
+    def table(
+        self,
+        rows: Sequence[dict],
+        columns: Sequence[Column],
+        *,
+        json_rows: Any = None,
+        quiet_key: str | Callable[[dict], str] = "id",
+        empty: str | None = None,
+    ) -> None:
         """A list: a table (human), a JSON array (json), or one `quiet_key` per line (quiet)."""
         if self.json:
             self.emit_json(list(rows) if json_rows is None else json_rows)

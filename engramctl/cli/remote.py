@@ -138,8 +138,15 @@ class DaemonChatLink:
             r = Restored.from_json(self.client.restore_snapshot(session=session))
         except NotFound:
             return None
-        return {"session": session, "resumed": bool(r.tokens), "restored_tokens": r.tokens, "tier": r.tier,
-                "restore_ms": r.restore_ms, "snapshot_id": r.snapshot_id, "n_messages": r.n_messages}  # fmt: skip
+        return {
+            "session": session,
+            "resumed": bool(r.tokens),
+            "restored_tokens": r.tokens,
+            "tier": r.tier,
+            "restore_ms": r.restore_ms,
+            "snapshot_id": r.snapshot_id,
+            "n_messages": r.n_messages,
+        }
 
     def stream(self, session: str, messages: list[dict], sampling: dict) -> Iterator[dict]:
         s = self.client.chat_stream(messages, session=session, model=self.model, **sampling)
@@ -196,8 +203,11 @@ class DaemonChatLink:
             res = self.client.reset_session(session)
         except NotFound:
             return None
-        return {"session": session, "kept_snapshots": res.get("n_snapshots") or 0,
-                "previous_head": res.get("previous_head")}  # fmt: skip
+        return {
+            "session": session,
+            "kept_snapshots": res.get("n_snapshots") or 0,
+            "previous_head": res.get("previous_head"),
+        }
 
     def snapshot(self, snapshot_id: str) -> dict:
         return Snapshot.from_json(self.client.snapshot_info(snapshot_id)).to_dict()

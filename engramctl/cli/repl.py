@@ -56,8 +56,7 @@ def help_text() -> str:
     rows = [(f"{c.name} {c.args}".rstrip(), c.help) for c in COMMANDS]
     width = max(len(a) for a, _ in rows)
     lines = ["Commands:"] + [f"  {a:<{width}}  {h}" for a, h in rows]
-    lines += ["", f'Start and end a multi-line message with {FENCE}.',
-              "Ctrl-C stops a reply; Ctrl-D or /bye exits."]  # fmt: skip
+    lines += ["", f"Start and end a multi-line message with {FENCE}.", "Ctrl-C stops a reply; Ctrl-D or /bye exits."]
     return "\n".join(lines)
 
 
@@ -76,8 +75,10 @@ def _bye(repl: "Repl", arg: str) -> bool:
 def _save(repl: "Repl", arg: str) -> None:
     snap = repl.chat.save(arg.strip() or None)
     label = f" as {snap['label']!r}" if snap.get("label") else ""
-    repl.out.note(f"Saved snapshot {snap['id'][:12]}{label} ({count(snap.get('n_tokens'))} tokens, "
-                  f"{size(snap.get('nbytes'))}); pinned.")  # fmt: skip
+    repl.out.note(
+        f"Saved snapshot {snap['id'][:12]}{label} ({count(snap.get('n_tokens'))} tokens, "
+        f"{size(snap.get('nbytes'))}); pinned."
+    )
 
 
 @slash("/branch", "NAME", "Fork the conversation here and continue in the new session NAME.")
@@ -88,7 +89,9 @@ def _branch(repl: "Repl", arg: str) -> None:
         return
     old = repl.chat.session
     repl.chat.branch(name)
-    repl.out.note(f"Branched {old!r} into {name!r}; now in {name!r}. Back to the original: engramctl chat --session {old}")
+    repl.out.note(
+        f"Branched {old!r} into {name!r}; now in {name!r}. Back to the original: engramctl chat --session {old}"
+    )
 
 
 @slash("/history", "", "Show the conversation so far.")
@@ -104,15 +107,19 @@ def _history(repl: "Repl", arg: str) -> None:
 def _stats(repl: "Repl", arg: str) -> None:
     s = repl.chat.stats()
     tps = s.get("tokens_per_s")
-    repl.out.note("\n".join([
-        f"session          {s['session']}",
-        f"model            {s.get('model') or '-'}",
-        f"tokens in state  {count(s.get('state_tokens'))}",
-        f"snapshot         {(s.get('snapshot_id') or '-')[:12]}  {size(s.get('snapshot_bytes'))}",
-        f"time to first    {ms(s.get('ttft_ms'))}",
-        f"tokens/s         {'-' if tps is None else f'{tps:.1f}'}",
-        f"turns            {s.get('turns', 0)}",
-    ]))  # fmt: skip
+    repl.out.note(
+        "\n".join(
+            [
+                f"session          {s['session']}",
+                f"model            {s.get('model') or '-'}",
+                f"tokens in state  {count(s.get('state_tokens'))}",
+                f"snapshot         {(s.get('snapshot_id') or '-')[:12]}  {size(s.get('snapshot_bytes'))}",
+                f"time to first    {ms(s.get('ttft_ms'))}",
+                f"tokens/s         {'-' if tps is None else f'{tps:.1f}'}",
+                f"turns            {s.get('turns', 0)}",
+            ]
+        )
+    )
 
 
 def kept_note(session: str, reset: dict | None) -> str:
@@ -132,8 +139,7 @@ def _clear(repl: "Repl", arg: str) -> None:
 class LineReader:
     """Lines from the terminal (readline editing + persistent history) or from any text stream."""
 
-    def __init__(self, out: Output, stream: TextIO | None = None, history_path: Path | None = None,
-                 tty: bool = False):  # fmt: skip
+    def __init__(self, out: Output, stream: TextIO | None = None, history_path: Path | None = None, tty: bool = False):
         self.out, self.stream, self.tty = out, stream, tty
         self.history_path = history_path
         self._readline = None
@@ -193,7 +199,7 @@ def messages(reader: LineReader) -> Iterator[str]:
         line = reader.read(PROMPT)
         stripped = line.strip()
         if stripped.startswith(FENCE):
-            rest = stripped[len(FENCE):]
+            rest = stripped[len(FENCE) :]
             if rest.endswith(FENCE) and len(rest) >= len(FENCE):
                 yield rest[: -len(FENCE)]
                 continue

@@ -20,8 +20,10 @@ def snapshot_rows(snaps: Iterable[Snapshot], sessions: Iterable[Session]) -> lis
             heads.setdefault(s.head, []).append(s.name)
         if s.base:
             bases.setdefault(s.base, []).append(s.name)
-    return [{**snap.to_dict(), "head_of": heads.get(snap.id, []), "branch_point_of": bases.get(snap.id, [])}
-            for snap in snaps]  # fmt: skip
+    return [
+        {**snap.to_dict(), "head_of": heads.get(snap.id, []), "branch_point_of": bases.get(snap.id, [])}
+        for snap in snaps
+    ]
 
 
 def session_rows(sessions: Iterable[Session], snaps: Iterable[Snapshot], hot: set[str] | None = None) -> list[dict]:
@@ -30,9 +32,12 @@ def session_rows(sessions: Iterable[Session], snaps: Iterable[Snapshot], hot: se
     rows = []
     for s in sessions:
         head = by_id.get(s.head) if s.head else None
-        row = {**s.to_json(), "head_tiers": list(head.tiers) if head else [],
-               "head_tokens": head.n_tokens if head else 0,
-               "nbytes": sum(x.nbytes for x in by_id.values() if x.session == s.name)}  # fmt: skip
+        row = {
+            **s.to_json(),
+            "head_tiers": list(head.tiers) if head else [],
+            "head_tokens": head.n_tokens if head else 0,
+            "nbytes": sum(x.nbytes for x in by_id.values() if x.session == s.name),
+        }
         if hot is not None:
             row["hot"] = s.name in hot
         rows.append(row)

@@ -25,9 +25,15 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-IdArg = typer.Argument(..., metavar="ID", autocompletion=complete_snapshot,
-                       help=f"Snapshot id or a unique prefix ({MIN_ID_PREFIX}+ characters).")  # fmt: skip
-SessionOpt = typer.Option(None, "--session", "-s", metavar="NAME", help="Only this session.", autocompletion=complete_session)
+IdArg = typer.Argument(
+    ...,
+    metavar="ID",
+    autocompletion=complete_snapshot,
+    help=f"Snapshot id or a unique prefix ({MIN_ID_PREFIX}+ characters).",
+)
+SessionOpt = typer.Option(
+    None, "--session", "-s", metavar="NAME", help="Only this session.", autocompletion=complete_session
+)
 
 
 def _open(settings: Any):
@@ -79,8 +85,12 @@ def ls(
     st = common.settings()
     with _open(st) as cat:
         snaps = cat.snapshots(session)
-    out.table(snaps, snapshot_columns(snaps, with_session=session is None), quiet_key="id",
-              empty="No snapshots yet. Start one with: engramctl chat --session NAME")  # fmt: skip
+    out.table(
+        snaps,
+        snapshot_columns(snaps, with_session=session is None),
+        quiet_key="id",
+        empty="No snapshots yet. Start one with: engramctl chat --session NAME",
+    )
 
 
 @app.command("info")
@@ -126,31 +136,47 @@ def _refuse_or_confirm(out: Any, what: str, yes: bool) -> bool:
     if yes:
         return True
     if not stdin_is_tty():
-        raise UsageError(f"refusing to delete {what} without confirmation: stdin is not a terminal.",
-                         hint="add --yes to delete, or --dry-run to only preview")  # fmt: skip
+        raise UsageError(
+            f"refusing to delete {what} without confirmation: stdin is not a terminal.",
+            hint="add --yes to delete, or --dry-run to only preview",
+        )
     return out.confirm(f"Delete {what}?")
 
 
 @app.command("rm")
 def rm(
     refs: Optional[list[str]] = typer.Argument(
-        None, metavar="ID", autocompletion=complete_snapshot,
+        None,
+        metavar="ID",
+        autocompletion=complete_snapshot,
         help=f"Snapshot ids or unique prefixes ({MIN_ID_PREFIX}+ characters).",
-    ),  # fmt: skip
-    session: Optional[str] = typer.Option(None, "--session", "-s", metavar="NAME", autocompletion=complete_session,
-                                          help="Delete this whole session: its snapshots and its transcript."),  # fmt: skip
+    ),
+    session: Optional[str] = typer.Option(
+        None,
+        "--session",
+        "-s",
+        metavar="NAME",
+        autocompletion=complete_session,
+        help="Delete this whole session: its snapshots and its transcript.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Only show what would be deleted."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    force: bool = typer.Option(False, "--force", "-f", help="Also delete pinned snapshots and session heads "
-                                                            "(those sessions fall back to the parent snapshot)."),  # fmt: skip
+    force: bool = typer.Option(
+        False,
+        "--force",
+        "-f",
+        help="Also delete pinned snapshots and session heads (those sessions fall back to the parent snapshot).",
+    ),
     json_: bool = JsonOpt,
     quiet: bool = QuietOpt,
 ) -> None:
     """Delete snapshots, or a whole session. Shows what goes and the bytes freed first."""
     out = common.output(json_, quiet)
     if bool(refs) == bool(session):
-        raise UsageError("give snapshot ids or --session NAME (one of the two).",
-                         hint="engramctl snapshots rm ID... | engramctl snapshots rm --session NAME")  # fmt: skip
+        raise UsageError(
+            "give snapshot ids or --session NAME (one of the two).",
+            hint="engramctl snapshots rm ID... | engramctl snapshots rm --session NAME",
+        )
     st = common.settings()
     with _open(st) as cat:
         if session:
@@ -170,8 +196,10 @@ def _rm_ids(out: Any, cat: Any, refs: list[str], dry_run: bool, yes: bool, force
         out.line(_rm_table(snaps))
     if blocked and not force:
         why = "; ".join(f"{s['id'][:12]}: {_in_use(s)}" for s in blocked)
-        raise UsageError(f"{len(blocked)} of these snapshots are in use ({why}).",
-                         hint="add --force to delete them anyway (those sessions fall back to the parent snapshot)")  # fmt: skip
+        raise UsageError(
+            f"{len(blocked)} of these snapshots are in use ({why}).",
+            hint="add --force to delete them anyway (those sessions fall back to the parent snapshot)",
+        )
     if dry_run:
         out.result("Dry run: nothing deleted.", json_obj=preview, quiet_lines=ids)
         return
@@ -179,8 +207,11 @@ def _rm_ids(out: Any, cat: Any, refs: list[str], dry_run: bool, yes: bool, force
         out.note("Nothing deleted.")
         raise typer.Exit(1)
     res = cat.delete(ids, force=force)
-    out.result(f"Deleted {len(res['deleted'])} snapshot(s), freed {size(res['freed_bytes'])}.",
-               json_obj={"dry_run": False, **res}, quiet_lines=res["deleted"])  # fmt: skip
+    out.result(
+        f"Deleted {len(res['deleted'])} snapshot(s), freed {size(res['freed_bytes'])}.",
+        json_obj={"dry_run": False, **res},
+        quiet_lines=res["deleted"],
+    )
 
 
 def _in_use(s: dict) -> str:
@@ -210,11 +241,19 @@ def _rm_session(out: Any, cat: Any, name: str, dry_run: bool, yes: bool) -> None
     kept = [s for s in snaps if s["id"] in others]
     freed = sum(s["nbytes"] for s in going if s.get("durable", True))
     n_msg = sessions[name].get("n_messages", 0)
-    preview = {"dry_run": True, "session": name, "deleted": [s["id"] for s in going], "freed_bytes": freed,
-               "kept_for_branches": [s["id"] for s in kept], "messages": n_msg}  # fmt: skip
+    preview = {
+        "dry_run": True,
+        "session": name,
+        "deleted": [s["id"] for s in going],
+        "freed_bytes": freed,
+        "kept_for_branches": [s["id"] for s in kept],
+        "messages": n_msg,
+    }
     if out.human:
-        out.note(f"Will delete session {name!r}: {len(going)} snapshot(s) ({size(freed)}) and its transcript "
-                 f"({n_msg} message(s)).")  # fmt: skip
+        out.note(
+            f"Will delete session {name!r}: {len(going)} snapshot(s) ({size(freed)}) and its transcript "
+            f"({n_msg} message(s))."
+        )
         if going:
             out.line(_rm_table(going))
         if kept:
@@ -226,15 +265,22 @@ def _rm_session(out: Any, cat: Any, name: str, dry_run: bool, yes: bool) -> None
         out.note("Nothing deleted.")
         raise typer.Exit(1)
     res = cat.delete_session(name)
-    out.result(f"Deleted session {name!r}: {len(res['deleted'])} snapshot(s), freed {size(res['freed_bytes'])}.",
-               json_obj={"dry_run": False, **res}, quiet_lines=res["deleted"])  # fmt: skip
+    out.result(
+        f"Deleted session {name!r}: {len(res['deleted'])} snapshot(s), freed {size(res['freed_bytes'])}.",
+        json_obj={"dry_run": False, **res},
+        quiet_lines=res["deleted"],
+    )
 
 
 # -- branch, pin --------------------------------------------------------------------------------------
 @app.command("branch")
 def branch(
-    source: str = typer.Argument(..., metavar="SOURCE", help="A session name (its latest state) or a snapshot id/prefix.",
-                                 autocompletion=complete_session_or_snapshot),  # fmt: skip
+    source: str = typer.Argument(
+        ...,
+        metavar="SOURCE",
+        help="A session name (its latest state) or a snapshot id/prefix.",
+        autocompletion=complete_session_or_snapshot,
+    ),
     new_session: str = typer.Argument(..., metavar="NEW_SESSION", help="Name of the new session."),
     json_: bool = JsonOpt,
     quiet: bool = QuietOpt,
@@ -248,11 +294,16 @@ def branch(
             try:
                 src = cat.resolve(source)
             except UsageError:
-                raise NotFound(f"no session or snapshot named {source!r}.", hint="engramctl ps; engramctl snapshots ls") from None
+                raise NotFound(
+                    f"no session or snapshot named {source!r}.", hint="engramctl ps; engramctl snapshots ls"
+                ) from None
         res = cat.branch(src, new_session)
     frm = f"session {source!r}" if src == source and len(src) != 32 else f"snapshot {src[:12]}"
-    out.result(f"Created session {new_session!r} from {frm}. Continue it with: engramctl chat --session {new_session}",
-               json_obj=res, quiet_lines=[new_session])  # fmt: skip
+    out.result(
+        f"Created session {new_session!r} from {frm}. Continue it with: engramctl chat --session {new_session}",
+        json_obj=res,
+        quiet_lines=[new_session],
+    )
 
 
 @app.command("pin")
@@ -284,7 +335,9 @@ def unpin(ref: str = IdArg, json_: bool = JsonOpt, quiet: bool = QuietOpt) -> No
 @app.command("export")
 def export(
     ref: str = IdArg,
-    file: Path = typer.Argument(..., metavar="FILE", help="Where to write the snapshot (.safetensors).", dir_okay=False),
+    file: Path = typer.Argument(
+        ..., metavar="FILE", help="Where to write the snapshot (.safetensors).", dir_okay=False
+    ),
     force: bool = typer.Option(False, "--force", "-f", help="Overwrite FILE if it exists."),
     json_: bool = JsonOpt,
     quiet: bool = QuietOpt,
@@ -304,10 +357,17 @@ def export(
 
 @app.command("import")
 def import_(
-    file: Path = typer.Argument(..., metavar="FILE", help="A snapshot file written by `snapshots export`.",
-                                exists=True, dir_okay=False, readable=True),  # fmt: skip
-    session: Optional[str] = typer.Option(None, "--session", "-s", metavar="NAME",
-                                          help="Session to create (default: the one recorded in the file)."),  # fmt: skip
+    file: Path = typer.Argument(
+        ...,
+        metavar="FILE",
+        help="A snapshot file written by `snapshots export`.",
+        exists=True,
+        dir_okay=False,
+        readable=True,
+    ),
+    session: Optional[str] = typer.Option(
+        None, "--session", "-s", metavar="NAME", help="Session to create (default: the one recorded in the file)."
+    ),
     label: Optional[str] = typer.Option(None, "--label", "-l", help="Label the imported snapshot."),
     json_: bool = JsonOpt,
     quiet: bool = QuietOpt,
@@ -320,9 +380,12 @@ def import_(
     out = common.output(json_, quiet)
     with _open(common.settings()) as cat:
         res = transfer.import_snapshot(cat, file.expanduser(), session, label)
-    out.result(f"Imported {file.name} as session {res['session']!r} (snapshot {res['id'][:12]}, "
-               f"{count(res['n_tokens'])} tokens). Continue it with: engramctl chat --session {res['session']}",
-               json_obj=res, quiet_lines=[res["id"]])  # fmt: skip
+    out.result(
+        f"Imported {file.name} as session {res['session']!r} (snapshot {res['id'][:12]}, "
+        f"{count(res['n_tokens'])} tokens). Continue it with: engramctl chat --session {res['session']}",
+        json_obj=res,
+        quiet_lines=[res["id"]],
+    )
 
 
 # -- gc, path -----------------------------------------------------------------------------------------
@@ -350,8 +413,15 @@ def path(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     st = common.settings()
     p = st.paths
     if out.json:
-        out.emit_json({"data_dir": str(p.data_dir), "snapshots_dir": str(p.data_dir / "snapshots"),
-                       "index": str(p.data_dir / "index.db"), "config_dir": str(p.config_dir),
-                       "log_dir": str(p.log_dir), "cache_dir": str(p.cache_dir)})  # fmt: skip
+        out.emit_json(
+            {
+                "data_dir": str(p.data_dir),
+                "snapshots_dir": str(p.data_dir / "snapshots"),
+                "index": str(p.data_dir / "index.db"),
+                "config_dir": str(p.config_dir),
+                "log_dir": str(p.log_dir),
+                "cache_dir": str(p.cache_dir),
+            }
+        )
     else:
         out.line(str(p.data_dir))

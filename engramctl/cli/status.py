@@ -47,8 +47,16 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
     where = d.get("url") or (f"http://{d.get('host')}:{d.get('port')}" if d.get("port") else None)
     state = d.get("state") or ("running" if d.get("ready") else "starting")
     up = d.get("uptime_s")
-    daemon = ", ".join(x for x in (state, f"pid {d['pid']}" if d.get("pid") else None, where,
-                                   f"up {human_duration(up)}" if up is not None else None) if x)  # fmt: skip
+    daemon = ", ".join(
+        x
+        for x in (
+            state,
+            f"pid {d['pid']}" if d.get("pid") else None,
+            where,
+            f"up {human_duration(up)}" if up is not None else None,
+        )
+        if x
+    )
     fields.append(("daemon", daemon))
     return fields
 
@@ -81,8 +89,12 @@ def ps(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
         else:
             out.line(render_fields(daemon_fields(info)))
             out.line()
-    out.table(sessions, SESSION_COLUMNS, quiet_key="name",
-              empty="No sessions yet. Start one with: engramctl chat --session NAME")  # fmt: skip
+    out.table(
+        sessions,
+        SESSION_COLUMNS,
+        quiet_key="name",
+        empty="No sessions yet. Start one with: engramctl chat --session NAME",
+    )
 
 
 def sessions(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
@@ -121,24 +133,41 @@ def tiers(json_: bool = JsonOpt) -> None:
     ram = f"{size(hw.get('ram_total_bytes'))} total, {size(hw.get('ram_available_bytes'))} available"
     hw_fields.append(("ram", ram))
     gpu = hw.get("gpu")
-    hw_fields.append(("gpu", f"{gpu} ({size(hw.get('vram_total_bytes'))})" if gpu else "none (no CUDA in this process)"))
+    hw_fields.append(
+        ("gpu", f"{gpu} ({size(hw.get('vram_total_bytes'))})" if gpu else "none (no CUDA in this process)")
+    )
     hw_fields.append(("disk", f"{size(hw.get('disk_free_bytes'))} free under {st.paths.data_dir}"))
     hw_fields.append(("model", model_line(plan.get("model"))))
     out.line(render_fields(hw_fields))
     out.line()
     rows = plan.get("tiers") or []
-    out.line(render_table(rows, [
-        Column("TIER", "name"),
-        Column("BUDGET", lambda t: size(t["budget_bytes"]) if t.get("budget_bytes") else "off", ">"),
-        Column("USED", "used_bytes", ">", size),
-        Column("SNAPSHOTS", "snapshots", ">", count),
-        Column("RULE", "rule"),
-    ]))  # fmt: skip
+    out.line(
+        render_table(
+            rows,
+            [
+                Column("TIER", "name"),
+                Column("BUDGET", lambda t: size(t["budget_bytes"]) if t.get("budget_bytes") else "off", ">"),
+                Column("USED", "used_bytes", ">", size),
+                Column("SNAPSHOTS", "snapshots", ">", count),
+                Column("RULE", "rule"),
+            ],
+        )
+    )
     out.line()
     r = plan["retention"]
     ttl = r.get("session_ttl_s")
-    out.line(render_fields([
-        ("keep last", f"{r.get('keep_last')} snapshots per session (pinned, labelled and in-use ones are extra)"),
-        ("session ttl", "none" if not ttl else f"unpinned snapshots of sessions idle over {human_duration(ttl)} go"),
-        ("pins", "never evicted"),
-    ]))  # fmt: skip
+    out.line(
+        render_fields(
+            [
+                (
+                    "keep last",
+                    f"{r.get('keep_last')} snapshots per session (pinned, labelled and in-use ones are extra)",
+                ),
+                (
+                    "session ttl",
+                    "none" if not ttl else f"unpinned snapshots of sessions idle over {human_duration(ttl)} go",
+                ),
+                ("pins", "never evicted"),
+            ]
+        )
+    )

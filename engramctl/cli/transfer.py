@@ -26,8 +26,14 @@ def export_snapshot(cat: Any, sid: str, dest: Path) -> dict:
     buf = exchange.pack(payload, messages, snap["session"])
     dest.parent.mkdir(parents=True, exist_ok=True)
     snapshot_file.write_atomic(dest, buf)
-    return {"id": sid, "session": snap["session"], "file": str(dest.resolve()), "nbytes": len(buf),
-            "n_tokens": snap["n_tokens"], "messages": len(messages)}  # fmt: skip
+    return {
+        "id": sid,
+        "session": snap["session"],
+        "file": str(dest.resolve()),
+        "nbytes": len(buf),
+        "n_tokens": snap["n_tokens"],
+        "messages": len(messages),
+    }
 
 
 def import_snapshot(cat: Any, file: Path, session: str | None, label: str | None) -> dict:

@@ -42,8 +42,14 @@ def _load(settings: Settings) -> tuple[Engine, Store]:
     return engine, store
 
 
-def create_app(settings: Settings, engine: Engine | None = None, store: Store | None = None, *,
-               reuse: bool = True, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:  # fmt: skip
+def create_app(
+    settings: Settings,
+    engine: Engine | None = None,
+    store: Store | None = None,
+    *,
+    reuse: bool = True,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
     """The daemon's ASGI app. Without engine/store it loads settings.model and opens the store now.
     The app owns the store from here on: its lifespan shutdown (or app.state.daemon.close()) closes it."""
     if engine is None or store is None:
@@ -97,8 +103,9 @@ def _install_error_handlers(app: FastAPI) -> None:
             detail = f"no route {request.method} {request.url.path}."
         elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI read a body that is not UTF-8
             detail, code = "the request body is not valid JSON: it is not UTF-8 text.", "invalid_request"
-        return answer(request, exc.status_code, error_body(detail, exc.status_code, code),
-                      getattr(exc, "headers", None))
+        return answer(
+            request, exc.status_code, error_body(detail, exc.status_code, code), getattr(exc, "headers", None)
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

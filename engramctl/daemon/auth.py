@@ -97,12 +97,26 @@ class AuthMiddleware:
         if token_matches(header, self.token):
             return await self.app(scope, receive, send)
         msg = "missing API token" if header is None else "invalid API token"
-        body = json.dumps(engram.failure(scope.get("path", ""), error_body(
-            f"{msg}: send 'Authorization: Bearer <token>'.", 401, "authentication_error",
-            hint="the token is in the engramctl config dir (file 'token'), or set ENGRAM_API_KEY",
-        ))).encode()  # fmt: skip
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b"Bearer"),
-        ]})  # fmt: skip
+        body = json.dumps(
+            engram.failure(
+                scope.get("path", ""),
+                error_body(
+                    f"{msg}: send 'Authorization: Bearer <token>'.",
+                    401,
+                    "authentication_error",
+                    hint="the token is in the engramctl config dir (file 'token'), or set ENGRAM_API_KEY",
+                ),
+            )
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

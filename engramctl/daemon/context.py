@@ -30,8 +30,9 @@ log = logging.getLogger("engramctl.daemon")
 class Daemon:
     """Everything a route needs, owned for the app's lifetime."""
 
-    def __init__(self, settings: Settings, engine: Engine, store: Store, *, token: str | None = None,
-                 reuse: bool = True):  # fmt: skip
+    def __init__(
+        self, settings: Settings, engine: Engine, store: Store, *, token: str | None = None, reuse: bool = True
+    ):
         self.settings, self.engine, self.store = settings, engine, store
         self.token = token or ensure_token(settings)
         self.service = ConversationService(engine, store, reuse=reuse)
@@ -92,8 +93,9 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 3),
             "rss_bytes": rss,
             "sessions": len(self.store.list_sessions()),
-            "hot": None if hot is None else {"session": hot.session, "snapshot_id": hot.head,
-                                             "tokens": len(hot.live.token_ids)},  # fmt: skip
+            "hot": None
+            if hot is None
+            else {"session": hot.session, "snapshot_id": hot.head, "tokens": len(hot.live.token_ids)},
             "queue": {"busy": self.worker.busy, "waiting": self.worker.waiting, "max": self.worker.max_queue},
             "turns": self.service.turns,
             "pending_writes": self.store.pending_writes,

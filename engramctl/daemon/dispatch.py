@@ -113,8 +113,10 @@ class Dispatcher:
         def unrelated(rec):
             return ToolArgumentError(
                 f"checkpoint: snapshot {rec.id} belongs to session {rec.session!r}, which did not grow from "
-                f"session {session!r}'s history.", "checkpoint",
-                hint="branch from it into a new session instead")  # fmt: skip
+                f"session {session!r}'s history.",
+                "checkpoint",
+                hint="branch from it into a new session instead",
+            )
 
         if is_snapshot_id(ref):
             if ref in pool:
@@ -131,8 +133,9 @@ class Dispatcher:
         if is_id_prefix(ref):
             matches = [r for sid, r in pool.items() if sid.startswith(ref)]
             if len(matches) > 1:
-                raise ToolArgumentError(f"checkpoint: snapshot id prefix {ref!r} is ambiguous; give more digits.",
-                                        "checkpoint")  # fmt: skip
+                raise ToolArgumentError(
+                    f"checkpoint: snapshot id prefix {ref!r} is ambiguous; give more digits.", "checkpoint"
+                )
             if matches:
                 return matches[0]
             try:
@@ -145,8 +148,10 @@ class Dispatcher:
                 if self._related(rec, pool):
                     return rec
                 raise unrelated(rec)
-        raise NotFound(f"session {session!r} has no checkpoint {ref!r} (label or snapshot id) in its history.",
-                       hint="list_checkpoints shows them")  # fmt: skip
+        raise NotFound(
+            f"session {session!r} has no checkpoint {ref!r} (label or snapshot id) in its history.",
+            hint="list_checkpoints shows them",
+        )
 
     def _branch_source(self, source: str, checkpoint: str | None) -> tuple[str, str | None]:
         """(what store.branch takes: a snapshot id or a session name, the source session)."""
@@ -168,8 +173,10 @@ class Dispatcher:
         sessions = {r.session for r in labelled}
         if len(sessions) > 1:
             raise ToolArgumentError(
-                f"source: the label {source!r} is used in several sessions ({', '.join(sorted(sessions))}).", "source",
-                hint="give the session as source and the label as checkpoint")  # fmt: skip
+                f"source: the label {source!r} is used in several sessions ({', '.join(sorted(sessions))}).",
+                "source",
+                hint="give the session as source and the label as checkpoint",
+            )
         if labelled:
             rec = max(labelled, key=lambda r: r.id)
             return rec.id, rec.session
@@ -188,8 +195,13 @@ class Dispatcher:
         ref, source_session = self._branch_source(args["source"], args.get("checkpoint"))
         info = self.store.branch(ref, args["new_session"])
         rec = self.store.info(info.head) if info.head else None
-        return {"session": info.name, "source_session": source_session, "snapshot_id": info.head,
-                "tokens": rec.n_tokens if rec else 0, "n_messages": info.n_messages}  # fmt: skip
+        return {
+            "session": info.name,
+            "source_session": source_session,
+            "snapshot_id": info.head,
+            "tokens": rec.n_tokens if rec else 0,
+            "n_messages": info.n_messages,
+        }
 
     def _restore(self, args: dict, job) -> dict:
         session = args["session"]
@@ -198,9 +210,16 @@ class Dispatcher:
         # The service moves the head (rewinding the transcript) and loads the state into the model as
         # the session's hot state, so the next turn continues from exactly this point.
         out = self.service.restore(rec.id, session)
-        return {"session": session, "snapshot_id": rec.id, "label": rec.label, "previous_head": before.head,
-                "tokens": out.tokens, "n_messages": out.n_messages, "tier": out.origin.tier,
-                "restore_ms": out.origin.restore_ms}  # fmt: skip
+        return {
+            "session": session,
+            "snapshot_id": rec.id,
+            "label": rec.label,
+            "previous_head": before.head,
+            "tokens": out.tokens,
+            "n_messages": out.n_messages,
+            "tier": out.origin.tier,
+            "restore_ms": out.origin.restore_ms,
+        }
 
     def _list_checkpoints(self, args: dict, job) -> dict:
         session = args["session"]
@@ -241,19 +260,28 @@ class Dispatcher:
         pool, _ = self._pool(session)
         hot = self.service.hot
         return {
-            "session": session, "head": info.head, "tokens": head.n_tokens if head else 0,
+            "session": session,
+            "head": info.head,
+            "tokens": head.n_tokens if head else 0,
             "snapshot_bytes": head.nbytes if head else 0,
             "stored_bytes": sum(r.nbytes for r in pool.values() if r.session == session),
             "tier": head.tiers[0] if head and head.tiers else None,
             "hot": head is not None and hot is not None and hot.session == session and hot.head == head.id,
-            "n_messages": info.n_messages, "n_snapshots": info.n_snapshots,
-            "n_checkpoints": sum(1 for r in pool.values() if is_checkpoint(r)), "base": info.base,
-            "model_id": info.model_id, "created": info.created, "last_used": info.last_used,
-        }  # fmt: skip
+            "n_messages": info.n_messages,
+            "n_snapshots": info.n_snapshots,
+            "n_checkpoints": sum(1 for r in pool.values() if is_checkpoint(r)),
+            "base": info.base,
+            "model_id": info.model_id,
+            "created": info.created,
+            "last_used": info.last_used,
+        }
 
     def _chat(self, args: dict, job) -> dict:
-        chat = ChatRequest(messages=[{"role": "user", "content": args["message"]}], session=args["session"],
-                           params=SamplingParams.from_options(args))  # fmt: skip
+        chat = ChatRequest(
+            messages=[{"role": "user", "content": args["message"]}],
+            session=args["session"],
+            params=SamplingParams.from_options(args),
+        )
         return chat_result(self.service.chat(chat, job.emit, job.cancel))
 
 
@@ -261,8 +289,18 @@ def chat_result(r) -> dict:
     """A service.ChatResult as the chat tool's result: the turn's wire fields (protocol.TurnInfo)."""
     t, usage = TurnInfo.from_json(engram_json(r)), usage_json(r)
     return {
-        "session": t.session, "reply": r.text, "finish_reason": t.finish_reason, "snapshot_id": t.snapshot_id,
-        "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
-                  "total_tokens": usage["total_tokens"], "cached_tokens": t.cached_tokens or 0},
-        "resumed": t.resumed, "restored_tokens": t.restored_tokens, "tier": t.tier, "restore_ms": t.restore_ms,
-    }  # fmt: skip
+        "session": t.session,
+        "reply": r.text,
+        "finish_reason": t.finish_reason,
+        "snapshot_id": t.snapshot_id,
+        "usage": {
+            "prompt_tokens": usage["prompt_tokens"],
+            "completion_tokens": usage["completion_tokens"],
+            "total_tokens": usage["total_tokens"],
+            "cached_tokens": t.cached_tokens or 0,
+        },
+        "resumed": t.resumed,
+        "restored_tokens": t.restored_tokens,
+        "tier": t.tier,
+        "restore_ms": t.restore_ms,
+    }

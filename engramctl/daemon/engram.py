@@ -20,11 +20,22 @@ from typing import Any
 from engramctl.protocol import Restored, Session, Snapshot
 
 # The routes whose answers (and failures) carry the Engram names: the original five, and ours beside them.
-ROUTES = frozenset({
-    "/save_snapshot", "/restore_snapshot", "/list_snapshots", "/get_snapshot_info", "/delete_snapshot",
-    "/branch_snapshot", "/pin_snapshot", "/unpin_snapshot", "/label_snapshot", "/get_snapshot_transcript",
-    "/gc_snapshots", "/import_snapshot",
-})  # fmt: skip
+ROUTES = frozenset(
+    {
+        "/save_snapshot",
+        "/restore_snapshot",
+        "/list_snapshots",
+        "/get_snapshot_info",
+        "/delete_snapshot",
+        "/branch_snapshot",
+        "/pin_snapshot",
+        "/unpin_snapshot",
+        "/label_snapshot",
+        "/get_snapshot_transcript",
+        "/gc_snapshots",
+        "/import_snapshot",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -38,10 +49,17 @@ class Meta:
     name: str | None = None  # "<conversation_id>-t<turn>", or the custom snapshot_id a save gave it
 
     def of(self, snap: Snapshot) -> dict[str, Any]:
-        return {"conversation_id": self.conversation_id, "turn_number": self.turn_number,
-                "branch_name": self.branch_name, "timestamp": snap.created, "token_count": snap.n_tokens,
-                "model_name": snap.model_id, "parent_snapshot": snap.parent, "name": self.name,
-                "id": snap.id}  # fmt: skip
+        return {
+            "conversation_id": self.conversation_id,
+            "turn_number": self.turn_number,
+            "branch_name": self.branch_name,
+            "timestamp": snap.created,
+            "token_count": snap.n_tokens,
+            "model_name": snap.model_id,
+            "parent_snapshot": snap.parent,
+            "name": self.name,
+            "id": snap.id,
+        }
 
 
 def ok(**fields: Any) -> dict[str, Any]:
@@ -78,17 +96,29 @@ def session(s: Session, **extra: Any) -> dict[str, Any]:
 def restored(r: Restored, **extra: Any) -> dict[str, Any]:
     """A restore that generated nothing, with their fields (token_count: tokens in the restored state)."""
     where = f"snapshot {r.snapshot_id}" if r.snapshot_id else "no snapshot (the transcript is re-read)"
-    theirs = {"message": f"Snapshot restored: session {r.session} continues from {where}.", "token_count": r.tokens,
-              "rid": None, "mamba_pool_idx": None, "output_ids": None, "output_text": None}  # fmt: skip
+    theirs = {
+        "message": f"Snapshot restored: session {r.session} continues from {where}.",
+        "token_count": r.tokens,
+        "rid": None,
+        "mamba_pool_idx": None,
+        "output_ids": None,
+        "output_text": None,
+    }
     return ok(**{**r.to_json(), "conversation_id": r.session, **theirs, **extra})
 
 
 def generated(output_ids: list[int], output_text: str, token_count: int, **extra: Any) -> dict[str, Any]:
     """A restore-and-generate (continuation_ids) answered as the Engram server does, and more (`extra`)."""
     n = len(output_ids)
-    return ok(rid=new_rid(), mamba_pool_idx=None,
-              message=f"Snapshot restored; generated {n} token{'s' if n != 1 else ''}.",
-              token_count=token_count, output_ids=output_ids, output_text=output_text, **extra)  # fmt: skip
+    return ok(
+        rid=new_rid(),
+        mamba_pool_idx=None,
+        message=f"Snapshot restored; generated {n} token{'s' if n != 1 else ''}.",
+        token_count=token_count,
+        output_ids=output_ids,
+        output_text=output_text,
+        **extra,
+    )
 
 
 def failure(path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from engramctl.errors import (
-    Cancelled, ContextOverflow, EngramError, ModelNotFound, NotFound, SnapshotError, UnsupportedModel, UsageError,
-)  # fmt: skip
+    Cancelled,
+    ContextOverflow,
+    EngramError,
+    ModelNotFound,
+    NotFound,
+    SnapshotError,
+    UnsupportedModel,
+    UsageError,
+)
 from engramctl.protocol import ErrorBody
 
 __all__ = ["Cancelled"]  # re-exported: the daemon and client import it from here
@@ -85,8 +92,9 @@ def error_type(status: int) -> str:
     return "invalid_request_error"
 
 
-def error_body(message: str, status: int, code: str | None = None, hint: str | None = None,
-               param: str | None = None) -> dict[str, Any]:  # fmt: skip
+def error_body(
+    message: str, status: int, code: str | None = None, hint: str | None = None, param: str | None = None
+) -> dict[str, Any]:
     return ErrorBody(message, error_type(status), code, param, hint).to_json()
 
 

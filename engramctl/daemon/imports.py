@@ -20,8 +20,9 @@ from engramctl.store.store import Store
 DURABLE_WAIT_S = 60.0
 
 
-def import_file(engine: Engine, store: Store, buf: bytes, session: str | None,
-                label: str | None) -> tuple[SnapshotRecord, int]:  # fmt: skip
+def import_file(
+    engine: Engine, store: Store, buf: bytes, session: str | None, label: str | None
+) -> tuple[SnapshotRecord, int]:
     """Store the file as the head of a new session; returns (its record, transcript length)."""
     if session is not None:
         validate_session_name(session)
@@ -61,8 +62,9 @@ def import_file(engine: Engine, store: Store, buf: bytes, session: str | None,
     try:
         store.create_session(name)
     except AlreadyExists:
-        raise AlreadyExists(f"session {name!r} already exists.",
-                            hint="import it under another name: --session NEW") from None  # fmt: skip
+        raise AlreadyExists(
+            f"session {name!r} already exists.", hint="import it under another name: --session NEW"
+        ) from None
     try:
         rec = store.commit(name, payload, messages=messages or None, label=label)
     except BaseException:

@@ -64,9 +64,16 @@ class BodyLimitMiddleware:
     async def _refuse(self, scope, send, message: str, status: int = 413) -> None:
         code = "request_too_large" if status == 413 else "invalid_request"
         body = json.dumps(engram.failure(scope.get("path", ""), error_body(message, status, code))).encode()
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        ]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 

@@ -72,7 +72,13 @@ class Recorder:
                     log.error("session %s: could not record the transcript either: %s", r.session, e2)
             return Recorded(prompt_id, None, t0, time.perf_counter())
 
-    def commit(self, session: str, state: SessionState, stage: str, parent: str | None = None,
-               messages: list[dict] | None = None) -> SnapshotRecord:  # fmt: skip
+    def commit(
+        self,
+        session: str,
+        state: SessionState,
+        stage: str,
+        parent: str | None = None,
+        messages: list[dict] | None = None,
+    ) -> SnapshotRecord:
         payload = to_payload(state, self.engine.spec, {"stage": stage})
         return self.store.commit(session, payload, parent=parent, messages=messages)

@@ -70,8 +70,12 @@ def _error_response(exc: BaseException) -> JSONResponse:
 # -- REST ------------------------------------------------------------------------------------------------------
 @router.get("/v1/agent/tools")
 async def agent_tools(include_chat: bool = False):
-    return {"object": "list", "version": PROTOCOL, "tools": openai_tools(include_chat),
-            "results": result_schemas(include_chat)}  # fmt: skip
+    return {
+        "object": "list",
+        "version": PROTOCOL,
+        "tools": openai_tools(include_chat),
+        "results": result_schemas(include_chat),
+    }
 
 
 class AgentCall(BaseModel):
@@ -119,8 +123,9 @@ class AgentSocket:
             except Exception:  # noqa: BLE001 - the client went away; the receive loop notices
                 self._closed = True
 
-    async def error(self, mid: Any, message: str, code: str = "invalid_message", param: str | None = None,
-                    hint: str | None = None) -> None:  # fmt: skip
+    async def error(
+        self, mid: Any, message: str, code: str = "invalid_message", param: str | None = None, hint: str | None = None
+    ) -> None:
         err: dict[str, Any] = {"message": message, "code": code}
         if param:
             err["param"] = param
@@ -133,8 +138,15 @@ class AgentSocket:
 
     # -- the loop ------------------------------------------------------------------------------------------
     async def run(self) -> None:
-        await self.send({"type": "ready", "session": self.session, "model": self.daemon.model_id,
-                         "tools": list(STATE_TOOLS), "protocol": PROTOCOL})  # fmt: skip
+        await self.send(
+            {
+                "type": "ready",
+                "session": self.session,
+                "model": self.daemon.model_id,
+                "tools": list(STATE_TOOLS),
+                "protocol": PROTOCOL,
+            }
+        )
         try:
             while True:
                 message = await self.ws.receive()
@@ -157,8 +169,13 @@ class AgentSocket:
                 mid = None
                 raise _Bad("id: must be a string or an integer.", "id")
             kind = msg.get("type")
-            handler = {"chat": self.on_chat, "call": self.on_call, "cancel": self.on_cancel,
-                       "ping": self.on_ping, "auth": self.on_auth}.get(kind)  # fmt: skip
+            handler = {
+                "chat": self.on_chat,
+                "call": self.on_call,
+                "cancel": self.on_cancel,
+                "ping": self.on_ping,
+                "auth": self.on_auth,
+            }.get(kind)
             if handler is None:
                 raise _Bad(f"type: unknown message type {str(kind)[:40]!r}; send chat, call, cancel or ping.", "type")
             await handler(mid, msg)
@@ -185,8 +202,10 @@ class AgentSocket:
             raise _Bad("tool: required, the tool's name (a string).", "tool")
         unknown = set(msg) - {"type", "id", "tool", "arguments"}
         if unknown:
-            raise _Bad(f"{sorted(unknown)[0]}: unknown field of a call message (type, id, tool, arguments).",
-                       sorted(unknown)[0])  # fmt: skip
+            raise _Bad(
+                f"{sorted(unknown)[0]}: unknown field of a call message (type, id, tool, arguments).",
+                sorted(unknown)[0],
+            )
 
         async def run() -> None:
             try:
@@ -204,12 +223,14 @@ class AgentSocket:
 
     async def on_chat(self, mid: Any, msg: dict) -> None:
         if self.reply_job is not None:
-            raise _Bad("a reply is already being generated on this connection; wait for its done, or cancel it.",
-                       code="busy")  # fmt: skip
+            raise _Bad(
+                "a reply is already being generated on this connection; wait for its done, or cancel it.", code="busy"
+            )
         messages = _chat_messages(msg)
         try:
-            sampling = Sampling.model_validate({k: v for k, v in msg.items()
-                                                if k not in ("type", "id", "content", "messages")})  # fmt: skip
+            sampling = Sampling.model_validate(
+                {k: v for k, v in msg.items() if k not in ("type", "id", "content", "messages")}
+            )
         except ValidationError as e:
             message, param = validation_problem(e.errors())
             raise _Bad(f"{message}.", param or "chat") from None
@@ -230,8 +251,16 @@ class AgentSocket:
                     await self.send({"type": "token", "id": mid, "text": value})
                 elif kind == "done":
                     r: ChatResult = value
-                    await self.send({"type": "done", "id": mid, "text": r.text, "finish_reason": r.finish.reason,
-                                     "usage": usage_json(r), "engram": engram_json(r)})  # fmt: skip
+                    await self.send(
+                        {
+                            "type": "done",
+                            "id": mid,
+                            "text": r.text,
+                            "finish_reason": r.finish.reason,
+                            "usage": usage_json(r),
+                            "engram": engram_json(r),
+                        }
+                    )
                     return
                 elif kind == "error":
                     await self.fail(mid, value)
@@ -267,7 +296,7 @@ def _decode(message: dict) -> dict:
     except (ValueError, RecursionError) as e:  # an integer of 4,300+ digits, nesting deeper than Python recurses
         raise _Bad(f"the message is not JSON this server reads ({type(e).__name__}).", code="invalid_json") from None
     if not isinstance(msg, dict):
-        raise _Bad("a message must be a JSON object with a \"type\".")
+        raise _Bad('a message must be a JSON object with a "type".')
     return msg
 
 
@@ -340,11 +369,13 @@ async def _first_message_auth(ws: WebSocket, token: str, session: str | None) ->
     try:
         msg = _decode(message)
     except _Bad as e:
-        return await refuse(f"the first message must be {{\"type\": \"auth\", \"token\": ...}}: {e.message}")
+        return await refuse(f'the first message must be {{"type": "auth", "token": ...}}: {e.message}')
     given = msg.get("token")
     if msg.get("type") != "auth" or not isinstance(given, str):
-        return await refuse("missing API token: send {\"type\": \"auth\", \"token\": \"...\"} first, "
-                            "or an 'Authorization: Bearer <token>' header.")  # fmt: skip
+        return await refuse(
+            'missing API token: send {"type": "auth", "token": "..."} first, '
+            "or an 'Authorization: Bearer <token>' header."
+        )
     if not token_matches(f"Bearer {given}", token):
         return await refuse("invalid API token.")
     named = msg.get("session")
@@ -354,8 +385,9 @@ async def _first_message_auth(ws: WebSocket, token: str, session: str | None) ->
         except InvalidName as e:
             return await refuse(f"session: {e.message}", "invalid_name")
         if session is not None and named != session:
-            return await refuse("session: the query string and the auth message name different sessions.",
-                                "invalid_request_error")  # fmt: skip
+            return await refuse(
+                "session: the query string and the auth message name different sessions.", "invalid_request_error"
+            )
     return named or session, True
 
 
@@ -385,14 +417,18 @@ async def chat_with_tools(body, request: Request):
     if parsed:
         ext = engram_json(result)
         ext["tool_results"], ext["tool_messages"] = await _execute(d, parsed, tools, ext.get("session"))
-        response["choices"][0]["message"] = {"role": "assistant", "content": content or None,
-                                             "tool_calls": [c.openai() for c in parsed]}  # fmt: skip
+        response["choices"][0]["message"] = {
+            "role": "assistant",
+            "content": content or None,
+            "tool_calls": [c.openai() for c in parsed],
+        }
         response["choices"][0]["finish_reason"] = "tool_calls"
         response["engram"] = ext
     if not body.stream:
         return JSONResponse(response)
-    return StreamingResponse(_replay(completion, response, include_usage), media_type="text/event-stream",
-                             headers=SSE_HEADERS)  # fmt: skip
+    return StreamingResponse(
+        _replay(completion, response, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
 async def _execute(d, parsed, tools, session: str | None) -> tuple[list[dict], list[dict]]:
@@ -428,4 +464,3 @@ async def _replay(completion: Completion, response: dict, include_usage: bool):
     if include_usage:
         yield sse(completion.usage_chunk(response["usage"]))
     yield "data: [DONE]\n\n"
-

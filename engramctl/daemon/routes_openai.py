@@ -21,10 +21,18 @@ def _model_card(request: Request) -> dict:
     d = daemon_of(request)
     info = d.engine.info
     return {
-        "id": d.model_id, "object": "model", "created": int(d.started), "owned_by": "engramctl",
-        "engram": {"family": info.family, "device": info.device, "dtype": info.dtype,
-                   "context_length": info.context_length, "fingerprint": info.fingerprint},
-    }  # fmt: skip
+        "id": d.model_id,
+        "object": "model",
+        "created": int(d.started),
+        "owned_by": "engramctl",
+        "engram": {
+            "family": info.family,
+            "device": info.device,
+            "dtype": info.dtype,
+            "context_length": info.context_length,
+            "fingerprint": info.fingerprint,
+        },
+    }
 
 
 @router.get("/v1/models")
@@ -48,5 +56,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     chat = ChatRequest(messages=[m.plain() for m in body.messages], session=body.session_name, params=body.params())
     job = d.worker.submit(lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await answer_turn(job, request, Completion(d.model_id, d.engine.info.fingerprint), body.stream, include_usage)
-
+    return await answer_turn(
+        job, request, Completion(d.model_id, d.engine.info.fingerprint), body.stream, include_usage
+    )

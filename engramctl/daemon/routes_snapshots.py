@@ -19,9 +19,17 @@ from starlette.concurrency import run_in_threadpool
 from engramctl.daemon import engram
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.schemas import (
-    ENGRAM_FIELDS, BranchSnapshotRequest, DeleteSnapshotRequest, LabelSnapshotRequest, ListSnapshotsRequest,
-    PinSnapshotRequest, RestoreSnapshotRequest, SaveSnapshotRequest, SnapshotInfoRequest, SnapshotRef,
-)  # fmt: skip
+    ENGRAM_FIELDS,
+    BranchSnapshotRequest,
+    DeleteSnapshotRequest,
+    LabelSnapshotRequest,
+    ListSnapshotsRequest,
+    PinSnapshotRequest,
+    RestoreSnapshotRequest,
+    SaveSnapshotRequest,
+    SnapshotInfoRequest,
+    SnapshotRef,
+)
 from engramctl.daemon.service import Restored as RestoredState
 from engramctl.daemon.streaming import Completion, answer_turn, engram_json, finish_reason, job_result, usage_json
 from engramctl.errors import NotFound, UsageError
@@ -121,16 +129,18 @@ def _list(request: Request, body: ListSnapshotsRequest) -> dict:
     if not body.engram:
         snaps = [Snapshot.from_record(r) for r in d.store.list(name)]
         turns, names = _names(d, snaps)
-        return engram.snapshots([engram.item(s, engram.Meta(s.session, turns.get(s.id), None, names.get(s.id)))
-                                 for s in snaps])  # fmt: skip
+        return engram.snapshots(
+            [engram.item(s, engram.Meta(s.session, turns.get(s.id), None, names.get(s.id))) for s in snaps]
+        )
     conversation = body.conversation
     if not d.store.has_session(name):
         return engram.snapshots([])
     turns = d.store.turns(name)
     custom = d.store.custom_ids(turns.values())
-    items = [engram.item(_snapshot(d, sid), engram.Meta(conversation, n, None,
-                                                         custom.get(sid) or f"{conversation}-t{n}"))
-             for n, sid in turns.items()]  # fmt: skip
+    items = [
+        engram.item(_snapshot(d, sid), engram.Meta(conversation, n, None, custom.get(sid) or f"{conversation}-t{n}"))
+        for n, sid in turns.items()
+    ]
     for branch, branch_session in d.store.branches(name).items():
         head = d.store.get_session(branch_session).head
         if head is not None:
@@ -171,8 +181,13 @@ async def delete_snapshot(body: DeleteSnapshotRequest, request: Request):
         name = _branch_session(d, body)
         deleted = d.store.delete_session(name)
         d.service.invalidate(name)
-        return engram.ok(message="Snapshot deleted successfully", conversation_id=body.conversation,
-                         branch_name=body.branch_name, session=name, deleted=deleted)  # fmt: skip
+        return engram.ok(
+            message="Snapshot deleted successfully",
+            conversation_id=body.conversation,
+            branch_name=body.branch_name,
+            session=name,
+            deleted=deleted,
+        )
     if body.snapshot_id is not None:
         sid = d.store.resolve(body.snapshot_id)
         d.store.delete(sid, force=bool(body.force))
@@ -182,8 +197,12 @@ async def delete_snapshot(body: DeleteSnapshotRequest, request: Request):
         return engram.ok(snapshot_id=sid, message="Snapshot deleted successfully")
     sid = _turn_snapshot(d, body)
     d.store.delete(sid, force=True if body.force is None else body.force)
-    return engram.ok(snapshot_id=sid, message="Snapshot deleted successfully", conversation_id=body.conversation,
-                     turn_number=body.turn_number)  # fmt: skip
+    return engram.ok(
+        snapshot_id=sid,
+        message="Snapshot deleted successfully",
+        conversation_id=body.conversation,
+        turn_number=body.turn_number,
+    )
 
 
 @router.post("/branch_snapshot")
@@ -191,8 +210,12 @@ async def branch_snapshot(body: BranchSnapshotRequest, request: Request):
     d = daemon_of(request)
     if body.snapshot_id is not None:
         source = d.store.resolve(body.snapshot_id)
-    elif body.source is not None and is_id_prefix(body.source) and not is_snapshot_id(body.source) \
-            and not d.store.has_session(body.source):
+    elif (
+        body.source is not None
+        and is_id_prefix(body.source)
+        and not is_snapshot_id(body.source)
+        and not d.store.has_session(body.source)
+    ):
         source = d.store.resolve(body.source)  # an id prefix (a session by that name would win)
     elif body.source is not None and not d.store.has_session(body.source) and d.store.is_snapshot_name(body.source):
         source = d.store.resolve(body.source)  # a name the Engram routes gave a snapshot (custom id, <conv>-t<N>)
@@ -231,8 +254,13 @@ async def get_snapshot_transcript(body: SnapshotRef, request: Request):
     d = daemon_of(request)
     rec = d.store.info(d.store.resolve(body.snapshot_id))
     messages = d.store.snapshot_transcript(rec.id)
-    return engram.ok(snapshot_id=rec.id, session=rec.session, conversation_id=rec.session, n_messages=len(messages),
-                     messages=messages)  # fmt: skip
+    return engram.ok(
+        snapshot_id=rec.id,
+        session=rec.session,
+        conversation_id=rec.session,
+        n_messages=len(messages),
+        messages=messages,
+    )
 
 
 @router.post("/gc_snapshots")
@@ -244,8 +272,9 @@ async def gc_snapshots(request: Request):
 
 
 @router.post("/import_snapshot")
-async def import_snapshot(request: Request, session: str | None = None, conversation_id: str | None = None,
-                          label: str | None = None):  # fmt: skip
+async def import_snapshot(
+    request: Request, session: str | None = None, conversation_id: str | None = None, label: str | None = None
+):
     """Body: the raw bytes of a file written by `snapshots export`. Query: session (default: the one the
     file records), label. Verified like a restore, then stored as the head of a new session."""
     from engramctl.daemon.imports import import_file
@@ -305,8 +334,15 @@ def _names(d, snaps: list[Snapshot]) -> tuple[dict[str, int], dict[str, str]]:
     return turns, names
 
 
-def _meta(d, sid: str, conversation: str | None, *, scope: str | None = None, label: str | None = None,
-          branch: str | None = None) -> engram.Meta:  # fmt: skip
+def _meta(
+    d,
+    sid: str,
+    conversation: str | None,
+    *,
+    scope: str | None = None,
+    label: str | None = None,
+    branch: str | None = None,
+) -> engram.Meta:
     """A snapshot's metadata in the Engram server's terms: its turn within session `scope` (default: its
     own session), which names it "<label>-t<turn>" (label: the conversation_id the client gave, else the
     session), unless a save gave it a custom id. `conversation` is the conversation_id to report."""
@@ -335,10 +371,18 @@ def _generated(d, r, ids: list[int], conversation: str | None, body: RestoreSnap
     if meta is not None:
         theirs |= {"turn_number": meta.turn_number, "name": meta.name}
     return engram.generated(
-        out, r.text, r.start.prompt.prompt_tokens - len(ids), **_request_id(body),
-        conversation_id=conversation or session, session=session, snapshot_id=head, **theirs,
-        finish_reason=finish_reason(r), usage=usage_json(r), engram=engram_json(r),
-    )  # fmt: skip
+        out,
+        r.text,
+        r.start.prompt.prompt_tokens - len(ids),
+        **_request_id(body),
+        conversation_id=conversation or session,
+        session=session,
+        snapshot_id=head,
+        **theirs,
+        finish_reason=finish_reason(r),
+        usage=usage_json(r),
+        engram=engram_json(r),
+    )
 
 
 def _request_id(body: RestoreSnapshotRequest) -> dict:
@@ -358,5 +402,11 @@ def _snapshot(d, sid: str) -> Snapshot:
 
 def _restored(r: RestoredState) -> Restored:
     """The service's answer to a restore that generated nothing, as it goes on the wire."""
-    return Restored(session=r.session, snapshot_id=r.snapshot_id, tokens=r.tokens, tier=r.origin.tier,
-                    restore_ms=r.origin.restore_ms, n_messages=r.n_messages)  # fmt: skip
+    return Restored(
+        session=r.session,
+        snapshot_id=r.snapshot_id,
+        tokens=r.tokens,
+        tier=r.origin.tier,
+        restore_ms=r.origin.restore_ms,
+        n_messages=r.n_messages,
+    )

@@ -51,8 +51,12 @@ async def tiers(request: Request):
 async def sessions(request: Request):
     d = daemon_of(request)
     hot = d.service.hot
-    return {"sessions": [{**Session.from_info(s).to_json(), "hot": hot is not None and hot.session == s.name}
-                         for s in d.store.list_sessions()]}  # fmt: skip
+    return {
+        "sessions": [
+            {**Session.from_info(s).to_json(), "hot": hot is not None and hot.session == s.name}
+            for s in d.store.list_sessions()
+        ]
+    }
 
 
 @router.get("/v1/sessions/{name}")

@@ -20,8 +20,16 @@ from typing import Any
 from engramctl import __version__
 from engramctl.daemon.model import load_model
 from engramctl.daemon.rundir import (
-    RunLock, daemon_url, log_file, pid_path, read_state, running_pid, state_path, url_for, write_state,
-)  # fmt: skip
+    RunLock,
+    daemon_url,
+    log_file,
+    pid_path,
+    read_state,
+    running_pid,
+    state_path,
+    url_for,
+    write_state,
+)
 from engramctl.errors import EngramError, UsageError
 from engramctl.settings import SPECS, Settings, settings_env
 
@@ -55,7 +63,8 @@ def check_host(settings: Settings) -> None:
     if not settings.allow_remote:
         raise UsageError(
             f"refusing to listen on {settings.host}: it is reachable from other machines.",
-            hint="pass --allow-remote (or ENGRAM_ALLOW_REMOTE=1) to do it anyway; every route but /health needs the token",
+            hint="pass --allow-remote (or ENGRAM_ALLOW_REMOTE=1) to do it anyway; "
+            "every route but /health needs the token",
         )
     log.warning("listening on %s: reachable from other machines (token auth only, no TLS)", settings.host)
 
@@ -106,10 +115,20 @@ def serve(settings: Settings, *, reuse: bool = True, log_level: str = "info") ->
     try:
         sock = _bind(settings.host, settings.port)
         port = sock.getsockname()[1]
-        state = {"pid": os.getpid(), "host": settings.host, "port": port, "url": url_for(settings.host, port),
-                 "model": settings.model, "backend": settings.backend, "device": settings.device,
-                 "dtype": settings.dtype, "started": time.time(),
-                 "version": __version__, "log_file": str(log_file(settings)), "state": "loading"}  # fmt: skip
+        state = {
+            "pid": os.getpid(),
+            "host": settings.host,
+            "port": port,
+            "url": url_for(settings.host, port),
+            "model": settings.model,
+            "backend": settings.backend,
+            "device": settings.device,
+            "dtype": settings.dtype,
+            "started": time.time(),
+            "version": __version__,
+            "log_file": str(log_file(settings)),
+            "state": "loading",
+        }
         write_state(settings, state)
         app = create_app(settings, reuse=reuse)
         daemon = app.state.daemon
@@ -117,11 +136,24 @@ def serve(settings: Settings, *, reuse: bool = True, log_level: str = "info") ->
         state.update(model=info.model_id, backend=info.backend, weight_type=info.weight_type or info.dtype)
         state.update(device=info.device, dtype=info.dtype, state="ready")
         write_state(settings, state)
-        log.info("engramctl %s serving %s on %s (pid %d); token: %s", __version__, info.model_id, state["url"],
-                 os.getpid(), "ENGRAM_API_KEY" if settings.api_key else settings.paths.config_dir / "token")  # fmt: skip
-        config = uvicorn.Config(app, log_config=None, access_log=True, lifespan="on", http="h11",
-                                ws="websockets-sansio",  # /v1/agent/ws
-                                timeout_graceful_shutdown=int(GRACEFUL_S), server_header=False)  # fmt: skip
+        log.info(
+            "engramctl %s serving %s on %s (pid %d); token: %s",
+            __version__,
+            info.model_id,
+            state["url"],
+            os.getpid(),
+            "ENGRAM_API_KEY" if settings.api_key else settings.paths.config_dir / "token",
+        )
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=True,
+            lifespan="on",
+            http="h11",
+            ws="websockets-sansio",  # /v1/agent/ws
+            timeout_graceful_shutdown=int(GRACEFUL_S),
+            server_header=False,
+        )
         server = _make_server(config, daemon)
         server.run(sockets=[sock])
         return 0
@@ -230,10 +262,24 @@ def start_background(settings: Settings, wait: bool = True, timeout: float = 600
         offset = f.tell()
         f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
         f.flush()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                cwd=str(settings.paths.data_dir), start_new_session=True, close_fds=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(settings.paths.data_dir),
+            start_new_session=True,
+            close_fds=True,
+        )
     if not wait:
-        return {"pid": proc.pid, "ready": False, "state": "starting", "log_file": str(logfile), "already_running": False}
+        return {
+            "pid": proc.pid,
+            "ready": False,
+            "state": "starting",
+            "log_file": str(logfile),
+            "already_running": False,
+        }
     return {**_wait_ready(settings, proc, timeout, offset), "already_running": False}
 
 
@@ -249,8 +295,9 @@ def _wait_ready(settings: Settings, proc: subprocess.Popen | None, timeout: floa
         if status is not None and status.get("ready"):
             return status
         if time.monotonic() > deadline:
-            raise EngramError(f"the daemon did not become ready within {timeout:.0f} s.",
-                              hint=f"see its log: {log_file(settings)}")  # fmt: skip
+            raise EngramError(
+                f"the daemon did not become ready within {timeout:.0f} s.", hint=f"see its log: {log_file(settings)}"
+            )
         time.sleep(0.1)
 
 
@@ -340,5 +387,15 @@ def daemon_status(settings: Settings, timeout: float = 2.0) -> dict[str, Any] | 
     return out
 
 
-__all__ = ["serve", "start_background", "stop_background", "daemon_status", "log_file", "daemon_url", "running_pid",
-           "load_model", "check_host", "is_loopback"]  # fmt: skip
+__all__ = [
+    "serve",
+    "start_background",
+    "stop_background",
+    "daemon_status",
+    "log_file",
+    "daemon_url",
+    "running_pid",
+    "load_model",
+    "check_host",
+    "is_loopback",
+]

@@ -93,10 +93,11 @@ class _SamplingRules(BaseModel):
 # The sampling fields shared by chat completions, restore-with-continuation and the agent's WebSocket
 # chat: every option SamplingParams defines, plus OpenAI's newer name for max_tokens.
 Sampling = create_model(
-    "Sampling", __base__=_SamplingRules,
+    "Sampling",
+    __base__=_SamplingRules,
     **{name: _sampling_field(schema) for name, schema in OPTIONS.items()},
     max_completion_tokens=_sampling_field(OPTIONS["max_tokens"]),
-)  # fmt: skip
+)
 
 
 def _conversation(session: str | None, conversation_id: str | None) -> str | None:
@@ -171,8 +172,15 @@ class SessionRef(BaseModel):
 
 
 # The Engram server's own fields: a request that carries one is answered in its terms (docs/engram-api.md).
-ENGRAM_FIELDS = ("turn_number", "branch_name", "rid", "create_new_request", "continuation_ids", "max_new_tokens",
-                 "request_id")  # fmt: skip
+ENGRAM_FIELDS = (
+    "turn_number",
+    "branch_name",
+    "rid",
+    "create_new_request",
+    "continuation_ids",
+    "max_new_tokens",
+    "request_id",
+)
 _TURN = Field(None, ge=0, description="The Engram server's turn selector: turn 1 is the state after the first reply.")
 _BRANCH = Field(None, description="The Engram server's branch selector (its own session here).")
 
@@ -194,8 +202,9 @@ class _Selectors(SessionRef):
 
     def check_selectors(self, snapshot_id: str | None) -> None:
         if self.selects and self.session_name is None:
-            raise ValueError("turn_number and branch_name select a snapshot of a conversation: "
-                             "give its conversation_id")
+            raise ValueError(
+                "turn_number and branch_name select a snapshot of a conversation: give its conversation_id"
+            )
         if self.selects and snapshot_id is not None:
             raise ValueError("give a snapshot_id, or a conversation_id with turn_number or branch_name, not both")
 
@@ -217,7 +226,8 @@ class SaveSnapshotRequest(_Selectors):
         """Answered in the Engram server's terms: it uses one of its fields, or names the conversation only
         by conversation_id (none of ours: session, label, pin)."""
         return self.given("snapshot_id", *ENGRAM_FIELDS) or (
-            self.given("conversation_id") and not self.given("session", "label", "pin"))
+            self.given("conversation_id") and not self.given("session", "label", "pin")
+        )
 
 
 class RestoreSnapshotRequest(_Selectors, Sampling):
@@ -330,4 +340,3 @@ class BranchSnapshotRequest(SessionRef):
     @property
     def source_ref(self) -> str:
         return next(x for x in (self.snapshot_id, self.source, self.session_name) if x is not None)
-

@@ -103,8 +103,9 @@ class Restored:
 
 
 class ConversationService:
-    def __init__(self, engine: Engine, store: Store, *, reuse: bool = True,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS):  # fmt: skip
+    def __init__(
+        self, engine: Engine, store: Store, *, reuse: bool = True, default_max_tokens: int = DEFAULT_MAX_TOKENS
+    ):
         self.engine, self.store = engine, store
         self.reuse = reuse  # False only for benchmarks: no hot state, no prefix lookup
         self.default_max_tokens = default_max_tokens
@@ -125,29 +126,41 @@ class ConversationService:
             return self._anonymous(req.messages, req.params, emit, cancel, t0)
         return self._session(req.session, req.messages, req.params, emit, cancel, t0)
 
-    def _session(self, name: str, messages: list[dict], params: SamplingParams, emit: Emit, cancel: threading.Event,
-                 t0: float, *, base: tuple[list[dict], str | None] | None = None,
-                 before_commit: Callable[[], Any] | None = None) -> ChatResult:  # fmt: skip
+    def _session(
+        self,
+        name: str,
+        messages: list[dict],
+        params: SamplingParams,
+        emit: Emit,
+        cancel: threading.Event,
+        t0: float,
+        *,
+        base: tuple[list[dict], str | None] | None = None,
+        before_commit: Callable[[], Any] | None = None,
+    ) -> ChatResult:
         """`base` = (transcript, head) to continue from instead of the session's own (a restore)."""
         validate_session_name(name)
         transcript, head = base if base is not None else self._transcript_and_head(name)
         new = new_turn_messages(messages, transcript)
         if not new:
             raise UsageError(
-                f"every message in the request is already in session {name!r}'s transcript; send the new message(s).")
+                f"every message in the request is already in session {name!r}'s transcript; send the new message(s)."
+            )
         conversation = [plain(m) for m in transcript] + new
         live, origin = self.sources.for_session(name, head, transcript, follow_head=base is None)
         budget = self.default_max_tokens
-        turn = self._plan(live, origin, lambda: Turn.for_messages(self.engine, live, conversation, params,
-                                                                  default_max_tokens=budget))  # fmt: skip
+        turn = self._plan(
+            live, origin, lambda: Turn.for_messages(self.engine, live, conversation, params, default_max_tokens=budget)
+        )
         if turn.reset:
             log.info("session %s: the chat template is not prefix-stable here; re-prefilling the conversation", name)
             origin = Origin(parent=origin.parent)
         record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
         return self._run(turn, name, origin, record, emit, cancel, t0)
 
-    def _anonymous(self, messages: list[dict], params: SamplingParams, emit: Emit, cancel: threading.Event,
-                   t0: float) -> ChatResult:  # fmt: skip
+    def _anonymous(
+        self, messages: list[dict], params: SamplingParams, emit: Emit, cancel: threading.Event, t0: float
+    ) -> ChatResult:
         tok = self.engine.tokenizer
         conversation = [plain(m) for m in messages]
         text = tok.render(conversation, add_generation_prompt=True)
@@ -155,8 +168,9 @@ class ConversationService:
         budget = self.default_max_tokens
         reply_budget(self.engine, len(ids), params.max_tokens, budget)  # refuse before looking anything up
         live, origin, source = self.sources.longest_prefix(ids)
-        turn = self._plan(live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params,
-                                                                default_max_tokens=budget))  # fmt: skip
+        turn = self._plan(
+            live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params, default_max_tokens=budget)
+        )
         session = source if source and source.startswith(AUTO_PREFIX) else f"{AUTO_PREFIX}{secrets.token_hex(8)}"
         record = TurnRecord(session, origin.parent, [], replace_transcript=conversation)
         return self._run(turn, session, origin, record, emit, cancel, t0)
@@ -173,10 +187,21 @@ class ConversationService:
         self._hot.take(live)
         return turn
 
-    def _run(self, turn: Turn, session: str, origin: Origin, record: TurnRecord, emit: Emit,
-             cancel: threading.Event, t0: float) -> ChatResult:  # fmt: skip
-        done = turn.run(cancel, on_prompt=lambda prompt: emit("start", TurnStart(session, origin, prompt)),
-                        on_piece=lambda piece: emit("piece", piece))  # fmt: skip
+    def _run(
+        self,
+        turn: Turn,
+        session: str,
+        origin: Origin,
+        record: TurnRecord,
+        emit: Emit,
+        cancel: threading.Event,
+        t0: float,
+    ) -> ChatResult:
+        done = turn.run(
+            cancel,
+            on_prompt=lambda prompt: emit("start", TurnStart(session, origin, prompt)),
+            on_piece=lambda piece: emit("piece", piece),
+        )
         recorded = self.recorder.turn(record, done)
         self._keep(session, recorded.reply_id, done.live)
         self.turns += 1
@@ -192,9 +217,18 @@ class ConversationService:
             self.engine.release(live)
         self._hot.release_retired(self.engine)
 
-    def _tokens(self, name: str, ids: list[int], params: SamplingParams, emit: Emit, cancel: threading.Event,
-                t0: float, *, base: tuple[list[dict], str | None],
-                before_commit: Callable[[], Any] | None) -> ChatResult:  # fmt: skip
+    def _tokens(
+        self,
+        name: str,
+        ids: list[int],
+        params: SamplingParams,
+        emit: Emit,
+        cancel: threading.Event,
+        t0: float,
+        *,
+        base: tuple[list[dict], str | None],
+        before_commit: Callable[[], Any] | None,
+    ) -> ChatResult:
         """A turn whose new input is token ids (the Engram server's restore-and-generate): the state at
         `base`'s head (or its transcript, prefilled, when it has none) consumes them, then the reply is
         generated. The transcript records the user message the ids render, as near as it can be told."""
@@ -215,18 +249,34 @@ class ConversationService:
                 raise UsageError(f"continuation_ids is empty and session {name!r} has no state to continue from.")
             raise UsageError(f"continuation_ids: token id {bad} is not in the model's vocabulary (0-{vocab - 1}).")
         added = tok.decode(ids, skip_special=False)
-        turn = self._plan(live, origin, lambda: Turn.for_tokens(self.engine, live, list(live.token_ids) + list(ids),
-                                                                live.text + added, params,
-                                                                default_max_tokens=budget))  # fmt: skip
+        turn = self._plan(
+            live,
+            origin,
+            lambda: Turn.for_tokens(
+                self.engine,
+                live,
+                list(live.token_ids) + list(ids),
+                live.text + added,
+                params,
+                default_max_tokens=budget,
+            ),
+        )
         new = [continuation_message(tok, conversation, added, ids)] if ids else []
         record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
         return self._run(turn, name, origin, record, emit, cancel, t0)
 
     # -- snapshot routes -----------------------------------------------------------------------------
-    def restore(self, snapshot_ref: str | None, session: str | None, continuation: dict | None = None,
-                params: SamplingParams | None = None, emit: Emit | None = None,
-                cancel: threading.Event | None = None, *,
-                continuation_ids: list[int] | None = None) -> Restored | ChatResult:  # fmt: skip
+    def restore(
+        self,
+        snapshot_ref: str | None,
+        session: str | None,
+        continuation: dict | None = None,
+        params: SamplingParams | None = None,
+        emit: Emit | None = None,
+        cancel: threading.Event | None = None,
+        *,
+        continuation_ids: list[int] | None = None,
+    ) -> Restored | ChatResult:
         """Make a snapshot (or a session's head) the state a session continues from and load it into
         memory; with a continuation message, or continuation token ids, generate from there."""
         t0 = time.perf_counter()
@@ -246,13 +296,27 @@ class ConversationService:
         else:
             raise UsageError("give a snapshot id, or a session to restore its head.")
         if continuation is not None:
-            return self._session(target, [continuation], params or SamplingParams(), emit or _ignore,
-                                 cancel or threading.Event(), t0, base=(transcript, head),
-                                 before_commit=before)  # fmt: skip
+            return self._session(
+                target,
+                [continuation],
+                params or SamplingParams(),
+                emit or _ignore,
+                cancel or threading.Event(),
+                t0,
+                base=(transcript, head),
+                before_commit=before,
+            )
         if continuation_ids is not None:
-            return self._tokens(target, continuation_ids, params or SamplingParams(temperature=0.0), emit or _ignore,
-                                cancel or threading.Event(), t0, base=(transcript, head),
-                                before_commit=before)  # fmt: skip
+            return self._tokens(
+                target,
+                continuation_ids,
+                params or SamplingParams(temperature=0.0),
+                emit or _ignore,
+                cancel or threading.Event(),
+                t0,
+                base=(transcript, head),
+                before_commit=before,
+            )
         live, origin = (None, Origin()) if head is None else self.sources.at_head(target, head)
         try:
             if before is not None:
@@ -340,7 +404,7 @@ def continuation_message(tok: Any, transcript: list[dict], text: str, ids: list[
         alone = tok.render([{"role": "user", "content": _MARK}], add_generation_prompt=True)
     except Exception:  # noqa: BLE001 - no chat template, or one that cannot render this: the plain text
         history, after, alone = None, "", ""
-    shapes = ([after[len(history):]] if history is not None and after.startswith(history) else []) + [alone]
+    shapes = ([after[len(history) :]] if history is not None and after.startswith(history) else []) + [alone]
     for shape in shapes:
         head, mark, tail = shape.partition(_MARK)
         if mark and text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail):

@@ -65,8 +65,9 @@ class StateSources:
             return live, Origin("live", len(live.token_ids), 0.0, head)
         return self.load(head)
 
-    def for_session(self, session: str, head: str | None, transcript: list[dict], *,
-                    follow_head: bool = True) -> tuple[Live, Origin]:  # fmt: skip
+    def for_session(
+        self, session: str, head: str | None, transcript: list[dict], *, follow_head: bool = True
+    ) -> tuple[Live, Origin]:
         """The session's state at `head`: hot, else loaded, else a fresh one. A corrupt head is dropped
         by the store and the session falls back to its parent: with follow_head that one is tried next."""
         live = self.hot.live_for(session, head) if self.reuse else None

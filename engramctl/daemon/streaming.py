@@ -103,8 +103,12 @@ def engram_json(r: ChatResult) -> dict[str, Any]:
 
 def usage_json(r: ChatResult) -> dict[str, Any]:
     p, n = r.start.prompt, len(r.finish.token_ids)
-    return {"prompt_tokens": p.prompt_tokens, "completion_tokens": n, "total_tokens": p.prompt_tokens + n,
-            "prompt_tokens_details": {"cached_tokens": p.cached_tokens}}  # fmt: skip
+    return {
+        "prompt_tokens": p.prompt_tokens,
+        "completion_tokens": n,
+        "total_tokens": p.prompt_tokens + n,
+        "prompt_tokens_details": {"cached_tokens": p.cached_tokens},
+    }
 
 
 def finish_reason(r: ChatResult) -> str:
@@ -124,25 +128,44 @@ class Completion:
 
     def response(self, r: ChatResult) -> dict[str, Any]:
         return {
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
             "system_fingerprint": self.fingerprint,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
-                         "finish_reason": finish_reason(r)}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": r.text},
+                    "logprobs": None,
+                    "finish_reason": finish_reason(r),
+                }
+            ],
             "usage": usage_json(r),
             "engram": engram_json(r),
-        }  # fmt: skip
+        }
 
     def chunk(self, delta: dict, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
         return {
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
             "system_fingerprint": self.fingerprint,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
             **extra,
-        }  # fmt: skip
+        }
 
     def usage_chunk(self, usage: dict) -> dict[str, Any]:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint, "choices": [], "usage": usage}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": [],
+            "usage": usage,
+        }
 
 
 def sse(obj: Any) -> str:
@@ -165,8 +188,9 @@ async def answer_turn(job: Job, request: Request, completion: Completion, stream
         raise value
     if kind == "done":  # a job that generated nothing (restore without a continuation)
         return JSONResponse(value if not isinstance(value, ChatResult) else completion.response(value))
-    return StreamingResponse(_events(job, completion, value, include_usage), media_type="text/event-stream",
-                             headers=SSE_HEADERS)  # fmt: skip
+    return StreamingResponse(
+        _events(job, completion, value, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
 async def _events(job: Job, completion: Completion, start: TurnStart, include_usage: bool) -> AsyncIterator[str]:

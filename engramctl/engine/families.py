@@ -60,5 +60,7 @@ def family_for(model_type: str, layer_classes: list[str]) -> Family:
         return RECURRENT_FAMILIES[model_type]
     unknown = [c for c in layer_classes if c not in ("DynamicLayer", "DummyLayer")]
     if unknown:
-        raise UnsupportedModel(f"model type {model_type!r} uses cache layers {sorted(set(unknown))} that engramctl does not know.")
+        raise UnsupportedModel(
+            f"model type {model_type!r} uses cache layers {sorted(set(unknown))} that engramctl does not know."
+        )
     return Family(model_type)

@@ -11,10 +11,19 @@ import torch
 
 # Config keys that describe how the model was loaded or run, not what it computes.
 _VOLATILE = {
-    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "_attn_implementation",
-    "_attn_implementation_autoset", "use_cache", "output_attentions", "output_hidden_states",
-    "return_dict", "_commit_hash", "use_mamba_kernels",
-}  # fmt: skip
+    "_name_or_path",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "_attn_implementation",
+    "_attn_implementation_autoset",
+    "use_cache",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "_commit_hash",
+    "use_mamba_kernels",
+}
 SAMPLES_PER_TENSOR = 64
 
 

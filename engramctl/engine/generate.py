@@ -32,8 +32,14 @@ class Finish:
 class Generation:
     """Iterate for text pieces; afterwards `.finish` tells how it ended."""
 
-    def __init__(self, backend: Backend, tokenizer: ChatTokenizer, live: Live, params: SamplingParams,
-                 cancel: threading.Event | None = None):  # fmt: skip
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: ChatTokenizer,
+        live: Live,
+        params: SamplingParams,
+        cancel: threading.Event | None = None,
+    ):
         if live.last_logits is None:
             raise EngramError("nothing to generate from: the state has consumed no tokens.")
         if params.max_tokens is None:

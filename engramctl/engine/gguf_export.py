@@ -31,12 +31,28 @@ OUTTYPES = ("f32", "f16", "q8_0")
 LLAMA_CPP_VERSION = "0.3.36"
 CONVERTER_ENV = "ENGRAM_LLAMA_CONVERTER"
 _SETUP_HINT = "run scripts/setup.sh (it copies llama.cpp's converter into the venv), or set ENGRAM_LLAMA_CONVERTER"
-_NEMOTRON_LETTERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}
+_NEMOTRON_LETTERS = {
+    "linear_attention": "M",
+    "mamba": "M",
+    "full_attention": "*",
+    "attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
 # Expert keys transformers 5 fills into a dense NemotronH config; "n_group"/"topk_group" are expert groups
 # (a GGUF with them aborts llama.cpp's loader), unlike "n_groups", the SSM group count.
-_MOE_KEYS = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "moe_intermediate_size",
-             "moe_shared_expert_intermediate_size", "moe_latent_size", "num_experts", "n_group", "topk_group",
-             "mtp_layers_block_type")  # fmt: skip
+_MOE_KEYS = (
+    "num_experts_per_tok",
+    "n_routed_experts",
+    "n_shared_experts",
+    "moe_intermediate_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
+    "num_experts",
+    "n_group",
+    "topk_group",
+    "mtp_layers_block_type",
+)
 
 
 def converter_dir() -> Path:
@@ -49,7 +65,9 @@ def converter_dir() -> Path:
     raise UnsupportedModel(f"llama.cpp's GGUF converter is not in {candidates[0]}.", hint=_SETUP_HINT)
 
 
-def export_gguf(model_dir: Path, out_path: Path, outtype: str = "f16", *, pretokenizer_fallback: str | None = None) -> Path:
+def export_gguf(
+    model_dir: Path, out_path: Path, outtype: str = "f16", *, pretokenizer_fallback: str | None = None
+) -> Path:
     """Write `model_dir` (config.json + safetensors + tokenizer) as one GGUF file; returns out_path."""
     export_many([(Path(model_dir), Path(out_path), outtype)], pretokenizer_fallback=pretokenizer_fallback)
     return Path(out_path)
@@ -67,12 +85,20 @@ def export_many(jobs: list[tuple[Path, Path, str]], *, pretokenizer_fallback: st
         child_jobs = []
         for i, (src, _, outtype) in enumerate(jobs):
             view = _converter_view(Path(src), Path(tmp) / f"view-{i}")
-            child_jobs.append({"model": str(view), "out": str(Path(tmp) / f"{i}.gguf"),
-                               "outtype": "f32" if outtype == "q8_0" else outtype})  # fmt: skip
+            child_jobs.append(
+                {
+                    "model": str(view),
+                    "out": str(Path(tmp) / f"{i}.gguf"),
+                    "outtype": "f32" if outtype == "q8_0" else outtype,
+                }
+            )
         spec = {"converter": str(conv), "jobs": child_jobs, "pretokenizer_fallback": pretokenizer_fallback}
         (Path(tmp) / "jobs.json").write_text(json.dumps(spec))
-        proc = subprocess.run([sys.executable, "-m", "engramctl.engine.gguf_export", str(Path(tmp) / "jobs.json")],
-                              capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "engramctl.engine.gguf_export", str(Path(tmp) / "jobs.json")],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout)[-2000:]
             raise UnsupportedModel(f"llama.cpp's converter failed on {[str(src) for src, _, _ in jobs]}:\n{tail}")

@@ -23,13 +23,56 @@ _STRING, _ARRAY = 8, 9
 SAMPLES_PER_TENSOR = 16
 SAMPLE_BYTES = 32
 # general.file_type (llama_ftype) -> the name users know from file names; tensor type ids for the fallback
-_FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
-           12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
-           19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
-           26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
-           36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE"}  # fmt: skip
-_TENSOR_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
-                 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}  # fmt: skip
+_FTYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
+    25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
+    30: "IQ4_XS",
+    31: "IQ1_M",
+    32: "BF16",
+    36: "TQ1_0",
+    37: "TQ2_0",
+    38: "MXFP4_MOE",
+}
+_TENSOR_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    8: "Q8_0",
+    10: "Q2_K",
+    11: "Q3_K",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    30: "BF16",
+}
 
 
 @dataclass(frozen=True)
@@ -155,7 +198,11 @@ def gguf_fingerprint(header: GgufHeader) -> str:
                 start = header.data_offset + t.offset
                 size = next_offset.get(t.offset, 0)  # the tensor's bytes, padding included
                 for i in range(SAMPLES_PER_TENSOR):
-                    at = start + (size - SAMPLE_BYTES) * i // max(SAMPLES_PER_TENSOR - 1, 1) if size > SAMPLE_BYTES else start
+                    at = (
+                        start + (size - SAMPLE_BYTES) * i // max(SAMPLES_PER_TENSOR - 1, 1)
+                        if size > SAMPLE_BYTES
+                        else start
+                    )
                     h.update(buf[at : at + min(SAMPLE_BYTES, size)])
     except (OSError, ValueError) as e:
         raise ModelNotFound(f"cannot read GGUF file {header.path}: {e}") from None

@@ -59,8 +59,10 @@ def pick_file(files: list[str], tag: str | None, repo: str) -> str:
         if len(hits) == 1:
             return hits[0]
         if len(hits) > 1:
-            raise ModelNotFound(f"hub repo {repo!r} has several GGUF files for {want!r}: {', '.join(hits[:4])}.",
-                                hint=f"name one: --model {repo}/{hits[0]}")  # fmt: skip
+            raise ModelNotFound(
+                f"hub repo {repo!r} has several GGUF files for {want!r}: {', '.join(hits[:4])}.",
+                hint=f"name one: --model {repo}/{hits[0]}",
+            )
     listing = ", ".join(Path(f).name for f in ggufs[:6]) or "none"
     want = f"tag {tag!r}" if tag else f"any of {', '.join(PREFERRED_TAGS)}"
     raise ModelNotFound(f"hub repo {repo!r} has no single-file GGUF for {want} (GGUF files: {listing}).")
@@ -87,8 +89,10 @@ def _download(repo: str, choose: Callable[[list[str]], str], ref: str, say: Call
             return cached[choose(sorted(cached))]
         except (ModelNotFound, KeyError):
             pass  # not among the cached files: ask the hub
-    unreachable = ModelNotFound(f"GGUF model {ref!r} is not in the local Hugging Face cache and the hub cannot be reached.",
-                                hint=LOCAL_HINT.replace("a local directory", "a local .gguf file"))  # fmt: skip
+    unreachable = ModelNotFound(
+        f"GGUF model {ref!r} is not in the local Hugging Face cache and the hub cannot be reached.",
+        hint=LOCAL_HINT.replace("a local directory", "a local .gguf file"),
+    )
     if offline:
         raise unreachable
     from huggingface_hub import HfApi, hf_hub_download

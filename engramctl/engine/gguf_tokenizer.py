@@ -102,6 +102,10 @@ class GgufTokenizer:
         if not self.chat_template:
             raise UnsupportedModel("this model has no chat template; it cannot hold a chat.")
         return _compile(self.chat_template).render(
-            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token, eos_token=self.eos_token,
-        )  # fmt: skip
+            messages=messages,
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )

@@ -89,7 +89,9 @@ class TransformersBackend:
             gen_eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
         except OSError:
             gen_eos = None
-        return cls(model, ChatTokenizer(hf_tok, gen_eos if gen_eos is not None else model.config.eos_token_id), model_id)
+        return cls(
+            model, ChatTokenizer(hf_tok, gen_eos if gen_eos is not None else model.config.eos_token_id), model_id
+        )
 
     def _probe_spec(self) -> StateSpec:
         """Run one token through a fresh cache to learn every state tensor's shape and dtype."""
@@ -164,7 +166,9 @@ class TransformersBackend:
             rec = att = None
             if isinstance(layer, LinearAttentionCacheLayerMixin):
                 if layer.number_of_states != 1:
-                    raise UnsupportedModel(f"layer {i} keeps {layer.number_of_states} recurrent states; only 1 is supported.")
+                    raise UnsupportedModel(
+                        f"layer {i} keeps {layer.number_of_states} recurrent states; only 1 is supported."
+                    )
                 conv = layer.conv_states[0] if layer.is_conv_states_initialized[0] else None
                 ssm = layer.recurrent_states[0] if layer.is_recurrent_states_initialized[0] else None
                 rec = RecurrentState(
@@ -192,7 +196,9 @@ class TransformersBackend:
         """Build a fresh cache holding `state`. The state's tensors are copied, never aliased, so the
         SessionState (a hot-tier copy, say) stays valid while the conversation goes on."""
         if state.layout != self.spec.layout:
-            raise SnapshotMismatch(f"state layout {list(state.layout)} does not fit this model's {list(self.spec.layout)}.")
+            raise SnapshotMismatch(
+                f"state layout {list(state.layout)} does not fit this model's {list(self.spec.layout)}."
+            )
         live = self.new_live()
         for layer, st in zip(live.cache.layers, state.layers):
             rec = st.recurrent if isinstance(st, HybridState) else st if isinstance(st, RecurrentState) else None

@@ -27,8 +27,15 @@ from engramctl.engine.gguf_tokenizer import GgufTokenizer
 from engramctl.engine.llama_layout import blob_layout
 from engramctl.engine.llama_lib import import_llama_cpp, library_version, n_cpu_threads, take_errors
 from engramctl.engine.llama_slot import ParkedState, SequenceSlot
-from engramctl.errors import (Cancelled, ContextOverflow, EngramError, SnapshotMismatch, StateFormatError,
-                              UnsupportedModel, UsageError)
+from engramctl.errors import (
+    Cancelled,
+    ContextOverflow,
+    EngramError,
+    SnapshotMismatch,
+    StateFormatError,
+    UnsupportedModel,
+    UsageError,
+)
 from engramctl.state import SessionState
 from engramctl.state.spec import TOKENS, LayerSpec, StateSpec, TensorSpec
 
@@ -40,12 +47,22 @@ STATE_FORMAT = "llama.cpp-seq3-typed1"  # LLAMA_STATE_SEQ_VERSION 3, as llama_st
 
 
 class LlamaCppBackend:
-    def __init__(self, path: Path, model_id: str, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                 context_tokens: int | None = None, threads: int | None = None, device: str = "cpu"):  # fmt: skip
+    def __init__(
+        self,
+        path: Path,
+        model_id: str,
+        *,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        context_tokens: int | None = None,
+        threads: int | None = None,
+        device: str = "cpu",
+    ):
         lib = self._lib = import_llama_cpp()
         if lib.LLAMA_STATE_SEQ_VERSION != 3:
-            raise StateFormatError(f"llama-cpp-python {library_version()} writes state format "
-                                   f"{lib.LLAMA_STATE_SEQ_VERSION}; engramctl parses format 3 (llama-cpp-python 0.3.36).")  # fmt: skip
+            raise StateFormatError(
+                f"llama-cpp-python {library_version()} writes state format "
+                f"{lib.LLAMA_STATE_SEQ_VERSION}; engramctl parses format 3 (llama-cpp-python 0.3.36)."
+            )
         path = Path(path)
         header = read_header(path)  # typed errors for a missing, truncated or non-GGUF file, before llama.cpp
         layout = blob_layout(header, v_trans=False)  # refuses unknown recurrent architectures early
@@ -62,13 +79,17 @@ class LlamaCppBackend:
             raise UsageError(f"device {device!r} is not one of auto, cpu, cuda.")
         gpu = device != "cpu" and bool(lib.llama_supports_gpu_offload())
         if device == "cuda" and not gpu:
-            raise UsageError("device cuda was requested but llama-cpp-python was built without GPU support.",
-                             hint='rebuild it with CMAKE_ARGS="-DGGML_CUDA=ON", or use --device cpu')  # fmt: skip
+            raise UsageError(
+                "device cuda was requested but llama-cpp-python was built without GPU support.",
+                hint='rebuild it with CMAKE_ARGS="-DGGML_CUDA=ON", or use --device cpu',
+            )
         mparams.n_gpu_layers = 999 if gpu else 0
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
-            raise UnsupportedModel(f"llama.cpp could not load {path.name} (architecture {header.architecture!r}): "
-                                   f"{take_errors() or 'see the daemon log'}")  # fmt: skip
+            raise UnsupportedModel(
+                f"llama.cpp could not load {path.name} (architecture {header.architecture!r}): "
+                f"{take_errors() or 'see the daemon log'}"
+            )
         kv_per_token = 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers)  # f16 K and V
         n_ctx_train = int(lib.llama_model_n_ctx_train(self._model)) or DEFAULT_CONTEXT_TOKENS
         n_ctx = min(context_tokens or DEFAULT_CONTEXT_TOKENS, n_ctx_train)
@@ -84,7 +105,9 @@ class LlamaCppBackend:
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
-            raise UnsupportedModel(f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}")
+            raise UnsupportedModel(
+                f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}"
+            )
         self._slot = SequenceSlot(lib, self._ctx, n_ctx)
         self._batch = lib.llama_batch_init(chunk_tokens, 0, 1)
         self.n_ctx = n_ctx
@@ -94,7 +117,9 @@ class LlamaCppBackend:
         self._finalizer = weakref.finalize(self, _free, lib, model, self._ctx, self._batch)
 
         template = lib.llama_model_chat_template(self._model, None)
-        self.tokenizer = GgufTokenizer(lib, self._model, template.decode("utf-8") if template else None, keepalive=model)
+        self.tokenizer = GgufTokenizer(
+            lib, self._model, template.decode("utf-8") if template else None, keepalive=model
+        )
         self.n_vocab = self.tokenizer.n_vocab
         self.header = header
         self.library_version = library_version()
@@ -134,8 +159,10 @@ class LlamaCppBackend:
                 if llama_state.serialize(layers, candidate, 3) == blob:
                     return candidate
                 error = StateFormatError("re-serializing the parsed state did not reproduce llama.cpp's bytes.")
-            raise StateFormatError(f"llama.cpp's state for {self.header.architecture!r} models does not have the "
-                                   f"layout engramctl parses: {error.message}")  # fmt: skip
+            raise StateFormatError(
+                f"llama.cpp's state for {self.header.architecture!r} models does not have the "
+                f"layout engramctl parses: {error.message}"
+            )
         finally:
             self.release(live)
 
@@ -190,7 +217,9 @@ class LlamaCppBackend:
     def _run(self, live: Live, ids: list[int]) -> torch.Tensor:
         past = len(live.token_ids)
         if self.info.context_length is not None and past + len(ids) > self.n_ctx:
-            raise ContextOverflow(f"the conversation needs {past + len(ids)} tokens; the llama.cpp context holds {self.n_ctx}.")
+            raise ContextOverflow(
+                f"the conversation needs {past + len(ids)} tokens; the llama.cpp context holds {self.n_ctx}."
+            )
         b = self._batch
         b.n_tokens = len(ids)
         for i, tok in enumerate(ids):
@@ -202,7 +231,9 @@ class LlamaCppBackend:
         b.logits[len(ids) - 1] = 1  # logits of the last position only
         rc = self._lib.llama_decode(self._ctx, b)
         if rc != 0:
-            raise EngramError(f"llama.cpp could not run {len(ids)} tokens (status {rc}): {take_errors() or 'see the log'}")
+            raise EngramError(
+                f"llama.cpp could not run {len(ids)} tokens (status {rc}): {take_errors() or 'see the log'}"
+            )
         live.token_ids.extend(ids)
         ptr = self._lib.llama_get_logits_ith(self._ctx, -1)
         live.last_logits = torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
@@ -232,8 +263,9 @@ class LlamaCppBackend:
         with self._lock:
             blob = self._slot.get_blob() if self._slot.holds(live) else live.cache.blob
         layers = llama_state.parse(blob, self.layout, len(live.token_ids))  # views of `blob`, never modified again
-        state = SessionState(layers=tuple(layers), token_ids=tuple(live.token_ids),
-                             last_logits=live.last_logits.clone(), text=live.text)  # fmt: skip
+        state = SessionState(
+            layers=tuple(layers), token_ids=tuple(live.token_ids), last_logits=live.last_logits.clone(), text=live.text
+        )
         tensors = _tensors(state)
         if tensors:  # keyed by id, dropped with the tensor (a WeakKeyDictionary would compare tensors with ==)
             self._blob_of[id(tensors[0])] = (blob, state.n_tokens, [_where(t) for t in tensors])
@@ -255,9 +287,16 @@ class LlamaCppBackend:
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here)."""
         if state.layout != self.spec.layout:
-            raise SnapshotMismatch(f"state layout {list(state.layout)} does not fit this model's {list(self.spec.layout)}.")
+            raise SnapshotMismatch(
+                f"state layout {list(state.layout)} does not fit this model's {list(self.spec.layout)}."
+            )
         blob = self._original_blob(state) or llama_state.serialize(state.layers, self.layout, state.n_tokens)
-        live = Live(cache=ParkedState(blob), token_ids=list(state.token_ids), last_logits=state.last_logits.float(), text=state.text)
+        live = Live(
+            cache=ParkedState(blob),
+            token_ids=list(state.token_ids),
+            last_logits=state.last_logits.float(),
+            text=state.text,
+        )
         with self._lock:
             self._slot.hold(live)
         return live

@@ -16,8 +16,19 @@ MAMBA1 = {"mamba", "jamba"}  # SSM state (d_inner, d_state)
 MAMBA2 = {"mamba2", "granitehybrid", "nemotron_h", "falcon-h1", "qwen3next"}  # (heads, head_dim, d_state)
 RECURRENT_ARCHS = MAMBA1 | MAMBA2 | {"lfm2"}
 # Recurrent or hybrid architectures llama.cpp knows but engramctl has not verified: refused by name.
-_UNVERIFIED = {"rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "plamo2", "kimi-linear", "lfm2moe", "nemotron_h_moe",
-               "qwen35", "qwen35moe", "minimax-01"}  # fmt: skip
+_UNVERIFIED = {
+    "rwkv6",
+    "rwkv6qwen2",
+    "rwkv7",
+    "arwkv7",
+    "plamo2",
+    "kimi-linear",
+    "lfm2moe",
+    "nemotron_h_moe",
+    "qwen35",
+    "qwen35moe",
+    "minimax-01",
+}
 
 
 def _per_layer(header: GgufHeader, key: str, n_layer: int, default=None) -> list:
@@ -33,11 +44,15 @@ def layer_kinds(header: GgufHeader) -> list[str]:
     if n_layer <= 0:
         raise UnsupportedModel(f"GGUF file {header.path.name} has no {arch}.block_count.")
     if arch in _UNVERIFIED:
-        raise UnsupportedModel(f"GGUF architecture {arch!r} keeps recurrent state whose layout engramctl has not verified; "
-                               f"supported recurrent architectures: {', '.join(sorted(RECURRENT_ARCHS))}.")  # fmt: skip
+        raise UnsupportedModel(
+            f"GGUF architecture {arch!r} keeps recurrent state whose layout engramctl has not verified; "
+            f"supported recurrent architectures: {', '.join(sorted(RECURRENT_ARCHS))}."
+        )
     if header.arch_value("attention.sliding_window") is not None:
-        raise UnsupportedModel(f"GGUF architecture {arch!r} uses sliding-window attention, whose cache drops old "
-                               "tokens; engramctl cannot snapshot it exactly yet.")  # fmt: skip
+        raise UnsupportedModel(
+            f"GGUF architecture {arch!r} uses sliding-window attention, whose cache drops old "
+            "tokens; engramctl cannot snapshot it exactly yet."
+        )
     if arch in ("mamba", "mamba2"):
         return ["recurrent"] * n_layer
     if arch == "falcon-h1":  # attention and Mamba2 side by side in every layer

@@ -29,11 +29,13 @@ def import_llama_cpp():
     try:
         import llama_cpp
     except ImportError as e:
-        raise BackendUnavailable(f"the llama.cpp backend needs llama-cpp-python, which is not installed ({e}).",
-                                 hint=_INSTALL_HINT) from None  # fmt: skip
+        raise BackendUnavailable(
+            f"the llama.cpp backend needs llama-cpp-python, which is not installed ({e}).", hint=_INSTALL_HINT
+        ) from None
     except (OSError, RuntimeError) as e:  # the library is there but cannot be loaded (CPU flags, missing libgomp)
-        raise BackendUnavailable(f"llama-cpp-python is installed but its library cannot be loaded: {e}",
-                                 hint=_INSTALL_HINT) from None  # fmt: skip
+        raise BackendUnavailable(
+            f"llama-cpp-python is installed but its library cannot be loaded: {e}", hint=_INSTALL_HINT
+        ) from None
 
     last = [logging.DEBUG]
 

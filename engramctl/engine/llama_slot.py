@@ -61,11 +61,15 @@ class SequenceSlot:
         self._clear()
         if parked.blob is not None:
             n = len(parked.blob)
-            read = self._lib.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * n).from_buffer(parked.blob), n, SEQ_ID)
+            read = self._lib.llama_state_seq_set_data(
+                self._ctx, (ctypes.c_uint8 * n).from_buffer(parked.blob), n, SEQ_ID
+            )
             if read != n:
                 self._clear()
-                raise SnapshotMismatch(f"llama.cpp refused a state of {len(live.token_ids)} tokens "
-                                       f"({take_errors() or 'no reason given'}); the context holds {self.n_ctx}.")  # fmt: skip
+                raise SnapshotMismatch(
+                    f"llama.cpp refused a state of {len(live.token_ids)} tokens "
+                    f"({take_errors() or 'no reason given'}); the context holds {self.n_ctx}."
+                )
             parked.blob = None  # the context has it now; parking it again takes a fresh copy
         self._resident = weakref.ref(live)
 

@@ -90,14 +90,20 @@ class _Reader:
     def tensor(self, shape: tuple[int, ...], type_id: int, what: str) -> torch.Tensor:
         dtype = GGML_TYPES.get(type_id)
         if dtype is None:
-            raise StateFormatError(f"llama.cpp state blob holds {what} as ggml type {type_id}; only f32/f16/bf16 are parsed.")
+            raise StateFormatError(
+                f"llama.cpp state blob holds {what} as ggml type {type_id}; only f32/f16/bf16 are parsed."
+            )
         n = 1
         for d in shape:
             n *= d
         size = n * torch.empty(0, dtype=dtype).element_size()
         if self.pos + size > len(self.blob):
             raise StateFormatError(f"llama.cpp state blob ends inside {what}.")
-        t = torch.frombuffer(self.blob, dtype=dtype, count=n, offset=self.pos).view(shape) if n else torch.empty(shape, dtype=dtype)
+        t = (
+            torch.frombuffer(self.blob, dtype=dtype, count=n, offset=self.pos).view(shape)
+            if n
+            else torch.empty(shape, dtype=dtype)
+        )
         self.pos += size
         return t
 
@@ -111,8 +117,10 @@ class _Reader:
         want = _cells(n_tokens)
         if not np.array_equal(got, want):
             bad = int(np.flatnonzero(got != want)[0])
-            raise StateFormatError(f"llama.cpp state blob has KV cell {bad} = {got[bad].tolist()} (position, sequence "
-                                   f"count, sequence id); expected {want[bad].tolist()}: not one sequence in order.")  # fmt: skip
+            raise StateFormatError(
+                f"llama.cpp state blob has KV cell {bad} = {got[bad].tolist()} (position, sequence "
+                f"count, sequence id); expected {want[bad].tolist()}: not one sequence in order."
+            )
         self.pos += size
 
     def rows(self, shape: tuple[int, ...], row_elems: int, what: str) -> torch.Tensor:
@@ -168,7 +176,9 @@ def parse(blob: bytearray, layout: BlobLayout, n_tokens: int) -> list[LayerState
         raise StateFormatError(f"llama.cpp state blob has {len(blob) - r.pos} bytes after its last known field.")
     out: list[LayerState] = []
     for i, lay in enumerate(layout.layers):
-        rec = RecurrentState(conv=_none_if_empty(convs[i]), recurrent=_none_if_empty(ssms[i])) if lay.recurrent else None
+        rec = (
+            RecurrentState(conv=_none_if_empty(convs[i]), recurrent=_none_if_empty(ssms[i])) if lay.recurrent else None
+        )
         att = AttentionState(keys=keys[i], values=values[i]) if lay.attention else None
         out.append(HybridState(rec, att) if rec and att else rec or att or EmptyState())
     return out

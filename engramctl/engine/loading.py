@@ -175,7 +175,7 @@ BACKENDS = ("auto", "transformers", "llama.cpp")
 
 
 def choose_backend(ref: str, backend: str = "auto") -> str:
-    """"llama.cpp" or "transformers" for `ref`: auto gives llama.cpp to a GGUF file (local or on the hub)
+    """ "llama.cpp" or "transformers" for `ref`: auto gives llama.cpp to a GGUF file (local or on the hub)
     and transformers to a model directory or a hub repo of safetensors."""
     from engramctl.engine.gguf_source import is_gguf_ref
 
@@ -192,8 +192,14 @@ def choose_backend(ref: str, backend: str = "auto") -> str:
     return backend
 
 
-def load_engine(ref: str, cache_dir: Path, device: str = "auto", dtype: str = "auto", backend: str = "auto",
-                progress: Callable[[str], None] | None = None):  # fmt: skip
+def load_engine(
+    ref: str,
+    cache_dir: Path,
+    device: str = "auto",
+    dtype: str = "auto",
+    backend: str = "auto",
+    progress: Callable[[str], None] | None = None,
+):
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
     weight type (never converted to float32); `dtype` applies to transformers only."""
@@ -213,7 +219,10 @@ def load_engine(ref: str, cache_dir: Path, device: str = "auto", dtype: str = "a
 
             lb = LlamaCppBackend(path, model_id, device=device)
             if dtype != "auto":
-                say(f"--dtype {dtype} applies to transformers; llama.cpp keeps {path.name}'s {lb.info.weight_type} weights.")
+                say(
+                    f"--dtype {dtype} applies to transformers; "
+                    f"llama.cpp keeps {path.name}'s {lb.info.weight_type} weights."
+                )
             return Engine(lb, lb.tokenizer)
         except BackendUnavailable as e:
             if backend != "auto":

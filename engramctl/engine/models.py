@@ -31,8 +31,9 @@ def _wants_cuda(device: str) -> bool:
     return device.startswith("cuda")
 
 
-def default_model_ref(cache_dir: Path, say: Callable[[str], None] | None = None, device: str = "auto",
-                      backend: str = "auto") -> str:  # fmt: skip
+def default_model_ref(
+    cache_dir: Path, say: Callable[[str], None] | None = None, device: str = "auto", backend: str = "auto"
+) -> str:
     """The reference load_engine(..., backend) should get when the user named no model: a GGUF of the
     default hybrid on llama.cpp for a CPU, its safetensors repo on transformers (or CUDA)."""
     from engramctl.engine.gguf_source import resolve_gguf

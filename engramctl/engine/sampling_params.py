@@ -24,17 +24,26 @@ def _option(default: Any, schema: dict, help: str) -> Any:
 class SamplingParams:
     """How a reply is sampled. The defaults are OpenAI's: what a request that leaves a field out gets."""
 
-    temperature: float = _option(1.0, {"type": "number", "minimum": 0, "maximum": 2},
-                                 "Sampling temperature; 0 = greedy (deterministic). Default 1.")  # fmt: skip
-    top_p: float = _option(1.0, {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-                           "Nucleus sampling: only the most likely tokens covering this probability.")  # fmt: skip
+    temperature: float = _option(
+        1.0,
+        {"type": "number", "minimum": 0, "maximum": 2},
+        "Sampling temperature; 0 = greedy (deterministic). Default 1.",
+    )
+    top_p: float = _option(
+        1.0,
+        {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "Nucleus sampling: only the most likely tokens covering this probability.",
+    )
     top_k: int = _option(0, {"type": "integer", "minimum": 0}, "Sample from the k most likely tokens; 0 = off.")
     seed: int | None = _option(None, {"type": "integer"}, "Sampling seed (reproducible replies).")
-    max_tokens: int | None = _option(None, {"type": "integer", "minimum": 1},
-                                     f"Longest reply, in tokens (default: what the context has room for, at most "
-                                     f"{DEFAULT_MAX_TOKENS}).")  # fmt: skip
-    stop: tuple[str, ...] = _option((), {"type": ["string", "array"], "items": {"type": "string"},
-                                         "maxItems": MAX_STOP}, "Stop string(s).")  # fmt: skip
+    max_tokens: int | None = _option(
+        None,
+        {"type": "integer", "minimum": 1},
+        f"Longest reply, in tokens (default: what the context has room for, at most {DEFAULT_MAX_TOKENS}).",
+    )
+    stop: tuple[str, ...] = _option(
+        (), {"type": ["string", "array"], "items": {"type": "string"}, "maxItems": MAX_STOP}, "Stop string(s)."
+    )
 
     def __post_init__(self):
         for f in fields(self):

@@ -64,9 +64,10 @@ class ScanChunks:
         if mixer_class is None or not torch_scan_in_use():
             return cls()
         mixers = [
-            m for m in model.modules()
+            m
+            for m in model.modules()
             if type(m).__name__ == mixer_class and isinstance(getattr(m, "chunk_size", None), int)
-        ]  # fmt: skip
+        ]
         return cls(mixers=mixers, base_tokens=[m.chunk_size for m in mixers])
 
     @contextmanager

@@ -65,8 +65,9 @@ class TurnDone:
         return self.finish.decode_s * 1000
 
 
-def reply_budget(engine: Engine, prompt_tokens: int, requested: int | None,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS) -> int:  # fmt: skip
+def reply_budget(
+    engine: Engine, prompt_tokens: int, requested: int | None, default_max_tokens: int = DEFAULT_MAX_TOKENS
+) -> int:
     """max_tokens for the reply; ContextOverflow when the prompt (plus the requested reply) does not fit."""
     ctx = engine.info.context_length
     if ctx is None:
@@ -89,8 +90,17 @@ def reply_budget(engine: Engine, prompt_tokens: int, requested: int | None,
 class Turn:
     """A planned turn: what to feed, and the reply's budget. Build it with for_messages / for_tokens."""
 
-    def __init__(self, engine: Engine, live: Live, feed: list[int], text: str, reset: bool, params: SamplingParams,
-                 default_max_tokens: int, capture: bool):  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        live: Live,
+        feed: list[int],
+        text: str,
+        reset: bool,
+        params: SamplingParams,
+        default_max_tokens: int,
+        capture: bool,
+    ):
         self.engine, self.live, self.feed, self.text, self.reset = engine, live, feed, text, reset
         self.prompt_tokens = (0 if reset else len(live.token_ids)) + len(feed)
         self.max_tokens = reply_budget(engine, self.prompt_tokens, params.max_tokens, default_max_tokens)
@@ -98,8 +108,16 @@ class Turn:
         self.capture = capture
 
     @classmethod
-    def for_messages(cls, engine: Engine, live: Live, messages: list[dict], params: SamplingParams, *,
-                     default_max_tokens: int = DEFAULT_MAX_TOKENS, capture: bool = True) -> "Turn":  # fmt: skip
+    def for_messages(
+        cls,
+        engine: Engine,
+        live: Live,
+        messages: list[dict],
+        params: SamplingParams,
+        *,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        capture: bool = True,
+    ) -> "Turn":
         """The whole conversation (plain role/content dicts, ending with the new message): only the
         template's render past the state's consumed text is fed, or all of it when the template is not
         prefix-stable there."""
@@ -108,16 +126,30 @@ class Turn:
         return cls(engine, live, engine.tokenizer.encode(text), full, reset, params, default_max_tokens, capture)
 
     @classmethod
-    def for_tokens(cls, engine: Engine, live: Live, ids: list[int], text: str, params: SamplingParams, *,
-                   default_max_tokens: int = DEFAULT_MAX_TOKENS, capture: bool = True) -> "Turn":  # fmt: skip
+    def for_tokens(
+        cls,
+        engine: Engine,
+        live: Live,
+        ids: list[int],
+        text: str,
+        params: SamplingParams,
+        *,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        capture: bool = True,
+    ) -> "Turn":
         """The prompt's token ids and the text they encode; `live` holds a prefix of them."""
         n = len(live.token_ids)
         if live.token_ids != ids[:n]:
             raise EngramError("the state's tokens are not a prefix of the prompt's; it cannot continue to it.")
         return cls(engine, live, ids[n:], text, False, params, default_max_tokens, capture)
 
-    def run(self, cancel: threading.Event | None = None, *, on_prompt: Callable[[Prompt], None] | None = None,
-            on_piece: Callable[[str], None] | None = None) -> TurnDone:  # fmt: skip
+    def run(
+        self,
+        cancel: threading.Event | None = None,
+        *,
+        on_prompt: Callable[[Prompt], None] | None = None,
+        on_piece: Callable[[str], None] | None = None,
+    ) -> TurnDone:
         """Prefill, capture the prompt state, generate (each piece of text to `on_piece` as it comes),
         settle, capture the reply state. `cancel` stops the prefill between chunks (errors.Cancelled)
         and the generation between tokens (finish reason "cancelled", the partial reply kept)."""
@@ -132,8 +164,14 @@ class Turn:
             prefill_ms = (time.perf_counter() - t0) * 1000
             live.text = self.text
             captured = self.capture and bool(self.feed)
-            prompt = Prompt(self.prompt_tokens, len(self.feed), self.reset, self.max_tokens, prefill_ms,
-                            engine.capture(live) if captured else None)  # fmt: skip
+            prompt = Prompt(
+                self.prompt_tokens,
+                len(self.feed),
+                self.reset,
+                self.max_tokens,
+                prefill_ms,
+                engine.capture(live) if captured else None,
+            )
             if on_prompt is not None:
                 on_prompt(prompt)
             gen = engine.generate(live, self.params, cancel)
@@ -158,11 +196,15 @@ class Turn:
             engine.release(live)  # half-fed or half-settled: nothing can continue from it
             raise
         return TurnDone(
-            prompt=prompt, finish=finish, live=live, reply_state=reply_state,
+            prompt=prompt,
+            finish=finish,
+            live=live,
+            reply_state=reply_state,
             first_token_at=None if finish.ttft_s is None else gen_start + finish.ttft_s,
-            last_token_at=last_token_at, settle_ms=(settled_at - last_token_at) * 1000,
+            last_token_at=last_token_at,
+            settle_ms=(settled_at - last_token_at) * 1000,
             capture_ms=(captured_at - settled_at) * 1000,
-        )  # fmt: skip
+        )
 
 
 def _eos_text(engine: Engine, finish: Finish) -> str:

@@ -73,7 +73,9 @@ def from_payload(tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: S
             f"{spec.state_format or 'unversioned'!r} (version {spec.backend_version or 'unknown'})."
         )
     if meta.get("dtype") != spec.dtype and spec.backend != "transformers":
-        raise SnapshotMismatch(f"snapshot was written by a {meta.get('dtype')} model; the loaded model is {spec.dtype}.")
+        raise SnapshotMismatch(
+            f"snapshot was written by a {meta.get('dtype')} model; the loaded model is {spec.dtype}."
+        )
     if meta.get("dtype") != spec.dtype:
         raise SnapshotMismatch(
             f"snapshot was written by a {meta.get('dtype')} model; the loaded model runs {spec.dtype}.",

@@ -26,9 +26,13 @@ from engramctl.errors import InvalidName, NotFound
 from engramctl.store.core import StoreCore
 from engramctl.store.errors import AlreadyExists
 from engramctl.store.names import (
-    branch_session_name, is_snapshot_id, parse_turn_ref, session_for_conversation, validate_engram_name,
+    branch_session_name,
+    is_snapshot_id,
+    parse_turn_ref,
+    session_for_conversation,
+    validate_engram_name,
     validate_session_name,
-)  # fmt: skip
+)
 from engramctl.store.records import SessionInfo
 
 # (snapshot, user messages in its transcript, role of its last message), for a set of snapshots
@@ -68,7 +72,9 @@ class AliasesMixin(StoreCore):
             owned = [r.id for r in self._index.snapshots(session)]
             saved = self._index.rows(
                 "SELECT n.name, n.snapshot FROM names n JOIN snapshots s ON s.id = n.snapshot "
-                "WHERE n.kind = 'turn' AND n.scope = ? ORDER BY n.created", (session,))  # fmt: skip
+                "WHERE n.kind = 'turn' AND n.scope = ? ORDER BY n.created",
+                (session,),
+            )
             ended = self.turn_numbers(owned + line)
         table: dict[int, str] = {}
         for sid in owned + line:  # oldest first, owned then the line: the line wins, then the newest
@@ -85,8 +91,10 @@ class AliasesMixin(StoreCore):
         """The snapshot "<conversation_id>-t<turn>" names; NotFound, in the Engram server's words, if none."""
         session = session_for_conversation(conversation_id)
         if not self.has_session(session):
-            raise NotFound(f"Snapshot not found: conversation={conversation_id}, turn={turn}, branch=None "
-                           f"(no conversation {conversation_id!r}).")  # fmt: skip
+            raise NotFound(
+                f"Snapshot not found: conversation={conversation_id}, turn={turn}, branch=None "
+                f"(no conversation {conversation_id!r})."
+            )
         sid = self.find_turn(session, turn)
         if sid is None:
             raise NotFound(f"Snapshot not found: conversation={conversation_id}, turn={turn}, branch=None.")
@@ -122,8 +130,10 @@ class AliasesMixin(StoreCore):
             for i in range(0, len(ids), 500):
                 chunk = ids[i : i + 500]
                 marks = ",".join("?" * len(chunk))
-                rows = self._index.rows(f"SELECT snapshot, name FROM names WHERE kind = 'id' AND snapshot IN ({marks}) "
-                                        "ORDER BY created", chunk)  # fmt: skip
+                rows = self._index.rows(
+                    f"SELECT snapshot, name FROM names WHERE kind = 'id' AND snapshot IN ({marks}) ORDER BY created",
+                    chunk,
+                )
                 out.update((r["snapshot"], r["name"]) for r in rows)
         return out
 
@@ -145,8 +155,9 @@ class AliasesMixin(StoreCore):
             self._check_open()
             snap = self._row(snapshot_id)
             tip, now = self._index.snapshot_tip(snap.id), self.clock()
-            fields = dict(head=snap.id, base=snap.id, tip=tip, fingerprint=snap.fingerprint, model_id=snap.model_id,
-                          last_used=now)  # fmt: skip
+            fields = dict(
+                head=snap.id, base=snap.id, tip=tip, fingerprint=snap.fingerprint, model_id=snap.model_id, last_used=now
+            )
             name = self.branch_session(session, branch)
             if name is not None:
                 self._index.update_session(name, **fields)
@@ -157,8 +168,11 @@ class AliasesMixin(StoreCore):
                 if self._index.session(name) is not None:
                     raise AlreadyExists(f"session {name!r} already exists; cannot make branch {branch!r} there.")
             self._index.insert_session(name=name, created=now, **fields)
-            self._index.execute("INSERT OR REPLACE INTO names (kind, scope, name, snapshot, session, created) "
-                                "VALUES ('branch', ?, ?, NULL, ?, ?)", (session, branch, name, now))  # fmt: skip
+            self._index.execute(
+                "INSERT OR REPLACE INTO names (kind, scope, name, snapshot, session, created) "
+                "VALUES ('branch', ?, ?, NULL, ?, ?)",
+                (session, branch, name, now),
+            )
             return self._index.session(name)  # type: ignore[return-value]
 
     def branch_session(self, session: str, branch: str) -> str | None:
@@ -167,7 +181,9 @@ class AliasesMixin(StoreCore):
             self._check_open()
             row = self._index.one(
                 "SELECT n.session FROM names n JOIN sessions s ON s.name = n.session "
-                "WHERE n.kind = 'branch' AND n.scope = ? AND n.name = ?", (session, branch))  # fmt: skip
+                "WHERE n.kind = 'branch' AND n.scope = ? AND n.name = ?",
+                (session, branch),
+            )
         return None if row is None else row["session"]
 
     def branches(self, session: str) -> dict[str, str]:
@@ -176,7 +192,9 @@ class AliasesMixin(StoreCore):
             self._check_open()
             rows = self._index.rows(
                 "SELECT n.name, n.session FROM names n JOIN sessions s ON s.name = n.session "
-                "WHERE n.kind = 'branch' AND n.scope = ? ORDER BY n.name", (session,))  # fmt: skip
+                "WHERE n.kind = 'branch' AND n.scope = ? ORDER BY n.name",
+                (session,),
+            )
         return {r["name"]: r["session"] for r in rows}
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -184,5 +202,8 @@ class AliasesMixin(StoreCore):
         with self._lock, self._index.tx():
             self._check_open()
             sid = self._row(snapshot_id).id
-            self._index.execute("INSERT OR REPLACE INTO names (kind, scope, name, snapshot, session, created) "
-                                "VALUES (?, ?, ?, ?, NULL, ?)", (kind, scope, name, sid, self.clock()))  # fmt: skip
+            self._index.execute(
+                "INSERT OR REPLACE INTO names (kind, scope, name, snapshot, session, created) "
+                "VALUES (?, ?, ?, ?, NULL, ?)",
+                (kind, scope, name, sid, self.clock()),
+            )

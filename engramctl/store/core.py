@@ -29,8 +29,16 @@ log = logging.getLogger("engramctl.store")
 
 
 class StoreCore:
-    def __init__(self, settings: Settings, files: SnapshotFiles, index: Index, tier_plan: TierPlan,
-                 clock: Callable[[], float], report: ReconcileReport, max_pending: int = 32):  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings,
+        files: SnapshotFiles,
+        index: Index,
+        tier_plan: TierPlan,
+        clock: Callable[[], float],
+        report: ReconcileReport,
+        max_pending: int = 32,
+    ):
         self.settings, self.clock, self.reconcile_report = settings, clock, report
         self.plan = tier_plan
         self._files, self._index = files, index
@@ -43,7 +51,9 @@ class StoreCore:
         self.write_errors: deque[str] = deque(maxlen=20)  # the latest snapshots that could not be saved
         self._closed = False
         memory = [t for t in tier_plan.tiers if t.device is not None and (t.name == "ram" or t.enabled)]
-        self._placement = Placement([HotTier(t.name, t.budget_bytes, t.device or "cpu") for t in memory], move=payload_to)
+        self._placement = Placement(
+            [HotTier(t.name, t.budget_bytes, t.device or "cpu") for t in memory], move=payload_to
+        )
         self._writer = Writer(max_pending=max_pending)
 
     # -- helpers -------------------------------------------------------------------------------------

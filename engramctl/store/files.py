@@ -27,6 +27,7 @@ from engramctl.store.records import TOKEN_IDS, Payload
 
 log = logging.getLogger("engramctl.store")
 
+
 class SnapshotFiles:
     def __init__(self, data_dir: Path):
         self.root = Path(data_dir)

@@ -20,9 +20,23 @@ from engramctl.store.records import SessionInfo, SnapshotRecord
 from engramctl.store.schema import MIGRATIONS
 
 SNAPSHOT_COLUMNS = (
-    "id", "session", "parent", "n_tokens", "token_hash", "nbytes", "checksum", "fingerprint", "model_id",
-    "tip", "n_messages", "created", "last_access", "pinned", "label", "durable",
-)  # fmt: skip
+    "id",
+    "session",
+    "parent",
+    "n_tokens",
+    "token_hash",
+    "nbytes",
+    "checksum",
+    "fingerprint",
+    "model_id",
+    "tip",
+    "n_messages",
+    "created",
+    "last_access",
+    "pinned",
+    "label",
+    "durable",
+)
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
 _SESSION_SELECT = """
     SELECT s.*, COALESCE(m.depth, 0) AS n_messages,
@@ -151,8 +165,9 @@ class Index:
         return None if row is None else row["tip"]
 
     def ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:
-        rows = self.rows("SELECT id FROM snapshots WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
-                         (prefix, prefix + "g", limit))  # fmt: skip
+        rows = self.rows(
+            "SELECT id FROM snapshots WHERE id >= ? AND id < ? ORDER BY id LIMIT ?", (prefix, prefix + "g", limit)
+        )
         return [r["id"] for r in rows]
 
     def insert_snapshot(self, **fields: Any) -> None:
@@ -167,13 +182,16 @@ class Index:
 
     def referrers(self, snapshot_id: str) -> list[str]:
         """Sessions whose head or branch point is this snapshot, oldest session first."""
-        rows = self.rows("SELECT name FROM sessions WHERE head = ? OR base = ? ORDER BY created, name",
-                         (snapshot_id, snapshot_id))  # fmt: skip
+        rows = self.rows(
+            "SELECT name FROM sessions WHERE head = ? OR base = ? ORDER BY created, name", (snapshot_id, snapshot_id)
+        )
         return [r["name"] for r in rows]
 
     def referenced_ids(self) -> set[str]:
-        rows = self.rows("SELECT head AS id FROM sessions WHERE head IS NOT NULL "
-                         "UNION SELECT base FROM sessions WHERE base IS NOT NULL")  # fmt: skip
+        rows = self.rows(
+            "SELECT head AS id FROM sessions WHERE head IS NOT NULL "
+            "UNION SELECT base FROM sessions WHERE base IS NOT NULL"
+        )
         return {r["id"] for r in rows}
 
     def remove_snapshots(self, ids: Iterable[str]) -> dict[str, str | None]:
@@ -237,18 +255,34 @@ class Index:
 
 def _session(row: sqlite3.Row) -> SessionInfo:
     return SessionInfo(
-        name=row["name"], fingerprint=row["fingerprint"], model_id=row["model_id"], head=row["head"],
-        base=row["base"], created=row["created"], last_used=row["last_used"],
-        n_messages=int(row["n_messages"]), n_snapshots=int(row["n_snapshots"]),
-    )  # fmt: skip
+        name=row["name"],
+        fingerprint=row["fingerprint"],
+        model_id=row["model_id"],
+        head=row["head"],
+        base=row["base"],
+        created=row["created"],
+        last_used=row["last_used"],
+        n_messages=int(row["n_messages"]),
+        n_snapshots=int(row["n_snapshots"]),
+    )
 
 
 def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
     durable = bool(row["durable"])
     return SnapshotRecord(
-        id=row["id"], session=row["session"], parent=row["parent"], n_tokens=int(row["n_tokens"]),
-        nbytes=int(row["nbytes"]), checksum=row["checksum"], fingerprint=row["fingerprint"],
-        model_id=row["model_id"], n_messages=int(row["n_messages"]), created=row["created"],
-        last_access=row["last_access"], pinned=bool(row["pinned"]), label=row["label"], durable=durable,
+        id=row["id"],
+        session=row["session"],
+        parent=row["parent"],
+        n_tokens=int(row["n_tokens"]),
+        nbytes=int(row["nbytes"]),
+        checksum=row["checksum"],
+        fingerprint=row["fingerprint"],
+        model_id=row["model_id"],
+        n_messages=int(row["n_messages"]),
+        created=row["created"],
+        last_access=row["last_access"],
+        pinned=bool(row["pinned"]),
+        label=row["label"],
+        durable=durable,
         tiers=("disk",) if durable else (),
-    )  # fmt: skip
+    )

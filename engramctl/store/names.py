@@ -134,8 +134,9 @@ def one_id(prefix: str, matches: list[str]) -> str:
     if not matches:
         raise NotFound(f"no snapshot id starts with {prefix!r}.")
     if len(matches) > 1:
-        raise UsageError(f"snapshot id prefix {prefix!r} is too short: it matches more than one snapshot; "
-                         "give more characters.")  # fmt: skip
+        raise UsageError(
+            f"snapshot id prefix {prefix!r} is too short: it matches more than one snapshot; give more characters."
+        )
     return matches[0]
 
 

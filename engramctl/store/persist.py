@@ -59,7 +59,9 @@ class PersistMixin(StoreCore):
                 report.deleted[sid] = "keep_last"
             ttl = self.settings.session_ttl_s
             if ttl is not None:
-                for sid in retention.ttl_victims(self._index.sessions(), self._index.snapshots(), self.clock(), ttl, busy):
+                for sid in retention.ttl_victims(
+                    self._index.sessions(), self._index.snapshots(), self.clock(), ttl, busy
+                ):
                     report.deleted.setdefault(sid, "ttl")
             report.freed_bytes += self._remove(list(report.deleted))
             self._enforce_disk(report)
@@ -130,8 +132,11 @@ class PersistMixin(StoreCore):
                 return
             if not self._make_disk_room(need):
                 used = self._index.durable_bytes()[0]
-                return self._abandon(sid, f"the disk tier is full ({used} of {self.plan.budget('disk')} bytes "
-                                          f"used by pinned or in-use snapshots; this one needs {need})")  # fmt: skip
+                return self._abandon(
+                    sid,
+                    f"the disk tier is full ({used} of {self.plan.budget('disk')} bytes "
+                    f"used by pinned or in-use snapshots; this one needs {need})",
+                )
             self._disk_reserved += need
         try:
             self._files.write(sid, buf)

@@ -82,8 +82,12 @@ def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> Recon
             drop[sid] = f"corrupt: {reason}"
     with index.tx():
         index.remove_snapshots(drop)
-        index.execute("UPDATE sessions SET head = NULL WHERE head IS NOT NULL AND head NOT IN (SELECT id FROM snapshots)")
-        index.execute("UPDATE sessions SET base = NULL WHERE base IS NOT NULL AND base NOT IN (SELECT id FROM snapshots)")
+        index.execute(
+            "UPDATE sessions SET head = NULL WHERE head IS NOT NULL AND head NOT IN (SELECT id FROM snapshots)"
+        )
+        index.execute(
+            "UPDATE sessions SET base = NULL WHERE base IS NOT NULL AND base NOT IN (SELECT id FROM snapshots)"
+        )
         index.execute(
             "UPDATE snapshots SET parent = NULL WHERE parent IS NOT NULL AND parent NOT IN (SELECT id FROM snapshots)"
         )

@@ -35,7 +35,7 @@ def keep_last_victims(snaps: Iterable[SnapshotRecord], keep_last: int, protected
     victims = []
     for rows in by_session.values():
         rows.sort(key=lambda s: s.id, reverse=True)  # ids sort by creation time
-        victims += [s.id for s in rows[max(0, keep_last):] if _evictable(s, protected) and s.label is None]
+        victims += [s.id for s in rows[max(0, keep_last) :] if _evictable(s, protected) and s.label is None]
     return victims
 
 

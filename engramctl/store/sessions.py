@@ -102,8 +102,16 @@ class SessionsMixin(StoreCore):
                     raise NotFound(f"no session or snapshot named {source!r} to branch from.")
                 head, tip, fp, model = src.head, self._index.session_tip(source), src.fingerprint, src.model_id
             now = self.clock()
-            self._index.insert_session(name=new_session, head=head, base=head, tip=tip, fingerprint=fp,
-                                       model_id=model, created=now, last_used=now)  # fmt: skip
+            self._index.insert_session(
+                name=new_session,
+                head=head,
+                base=head,
+                tip=tip,
+                fingerprint=fp,
+                model_id=model,
+                created=now,
+                last_used=now,
+            )
             return self._index.session(new_session)  # type: ignore[return-value]
 
     def set_head(self, session: str, snapshot_id: str | None, *, rewind_transcript: bool = True) -> SessionInfo:

@@ -42,9 +42,15 @@ from engramctl.store.errors import SnapshotInUse
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
 from engramctl.store.names import (
-    is_snapshot_id, new_snapshot_id, one_id, parse_id_ref, parse_turn_ref, validate_label, validate_session_name,
+    is_snapshot_id,
+    new_snapshot_id,
+    one_id,
+    parse_id_ref,
+    parse_turn_ref,
+    validate_label,
+    validate_session_name,
     validate_snapshot_id,
-)  # fmt: skip
+)
 from engramctl.store.persist import PersistMixin
 from engramctl.store.prefix import prefix_hashes, token_hash
 from engramctl.store.reconcile import reconcile
@@ -56,8 +62,16 @@ from engramctl.tiers.plan import plan
 
 class Store(SessionsMixin, PersistMixin, AliasesMixin):
     @classmethod
-    def open(cls, settings: Settings, clock: Callable[[], float] = time.time, hardware: Hardware | None = None, *,
-             model_bytes: int = 0, model_on_cpu: bool = True, verify: bool = False) -> "Store":  # fmt: skip
+    def open(
+        cls,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+        hardware: Hardware | None = None,
+        *,
+        model_bytes: int = 0,
+        model_on_cpu: bool = True,
+        verify: bool = False,
+    ) -> "Store":
         """Open (creating if needed) the store under settings.paths.data_dir, reconcile it with its
         files (verify=True also checks every checksum), and plan the tiers from `hardware`."""
         files = SnapshotFiles(settings.paths.data_dir)
@@ -104,8 +118,15 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
         return done
 
     # -- snapshots -----------------------------------------------------------------------------------
-    def commit(self, session: str, payload: Payload, parent: str | None = None, label: str | None = None,
-               pinned: bool = False, messages: Sequence[dict] | None = None) -> SnapshotRecord:  # fmt: skip
+    def commit(
+        self,
+        session: str,
+        payload: Payload,
+        parent: str | None = None,
+        label: str | None = None,
+        pinned: bool = False,
+        messages: Sequence[dict] | None = None,
+    ) -> SnapshotRecord:
         """Store a snapshot for `session` (created if new) and make it the session's head. `messages`
         are appended to the transcript first, in the same transaction; the snapshot corresponds to
         the transcript as it then stands. `parent` defaults to the session's current head."""
@@ -127,16 +148,39 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
                     self._row(parent)
                 parent = parent if parent is not None else sess.head
                 sid = new_snapshot_id(now)
-                meta = {**meta, "n_tokens": str(n_tokens), "snapshot_id": sid, "session": session,
-                        "parent": parent or "", "created": repr(now)}  # fmt: skip
+                meta = {
+                    **meta,
+                    "n_tokens": str(n_tokens),
+                    "snapshot_id": sid,
+                    "session": session,
+                    "parent": parent or "",
+                    "created": repr(now),
+                }
                 self._index.insert_snapshot(
-                    id=sid, session=session, parent=parent, n_tokens=n_tokens, nbytes=nbytes,
-                    token_hash=None if ids is None else token_hash(ids), fingerprint=meta.get("fingerprint"),
-                    model_id=meta.get("model_id"), tip=tip, n_messages=self._transcripts.depth(tip), created=now,
-                    last_access=now, pinned=int(pinned), label=label, durable=0,
-                )  # fmt: skip
-                self._index.update_session(session, head=sid, tip=tip, fingerprint=meta.get("fingerprint"),
-                                           model_id=meta.get("model_id"), last_used=now)  # fmt: skip
+                    id=sid,
+                    session=session,
+                    parent=parent,
+                    n_tokens=n_tokens,
+                    nbytes=nbytes,
+                    token_hash=None if ids is None else token_hash(ids),
+                    fingerprint=meta.get("fingerprint"),
+                    model_id=meta.get("model_id"),
+                    tip=tip,
+                    n_messages=self._transcripts.depth(tip),
+                    created=now,
+                    last_access=now,
+                    pinned=int(pinned),
+                    label=label,
+                    durable=0,
+                )
+                self._index.update_session(
+                    session,
+                    head=sid,
+                    tip=tip,
+                    fingerprint=meta.get("fingerprint"),
+                    model_id=meta.get("model_id"),
+                    last_used=now,
+                )
             self._placement.hold(sid)
             self._placement.put(sid, (tensors, meta), nbytes)
             hot = self._placement.get(sid, touch=False)  # the writer uses the tier's copy: no second one
@@ -251,8 +295,9 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
     def label(self, snapshot_id: str, label: str | None) -> SnapshotRecord:
         return self._set(snapshot_id, label=None if label is None else validate_label(label))
 
-    def find_prefix(self, token_ids: Sequence[int], fingerprint: str,
-                    session: str | None = None) -> tuple[SnapshotRecord, int] | None:  # fmt: skip
+    def find_prefix(
+        self, token_ids: Sequence[int], fingerprint: str, session: str | None = None
+    ) -> tuple[SnapshotRecord, int] | None:
         """The longest stored snapshot (of `fingerprint`, optionally of one session) whose token ids
         are an exact prefix of `token_ids`, and how many tokens it covers. Ids are compared, not
         only hashed."""

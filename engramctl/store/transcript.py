@@ -52,7 +52,9 @@ class Transcripts:
         """The messages from the root to `tip` (the first `limit` of them if given)."""
         if tip is None:
             return []
-        sql = _CHAIN + " SELECT body FROM chain" + (" WHERE depth <= ?" if limit is not None else "") + " ORDER BY depth"
+        sql = (
+            _CHAIN + " SELECT body FROM chain" + (" WHERE depth <= ?" if limit is not None else "") + " ORDER BY depth"
+        )
         params = (tip, limit) if limit is not None else (tip,)
         return [json.loads(r["body"]) for r in self._index.rows(sql, params)]
 
@@ -65,7 +67,9 @@ class Transcripts:
             depth = self.depth(tip)
             for body in bodies:
                 depth += 1
-                cur = self._index.execute("INSERT INTO messages (parent, depth, body) VALUES (?, ?, ?)", (tip, depth, body))
+                cur = self._index.execute(
+                    "INSERT INTO messages (parent, depth, body) VALUES (?, ?, ?)", (tip, depth, body)
+                )
                 tip = cur.lastrowid
         return tip
 

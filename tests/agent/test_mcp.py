@@ -44,8 +44,9 @@ def error_text(result) -> str:
 
 @pytest.mark.anyio
 async def test_mcp_client_drives_engramctl_mcp(mcp_env):
-    params = StdioServerParameters(command=sys.executable, args=["-m", "engramctl", "mcp", "--session", "agent"],
-                                   env=mcp_env, cwd=str(ROOT))  # fmt: skip
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "engramctl", "mcp", "--session", "agent"], env=mcp_env, cwd=str(ROOT)
+    )
     settings = load_settings(env=mcp_env)
     async with Client(params, read_timeout_seconds=120) as client:
         assert "agent" in (client.instructions or "")
@@ -71,8 +72,13 @@ async def test_mcp_client_drives_engramctl_mcp(mcp_env):
         assert option_a["resumed"] and option_a["restored_tokens"] == cp["tokens"]
 
         branch = data(await client.call_tool("branch", {"new_session": "agent-b", "checkpoint": "start"}))
-        assert branch == {"session": "agent-b", "source_session": "agent", "snapshot_id": cp["snapshot_id"],
-                          "tokens": cp["tokens"], "n_messages": 2}  # fmt: skip
+        assert branch == {
+            "session": "agent-b",
+            "source_session": "agent",
+            "snapshot_id": cp["snapshot_id"],
+            "tokens": cp["tokens"],
+            "n_messages": 2,
+        }
         info = data(await client.call_tool("session_info", {"session": "agent-b"}))
         assert info["head"] == cp["snapshot_id"] and info["tokens"] == cp["tokens"] and info["snapshot_bytes"] > 0
         in_b = data(await client.call_tool("chat", {"session": "agent-b", "message": "Option A", **GREEDY}))

@@ -57,8 +57,16 @@ def ok(client, tool: str, **arguments) -> dict:
 
 
 def chat(client, session: str, text: str, **extra) -> dict:
-    r = client.post("/v1/chat/completions", json={"model": "default", "session": session,
-                                                  "messages": [{"role": "user", "content": text}], **GREEDY, **extra})
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "default",
+            "session": session,
+            "messages": [{"role": "user", "content": text}],
+            **GREEDY,
+            **extra,
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -68,9 +76,11 @@ def stored(client) -> dict:
     snaps = client.post("/list_snapshots", json={}).json()["snapshots"]
     sessions = client.get("/v1/sessions").json()["sessions"]
     keep = ("snapshot_id", "session", "parent", "tokens", "pinned", "label")
-    return {"snaps": [{k: s[k] for k in keep} for s in snaps],
-            "sessions": [(s["name"], s["head"], s["n_messages"]) for s in sessions],
-            "transcripts": {s["name"]: client.get(f"/v1/sessions/{s['name']}").json()["messages"] for s in sessions}}
+    return {
+        "snaps": [{k: s[k] for k in keep} for s in snaps],
+        "sessions": [(s["name"], s["head"], s["n_messages"]) for s in sessions],
+        "transcripts": {s["name"]: client.get(f"/v1/sessions/{s['name']}").json()["messages"] for s in sessions},
+    }
 
 
 def test_agent_routes_need_the_token(client):
@@ -193,25 +203,34 @@ def test_bad_arguments_change_nothing(client):
             assert err["param"] == field and err["message"].startswith(f"{field}: ")
             assert err["code"] == "invalid_arguments"
     semantic = [  # valid shapes, impossible requests
-        ("checkpoint", {"session": "nobody"}, 404), ("restore", {"session": "s", "checkpoint": "no-such-label"}, 404),
+        ("checkpoint", {"session": "nobody"}, 404),
+        ("restore", {"session": "s", "checkpoint": "no-such-label"}, 404),
         ("restore", {"session": "nobody", "checkpoint": "x"}, 404),
         ("restore", {"session": "s", "checkpoint": "0" * 32}, 404),
         ("branch", {"source": "s", "new_session": "s-alt"}, 409),
         ("branch", {"source": "nobody", "new_session": "z"}, 404),
         ("branch", {"source": "s", "checkpoint": "nope", "new_session": "z"}, 404),
-        ("delete_checkpoint", {"id": "0" * 32}, 404), ("list_checkpoints", {"session": "nobody"}, 404),
+        ("delete_checkpoint", {"id": "0" * 32}, 404),
+        ("list_checkpoints", {"session": "nobody"}, 404),
         ("session_info", {"session": "nobody"}, 404),
-    ]  # fmt: skip
+    ]
     for tool, args, status in semantic:
         r = call(client, tool, **args)
         assert r.status_code == status, (tool, args, r.text)
         assert r.json()["error"]["message"]
-    for body, param in (({"tool": "rm", "arguments": {}}, "tool"),
-                        ({"tool": "session_info", "arguments": "{x"}, "arguments")):
+    for body, param in (
+        ({"tool": "rm", "arguments": {}}, "tool"),
+        ({"tool": "session_info", "arguments": "{x"}, "arguments"),
+    ):
         r = client.post("/v1/agent/call", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
-    for raw in (b"{not json", b"[]", b'{"arguments": {}}', b'{"tool": "session_info", "arguments": [1]}',
-                b'{"tool": "session_info", "extra": 1}'):  # fmt: skip
+    for raw in (
+        b"{not json",
+        b"[]",
+        b'{"arguments": {}}',
+        b'{"tool": "session_info", "arguments": [1]}',
+        b'{"tool": "session_info", "extra": 1}',
+    ):
         r = client.post("/v1/agent/call", content=raw, headers={"Content-Type": "application/json"})
         assert r.status_code == 400, (raw, r.text)
     assert stored(client) == before
@@ -239,11 +258,20 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 @both_backends
 def test_model_tool_calls_run_in_its_session(client, app, monkeypatch):
     chat(client, "agent", "Hello there")
-    seen = _script(monkeypatch, app, 'Saving.\n<tool_call>\n{"name": "checkpoint", "arguments": {"label": "mine"}}'
-                                     '\n</tool_call>\n<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
-                                     "</tool_call>")  # fmt: skip
-    body = {"model": "default", "session": "agent", "messages": [{"role": "user", "content": "save"}],
-            "tools": openai_tools() + [WEATHER], **GREEDY}  # fmt: skip
+    seen = _script(
+        monkeypatch,
+        app,
+        'Saving.\n<tool_call>\n{"name": "checkpoint", "arguments": {"label": "mine"}}'
+        '\n</tool_call>\n<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+        "</tool_call>",
+    )
+    body = {
+        "model": "default",
+        "session": "agent",
+        "messages": [{"role": "user", "content": "save"}],
+        "tools": openai_tools() + [WEATHER],
+        **GREEDY,
+    }
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     out = r.json()
@@ -267,12 +295,22 @@ def test_model_tool_calls_run_in_its_session(client, app, monkeypatch):
     assert prompt["role"] == "system" and "<tools>" in prompt["content"] and "get_weather" in prompt["content"]
     # the flow goes on: the client sends the tool results back in the session
     monkeypatch.undo()
-    r = client.post("/v1/chat/completions", json={**body, "messages": [msg, {"role": "tool", "tool_call_id":
-                                                  weather_call["id"], "content": "sunny"}]})  # fmt: skip
+    r = client.post(
+        "/v1/chat/completions",
+        json={**body, "messages": [msg, {"role": "tool", "tool_call_id": weather_call["id"], "content": "sunny"}]},
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length"), r.text
     transcript = client.get("/v1/sessions/agent").json()["messages"]
-    assert [m["role"] for m in transcript] == ["user", "assistant", "system", "user", "assistant", "tool", "tool",
-                                               "assistant"]  # fmt: skip
+    assert [m["role"] for m in transcript] == [
+        "user",
+        "assistant",
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+    ]
 
 
 def test_model_tool_call_errors_streaming_and_tool_choice(client, app, monkeypatch):
@@ -315,8 +353,13 @@ def test_openai_client_reads_the_tool_call_flow(client, app, monkeypatch):
     _script(monkeypatch, app, '<tool_call>{"name": "checkpoint", "arguments": {"label": "oai"}}</tool_call>')
     oai = openai.OpenAI(base_url="http://testserver/v1", api_key=TOKEN, http_client=client, max_retries=0)
     tools = client.get("/v1/agent/tools").json()["tools"]
-    r = oai.chat.completions.create(model="default", messages=[{"role": "user", "content": "Save your progress."}],
-                                    tools=tools, extra_body={"session": "self-saving"}, **GREEDY)  # fmt: skip
+    r = oai.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Save your progress."}],
+        tools=tools,
+        extra_body={"session": "self-saving"},
+        **GREEDY,
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (tc,) = choice.message.tool_calls
@@ -325,6 +368,7 @@ def test_openai_client_reads_the_tool_call_flow(client, app, monkeypatch):
     assert msg["tool_call_id"] == tc.id and json.loads(msg["content"])["label"] == "oai"
     monkeypatch.undo()
     # the assistant message as the SDK hands it back, plus the tool result: the conversation goes on
-    follow = oai.chat.completions.create(model="default", messages=[choice.message.model_dump(exclude_none=True), msg],
-                                         tools=tools, **GREEDY)  # fmt: skip
+    follow = oai.chat.completions.create(
+        model="default", messages=[choice.message.model_dump(exclude_none=True), msg], tools=tools, **GREEDY
+    )
     assert follow.choices[0].finish_reason in ("stop", "length")

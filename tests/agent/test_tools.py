@@ -9,8 +9,15 @@ import pytest
 
 from engramctl.agent import calls
 from engramctl.agent.tools import (
-    STATE_TOOLS, TOOLS, ToolArgumentError, UnknownTool, check, openai_tools, result_schemas, validate_arguments,
-)  # fmt: skip
+    STATE_TOOLS,
+    TOOLS,
+    ToolArgumentError,
+    UnknownTool,
+    check,
+    openai_tools,
+    result_schemas,
+    validate_arguments,
+)
 
 # For every tool: arguments that are valid, and bad ones with the field the error must name.
 VALID = {
@@ -23,34 +30,61 @@ VALID = {
     "chat": {"session": "s", "message": "hi", "temperature": 0, "max_tokens": 4, "stop": ["\n"], "seed": 1},
 }
 BAD = {
-    "checkpoint": [({}, "session"), ({"session": 5}, "session"), ({"session": "a b"}, "session"),
-                   ({"session": ".."}, "session"), ({"session": "s", "label": ""}, "label"),
-                   ({"session": "s", "label": "x\ny"}, "label"), ({"session": "s", "label": "x" * 129}, "label"),
-                   ({"session": "s", "lable": "typo"}, "lable")],
-    "branch": [({"new_session": "b"}, "source"), ({"source": "s"}, "new_session"),
-               ({"source": "s", "new_session": "no/slash"}, "new_session"),
-               ({"source": 1, "new_session": "b"}, "source"),
-               ({"source": "s", "new_session": "b", "checkpoint": ""}, "checkpoint")],
-    "restore": [({"session": "s"}, "checkpoint"), ({"checkpoint": "x"}, "session"),
-                ({"session": "s", "checkpoint": ["x"]}, "checkpoint")],
+    "checkpoint": [
+        ({}, "session"),
+        ({"session": 5}, "session"),
+        ({"session": "a b"}, "session"),
+        ({"session": ".."}, "session"),
+        ({"session": "s", "label": ""}, "label"),
+        ({"session": "s", "label": "x\ny"}, "label"),
+        ({"session": "s", "label": "x" * 129}, "label"),
+        ({"session": "s", "lable": "typo"}, "lable"),
+    ],
+    "branch": [
+        ({"new_session": "b"}, "source"),
+        ({"source": "s"}, "new_session"),
+        ({"source": "s", "new_session": "no/slash"}, "new_session"),
+        ({"source": 1, "new_session": "b"}, "source"),
+        ({"source": "s", "new_session": "b", "checkpoint": ""}, "checkpoint"),
+    ],
+    "restore": [
+        ({"session": "s"}, "checkpoint"),
+        ({"checkpoint": "x"}, "session"),
+        ({"session": "s", "checkpoint": ["x"]}, "checkpoint"),
+    ],
     "list_checkpoints": [({}, "session"), ({"session": "s", "include_turns": "yes"}, "include_turns")],
-    "delete_checkpoint": [({}, "id"), ({"id": "xyz!"}, "id"), ({"id": "abc"}, "id"), ({"id": 1234}, "id"),
-                          ({"id": "abcd", "force": True}, "force")],
+    "delete_checkpoint": [
+        ({}, "id"),
+        ({"id": "xyz!"}, "id"),
+        ({"id": "abc"}, "id"),
+        ({"id": 1234}, "id"),
+        ({"id": "abcd", "force": True}, "force"),
+    ],
     "session_info": [({}, "session"), ({"session": None}, "session"), ({"session": "s" * 65}, "session")],
-    "chat": [({"session": "s"}, "message"), ({"session": "s", "message": ""}, "message"),
-             ({"session": "s", "message": "m", "temperature": 3}, "temperature"),
-             ({"session": "s", "message": "m", "temperature": "hot"}, "temperature"),
-             ({"session": "s", "message": "m", "max_tokens": 0}, "max_tokens"),
-             ({"session": "s", "message": "m", "max_tokens": 2.5}, "max_tokens"),
-             ({"session": "s", "message": "m", "max_tokens": True}, "max_tokens"),
-             ({"session": "s", "message": "m", "top_p": 0}, "top_p"),
-             ({"session": "s", "message": "m", "stop": ["a", 1]}, "stop[1]")],
-}  # fmt: skip
+    "chat": [
+        ({"session": "s"}, "message"),
+        ({"session": "s", "message": ""}, "message"),
+        ({"session": "s", "message": "m", "temperature": 3}, "temperature"),
+        ({"session": "s", "message": "m", "temperature": "hot"}, "temperature"),
+        ({"session": "s", "message": "m", "max_tokens": 0}, "max_tokens"),
+        ({"session": "s", "message": "m", "max_tokens": 2.5}, "max_tokens"),
+        ({"session": "s", "message": "m", "max_tokens": True}, "max_tokens"),
+        ({"session": "s", "message": "m", "top_p": 0}, "top_p"),
+        ({"session": "s", "message": "m", "stop": ["a", 1]}, "stop[1]"),
+    ],
+}
 
 
 def test_every_tool_is_defined_once_with_schemas():
-    assert list(TOOLS) == ["checkpoint", "branch", "restore", "list_checkpoints", "delete_checkpoint",
-                           "session_info", "chat"]  # fmt: skip
+    assert list(TOOLS) == [
+        "checkpoint",
+        "branch",
+        "restore",
+        "list_checkpoints",
+        "delete_checkpoint",
+        "session_info",
+        "chat",
+    ]
     assert set(VALID) == set(TOOLS) == set(BAD)
     assert "chat" not in STATE_TOOLS and len(STATE_TOOLS) == 6
     for fn in openai_tools():
@@ -99,8 +133,15 @@ def test_arguments_shape_unknown_tools_and_context_session():
 
 
 def test_result_schemas_validate_what_the_tools_return():
-    result = {"snapshot_id": "a" * 32, "session": "s", "label": None, "pinned": True, "tokens": 3, "n_messages": 2,
-              "created": 1.5}  # fmt: skip
+    result = {
+        "snapshot_id": "a" * 32,
+        "session": "s",
+        "label": None,
+        "pinned": True,
+        "tokens": 3,
+        "n_messages": 2,
+        "created": 1.5,
+    }
     check(TOOLS["checkpoint"].returns, result, "")
     with pytest.raises(ToolArgumentError):
         check(TOOLS["checkpoint"].returns, {**result, "tokens": "3"}, "")
@@ -110,16 +151,19 @@ def test_result_schemas_validate_what_the_tools_return():
 NAMES = {"checkpoint", "restore", "get_weather"}
 
 
-@pytest.mark.parametrize("text,content", [
-    ('<tool_call>\n{"name": "checkpoint", "arguments": {"label": "a"}}\n</tool_call>', ""),
-    ('Saving first.\n<tool_call>{"name": "checkpoint", "arguments": {"label": "a"}}</tool_call>', "Saving first."),
-    ('<tool_call>{"name": "checkpoint", "arguments": {"label": "a"}}', ""),  # stopped before the closing tag
-    ('{"name": "checkpoint", "arguments": {"label": "a"}}', ""),
-    ('```json\n{"name": "checkpoint", "parameters": {"label": "a"}}\n```', ""),
-    ('[TOOL_CALLS][{"name": "checkpoint", "arguments": "{\\"label\\": \\"a\\"}"}]', ""),
-    ('I will call {"name": "checkpoint", "arguments": {"label": "a"}} now.', "I will call  now."),
-    ('{"type": "function", "function": {"name": "checkpoint", "arguments": {"label": "a"}}}', ""),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,content",
+    [
+        ('<tool_call>\n{"name": "checkpoint", "arguments": {"label": "a"}}\n</tool_call>', ""),
+        ('Saving first.\n<tool_call>{"name": "checkpoint", "arguments": {"label": "a"}}</tool_call>', "Saving first."),
+        ('<tool_call>{"name": "checkpoint", "arguments": {"label": "a"}}', ""),  # stopped before the closing tag
+        ('{"name": "checkpoint", "arguments": {"label": "a"}}', ""),
+        ('```json\n{"name": "checkpoint", "parameters": {"label": "a"}}\n```', ""),
+        ('[TOOL_CALLS][{"name": "checkpoint", "arguments": "{\\"label\\": \\"a\\"}"}]', ""),
+        ('I will call {"name": "checkpoint", "arguments": {"label": "a"}} now.', "I will call  now."),
+        ('{"type": "function", "function": {"name": "checkpoint", "arguments": {"label": "a"}}}', ""),
+    ],
+)
 def test_parse_common_formats(text, content):
     rest, found = calls.parse_tool_calls(text, NAMES)
     assert rest == content
@@ -130,16 +174,20 @@ def test_parse_common_formats(text, content):
 
 
 def test_parse_several_calls_unknown_names_and_plain_text():
-    text = ('<tool_call>{"name": "checkpoint", "arguments": {}}</tool_call>\n'
-            '<tool_call>[{"name": "restore", "arguments": {"checkpoint": "a"}}, '
-            '{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>')  # fmt: skip
+    text = (
+        '<tool_call>{"name": "checkpoint", "arguments": {}}</tool_call>\n'
+        '<tool_call>[{"name": "restore", "arguments": {"checkpoint": "a"}}, '
+        '{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>'
+    )
     rest, found = calls.parse_tool_calls(text, NAMES)
     assert rest == "" and [c.name for c in found] == ["checkpoint", "restore", "get_weather"]
     assert len({c.id for c in found}) == 3
     for plain in ("Hello there.", '{"name": "rm", "arguments": {}}', '{"a": 1}', "", "<tool_call>not json"):
         assert calls.parse_tool_calls(plain, NAMES) == (plain, [])
     assert calls.parse_tool_calls('{"name": "checkpoint", "arguments": {}}', set()) == (
-        '{"name": "checkpoint", "arguments": {}}', [])
+        '{"name": "checkpoint", "arguments": {}}',
+        [],
+    )
     _, (bad,) = calls.parse_tool_calls('{"name": "checkpoint", "arguments": "{oops"}', NAMES)
     assert bad.arguments is None and bad.error.startswith("arguments: not valid JSON")
 
@@ -149,9 +197,11 @@ def test_request_tools_prompt_and_messages():
     assert tools.engram == frozenset(STATE_TOOLS) and tools.client == {"get_weather"}
     prompt = calls.tools_message(tools)
     assert prompt["role"] == "system" and "<tools>" in prompt["content"] and '"name": "checkpoint"' in prompt["content"]
-    for bad, where in (([{"type": "retrieval"}], "tools[0]"),
-                       ([{"function": {"name": "a b"}}], "tools[0].function.name"),
-                       ([{"function": {"name": "x"}}, {"function": {"name": "x"}}], "tools[1].function.name")):
+    for bad, where in (
+        ([{"type": "retrieval"}], "tools[0]"),
+        ([{"function": {"name": "a b"}}], "tools[0].function.name"),
+        ([{"function": {"name": "x"}}, {"function": {"name": "x"}}], "tools[1].function.name"),
+    ):
         with pytest.raises(Exception) as e:
             calls.request_tools(bad)
         assert str(e.value).startswith(where)
@@ -167,15 +217,30 @@ def test_request_tools_prompt_and_messages():
 def test_plain_messages_show_the_model_its_calls():
     from engramctl.daemon.schemas import ChatMessage
 
-    msgs = [ChatMessage.model_validate(m) for m in (
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "checkpoint", "arguments": '{"label": "a"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"snapshot_id": "x"}'},
-    )]  # fmt: skip
+    msgs = [
+        ChatMessage.model_validate(m)
+        for m in (
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "checkpoint", "arguments": '{"label": "a"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"snapshot_id": "x"}'},
+        )
+    ]
     first, second = calls.plain_messages(msgs)
-    assert first == {"role": "assistant",
-                     "content": '<tool_call>\n{"name": "checkpoint", "arguments": {"label": "a"}}\n</tool_call>'}
+    assert first == {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "checkpoint", "arguments": {"label": "a"}}\n</tool_call>',
+    }
     assert second == {"role": "tool", "content": '{"snapshot_id": "x"}'}
     # what the model is shown parses back to the same call
     assert [(c.name, c.arguments) for c in calls.parse_tool_calls(first["content"], NAMES)[1]] == [
-        ("checkpoint", {"label": "a"})]
+        ("checkpoint", {"label": "a"})
+    ]

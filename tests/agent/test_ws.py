@@ -32,8 +32,9 @@ class Conn:
 
     def __init__(self, daemon, session: str | None = None, headers: bool = True):
         url = daemon.url.replace("http://", "ws://") + "/v1/agent/ws" + (f"?session={session}" if session else "")
-        self.ws = connect(url, additional_headers=daemon.headers if headers else None, proxy=None,
-                          open_timeout=10).__enter__()
+        self.ws = connect(
+            url, additional_headers=daemon.headers if headers else None, proxy=None, open_timeout=10
+        ).__enter__()
         self.n = 0
         self.ready = self.recv() if headers else None
 
@@ -74,9 +75,13 @@ class Conn:
 
 def test_checkpoint_branch_restore_continue_exactly(daemon, reference_backend):
     c = Conn(daemon, "agent")
-    assert c.ready == {"type": "ready", "session": "agent", "model": c.ready["model"], "protocol": 1,
-                       "tools": ["checkpoint", "branch", "restore", "list_checkpoints", "delete_checkpoint",
-                                 "session_info"]}  # fmt: skip
+    assert c.ready == {
+        "type": "ready",
+        "session": "agent",
+        "model": c.ready["model"],
+        "protocol": 1,
+        "tools": ["checkpoint", "branch", "restore", "list_checkpoints", "delete_checkpoint", "session_info"],
+    }
     first = c.chat("Hello there")
     assert first["finish_reason"] == "length" and first["usage"]["completion_tokens"] == N
     # what a stateless server computes from the same message
@@ -129,9 +134,11 @@ def test_malformed_messages_get_an_error_and_keep_the_connection(daemon):
     with daemon.http() as h:
         before = h.get("/v1/sessions/sturdy").json()
     cases = [  # (raw frame, error code, param)
-        ("{not json", "invalid_json", None), (b"\xff\xfe", "invalid_message", None),
+        ("{not json", "invalid_json", None),
+        (b"\xff\xfe", "invalid_message", None),
         ("[1, 2]", "invalid_message", None),
-        ('{"id": 1}', "invalid_message", "type"), ('{"type": "sing"}', "invalid_message", "type"),
+        ('{"id": 1}', "invalid_message", "type"),
+        ('{"type": "sing"}', "invalid_message", "type"),
         ('{"type": "ping", "id": {"x": 1}}', "invalid_message", "id"),
         ('{"type": "chat", "id": 2}', "invalid_message", "content"),
         ('{"type": "chat", "content": ""}', "invalid_message", "content"),
@@ -143,10 +150,13 @@ def test_malformed_messages_get_an_error_and_keep_the_connection(daemon):
         ('{"type": "call", "tool": "checkpoint", "arguments": {"label": 5}}', "invalid_arguments", "label"),
         ('{"type": "call", "tool": "checkpoint", "arguments": "[1]"}', "invalid_arguments", "arguments"),
         ('{"type": "call", "tool": "restore", "arguments": {"checkpoint": "nope"}}', "not_found", None),
-        ('{"type": "call", "tool": "branch", "arguments": {"new_session": "../x"}}', "invalid_arguments",
-         "new_session"),
+        (
+            '{"type": "call", "tool": "branch", "arguments": {"new_session": "../x"}}',
+            "invalid_arguments",
+            "new_session",
+        ),
         ('{"type": "auth", "token": "x"}', "invalid_message", "type"),
-    ]  # fmt: skip
+    ]
     for raw, code, param in cases:
         c.ws.send(raw)
         ev = c.recv()
@@ -215,7 +225,7 @@ def test_docs_worked_example_runs(daemon):
     from tests.daemon.conftest import ROOT
 
     doc = (ROOT / "docs" / "agents.md").read_text()
-    section = doc[doc.index("## Worked example"):]
+    section = doc[doc.index("## Worked example") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     env = {**os.environ, "ENGRAM_URL": daemon.url, "ENGRAM_API_KEY": daemon.token}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

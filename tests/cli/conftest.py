@@ -24,8 +24,13 @@ def make_payload(n_tokens: int, seed: int = 0, fingerprint: str = "test-fingerpr
         "token_ids": ids.to(torch.int64),
         "last_logits": torch.randn(512, generator=g),
     }
-    meta = {"n_tokens": str(n_tokens), "fingerprint": fingerprint, "model_id": "test/tiny-hybrid",
-            "dtype": "float32", "text": f"{n_tokens} tokens"}
+    meta = {
+        "n_tokens": str(n_tokens),
+        "fingerprint": fingerprint,
+        "model_id": "test/tiny-hybrid",
+        "dtype": "float32",
+        "text": f"{n_tokens} tokens",
+    }
     return tensors, meta
 
 

@@ -36,9 +36,12 @@ class FakeLink:
                 if self.interrupt_after is not None and i == self.interrupt_after:
                     raise KeyboardInterrupt
                 yield {"type": "token", "text": p}
-            yield {"type": "done", "finish_reason": "stop",
-                   "usage": {"prompt_tokens": 10, "completion_tokens": len(self.pieces)},
-                   "engram": {"snapshot_id": "ab" * 16, "decode_ms": 30.0}}
+            yield {
+                "type": "done",
+                "finish_reason": "stop",
+                "usage": {"prompt_tokens": 10, "completion_tokens": len(self.pieces)},
+                "engram": {"snapshot_id": "ab" * 16, "decode_ms": 30.0},
+            }
         finally:
             self.closed += 1
 
@@ -129,12 +132,18 @@ def test_stats_after_ctrl_c_show_the_state_the_session_kept():
     assert chat.last["completion_tokens"] == 2 and chat.last["finish_reason"] == "cancelled"
 
 
-@pytest.mark.parametrize("ext,text", [
-    (None, "new session"),
-    ({"restored_tokens": 412, "tier": "ram", "restore_ms": 13.6}, "resumed: 412 tokens restored from ram in 14 ms"),
-    ({"tokens": 9, "tier": "live", "restore_ms": 0.0}, "resumed: 9 tokens restored from memory (already loaded) in 0 ms"),
-    ({"tokens": 0, "n_messages": 4}, "resumed from the transcript (4 messages, state rebuilt on the first turn)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "ext,text",
+    [
+        (None, "new session"),
+        ({"restored_tokens": 412, "tier": "ram", "restore_ms": 13.6}, "resumed: 412 tokens restored from ram in 14 ms"),
+        (
+            {"tokens": 9, "tier": "live", "restore_ms": 0.0},
+            "resumed: 9 tokens restored from memory (already loaded) in 0 ms",
+        ),
+        ({"tokens": 0, "n_messages": 4}, "resumed from the transcript (4 messages, state rebuilt on the first turn)"),
+    ],
+)
 def test_describe_origin(ext, text):
     assert describe_origin(ext) == text
 
@@ -156,15 +165,20 @@ def test_help_is_generated_from_the_table():
 
 
 def test_repl_dispatch():
-    script = 'hi\n/save my label\n/branch idea\n/history\n/stats\n/clear\n/nope\n/?\n"""\nline 1\n\nline 3\n"""\n/bye\nnot sent\n'
+    script = (
+        "hi\n/save my label\n/branch idea\n/history\n/stats\n/clear\n/nope\n/?\n"
+        '"""\nline 1\n\nline 3\n"""\n/bye\nnot sent\n'
+    )
     code, o, e, link, chat = run_repl(script)
     assert code == 0
     assert link.saved == [("s", "my label")] and "Saved snapshot cdcdcdcdcdcd as 'my label'" in e
     assert chat.session == "idea" and "now in 'idea'" in e
     assert "user: hi\nassistant: Hello!" in e
     assert "tokens in state  13" in e and "2.0 KiB" in e
-    assert "Cleared: the next message starts 'idea' from an empty state; its 2 earlier snapshot(s) are kept " \
-           "(engramctl snapshots ls --session idea)." in e
+    assert (
+        "Cleared: the next message starts 'idea' from an empty state; its 2 earlier snapshot(s) are kept "
+        "(engramctl snapshots ls --session idea)." in e
+    )
     assert "Error: unknown command '/nope'." in e and "Hint: /? lists the commands" in e
     assert "Commands:" in e
     assert link.sent[-1] == [{"role": "user", "content": "line 1\n\nline 3"}]
@@ -193,8 +207,9 @@ def test_autostart_prints_the_daemons_notices_once(monkeypatch, engram_home):
 
     line = "the default model is not available offline; using the fallback."
     monkeypatch.setattr(runner, "daemon_status", lambda settings: None)
-    monkeypatch.setattr(runner, "start_background", lambda settings, wait=True: {
-        "ready": True, "model": "fallback", "notices": [line]})  # fmt: skip
+    monkeypatch.setattr(
+        runner, "start_background", lambda settings, wait=True: {"ready": True, "model": "fallback", "notices": [line]}
+    )
     out, o, e = outputs()
     link = remote.connect_chat(load_settings({"no_autostart": False}), out, requested_model=None)
     link.close()

@@ -42,8 +42,9 @@ def daemon(backend, served_model, tmp_path_factory):
     assert started.stderr.startswith("Daemon started (pid ") and started.stdout == ""
     info = daemon_status(settings)
     try:  # model: what --model named; served: the model id the daemon reports for it
-        yield SimpleNamespace(home=home, model=str(model), served=served_id(backend, model), settings=settings,
-                              info=info, env=env)  # fmt: skip
+        yield SimpleNamespace(
+            home=home, model=str(model), served=served_id(backend, model), settings=settings, info=info, env=env
+        )
     finally:
         stop_background(settings)
         mp.undo()

@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import sys, atexit
+HEAVY = ("torch", "transformers", "safetensors", "numpy", "httpx", "fastapi", "uvicorn")
 atexit.register(lambda: sys.__stderr__.write("\\nHEAVY=" + ",".join(
-    m for m in ("torch", "transformers", "safetensors", "numpy", "httpx", "fastapi", "uvicorn") if m in sys.modules) + "\\n"))
+    m for m in HEAVY if m in sys.modules) + "\\n"))
 from engramctl.cli import main
 sys.argv = ["engramctl"] + sys.argv[1:]
 main()
@@ -21,12 +22,14 @@ main()
 
 def run(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     e = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-c", PROBE, *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=60
+    )
 
 
 def heavy(proc: subprocess.CompletedProcess) -> list[str]:
     line = [ln for ln in proc.stderr.splitlines() if ln.startswith("HEAVY=")][-1]
-    return [m for m in line[len("HEAVY="):].split(",") if m]
+    return [m for m in line[len("HEAVY=") :].split(",") if m]
 
 
 def test_help_imports_nothing_heavy():
@@ -41,12 +44,14 @@ def test_completion_imports_no_torch_and_lists_sessions(tmp_path):
     from tests.cli.conftest import seed_store
 
     seeded = seed_store({"alpha": 1, "beta": 2})
-    proc = run([], env={"_ENGRAMCTL_COMPLETE": "complete_bash", "COMP_WORDS": "engramctl chat --session ",
-                        "COMP_CWORD": "3"})
+    proc = run(
+        [], env={"_ENGRAMCTL_COMPLETE": "complete_bash", "COMP_WORDS": "engramctl chat --session ", "COMP_CWORD": "3"}
+    )
     assert proc.returncode == 0, proc.stderr
     assert set(proc.stdout.split()) == {"alpha", "beta"}
     assert heavy(proc) == []
-    proc = run([], env={"_ENGRAMCTL_COMPLETE": "complete_bash", "COMP_WORDS": "engramctl snapshots info 0",
-                        "COMP_CWORD": "3"})
+    proc = run(
+        [], env={"_ENGRAMCTL_COMPLETE": "complete_bash", "COMP_WORDS": "engramctl snapshots info 0", "COMP_CWORD": "3"}
+    )
     assert set(proc.stdout.split()) == set(seeded.all_ids)
     assert "torch" not in heavy(proc)

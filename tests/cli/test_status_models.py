@@ -39,7 +39,7 @@ def test_tiers(cli, seeded, monkeypatch):
     human = cli("tiers")
     lines = human.stdout.splitlines()
     assert lines[0].startswith("CPU ")
-    table = lines[lines.index(next(ln for ln in lines if ln.startswith("TIER"))):]
+    table = lines[lines.index(next(ln for ln in lines if ln.startswith("TIER"))) :]
     assert table[0].split() == ["TIER", "BUDGET", "USED", "SNAPSHOTS", "RULE"]
     assert table[1].split()[:2] == ["vram", "off"]
     assert "256.0 MiB" in table[2] and "set to 256.0 MiB" in table[2]

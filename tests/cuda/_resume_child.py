@@ -30,9 +30,7 @@ def main(job_file: str, out_file: str) -> None:
         state = read_state(Path(job["snapshot"]), backend.spec)
         live = backend.inject(state)
         back = backend.capture(live)
-        on_cuda = back.last_logits.is_cuda and all(
-            t.is_cuda for layer in back.layers for t in layer.tensors().values()
-        )
+        on_cuda = back.last_logits.is_cuda and all(t.is_cuda for layer in back.layers for t in layer.tensors().values())
         same = back.token_ids == state.token_ids and all(
             torch.equal(a.cpu(), b.cpu())
             for la, lb in zip(back.layers, state.layers)

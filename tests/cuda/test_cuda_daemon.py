@@ -24,8 +24,13 @@ def daemon(zoo, tmp_path_factory):
 
 
 def _chat(h, session: str, content: str, max_tokens: int) -> dict:
-    body = {"model": "default", "session": session, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": content}]}
+    body = {
+        "model": "default",
+        "session": session,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": content}],
+    }
     r = h.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     return r.json()
@@ -47,11 +52,23 @@ def test_chat_on_cuda_over_http(daemon, zoo):
         r2 = _chat(h, "g", "Second question?", 6)  # continues the daemon's live state
         assert r2["engram"]["resumed"] and r2["engram"]["tier"] == "live"
         _chat(h, "other", "Something else.", 4)  # the live state is another session's now
-        body = {"snapshot_id": head1, "session": "g-again", "max_tokens": 6, "temperature": 0,
-                "continuation": "Second question?"}
+        body = {
+            "snapshot_id": head1,
+            "session": "g-again",
+            "max_tokens": 6,
+            "temperature": 0,
+            "continuation": "Second question?",
+        }
         r3 = h.post("/restore_snapshot", json=body).json()
         assert r3["engram"]["tier"] == "vram" and r3["engram"]["restored_tokens"] == info["tokens"], r3
         assert r3["choices"][0]["message"]["content"] == r2["choices"][0]["message"]["content"]
-        record("daemon", FAMILY, {"device": status["device"], "first_reply": r1["choices"][0]["message"]["content"],
-                                  "vram_budget_bytes": tiers["vram"]["budget_bytes"],
-                                  "restore_from_vram_ms": r3["engram"].get("restore_ms")})  # fmt: skip
+        record(
+            "daemon",
+            FAMILY,
+            {
+                "device": status["device"],
+                "first_reply": r1["choices"][0]["message"]["content"],
+                "vram_budget_bytes": tiers["vram"]["budget_bytes"],
+                "restore_from_vram_ms": r3["engram"].get("restore_ms"),
+            },
+        )

@@ -76,9 +76,13 @@ def _reference_run(backend, ids: list[int], snap: Path) -> dict:
         "captured_on_cuda": _all_cuda(state),
         "file_roundtrip_exact": set(back) == set(tensors)
         and all(torch.equal(back[k], tensors[k].cpu()) for k in tensors),
-        "continued": cont, "steps": steps_u, "greedy_u": greedy_u, "greedy_s": greedy_s,
-        "full": _full(backend, ids), "fingerprint": backend.info.fingerprint,
-    }  # fmt: skip
+        "continued": cont,
+        "steps": steps_u,
+        "greedy_u": greedy_u,
+        "greedy_s": greedy_s,
+        "full": _full(backend, ids),
+        "fingerprint": backend.info.fingerprint,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +93,16 @@ def resume_run(zoo, tmp_path_factory):
     refs, jobs = {}, []
 
     def job(key: str, model_dir: Path, dtype: str, snap: Path) -> None:
-        jobs.append({"key": key, "model_dir": str(model_dir), "dtype": dtype, "snapshot": str(snap),
-                     "more_ids": ids[N_TOKENS:], "greedy": GREEDY})  # fmt: skip
+        jobs.append(
+            {
+                "key": key,
+                "model_dir": str(model_dir),
+                "dtype": dtype,
+                "snapshot": str(snap),
+                "more_ids": ids[N_TOKENS:],
+                "greedy": GREEDY,
+            }
+        )
 
     for fam in FAMILIES:
         model_dir = zoo.path(fam)
@@ -116,8 +128,11 @@ def resume_run(zoo, tmp_path_factory):
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "tests.cuda._resume_child", str(work / "jobs.json"), str(out)],
-        cwd=root, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return refs, load_file(out), work
 
@@ -133,9 +148,17 @@ def test_fp32_restore_on_cuda_continues_exactly(resume_run, family):
     d_continued = max_diff(continued, full[-1])
     d_uninterrupted = max(max_diff(continued, ref["continued"]), max_diff(got[f"{key}.steps"], ref["steps"]))
     d_cpu = max_diff(full, refs[f"{family}-fromcpu"]["cpu_full"])
-    record("fp32_resume", family, {"restored_vs_full": d_restored, "continued_vs_full": d_continued,
-                                   "restored_run_vs_uninterrupted": d_uninterrupted, "cuda_vs_cpu_full": d_cpu,
-                                   "chunked": family in CHUNKED})  # fmt: skip
+    record(
+        "fp32_resume",
+        family,
+        {
+            "restored_vs_full": d_restored,
+            "continued_vs_full": d_continued,
+            "restored_run_vs_uninterrupted": d_uninterrupted,
+            "cuda_vs_cpu_full": d_cpu,
+            "chunked": family in CHUNKED,
+        },
+    )
     assert ref["captured_on_cuda"] and bool(got[f"{key}.on_cuda"])  # the state lives on the GPU both ends
     assert ref["file_roundtrip_exact"] and bool(got[f"{key}.inject_exact"])
     assert torch.equal(restored, ref["captured_logits"])
@@ -164,11 +187,18 @@ def test_bf16_restore_on_cuda_continues_exactly(resume_run):
     err = max(max_diff(restored, truth[N_TOKENS - 1]), max_diff(continued, truth[-1]))
     d_full = max(max_diff(restored, ref["full"][N_TOKENS - 1]), max_diff(continued, ref["full"][-1]))
     d_uninterrupted = max(max_diff(continued, ref["continued"]), max_diff(got[f"{key}.steps"], ref["steps"]))
-    record("bf16_resume", BF16_FAMILY, {
-        "bf16_full_vs_fp32_full": floor, "restored_vs_fp32_full": err, "restored_vs_bf16_full": d_full,
-        "restored_run_vs_uninterrupted": d_uninterrupted, "logit_scale": truth.abs().max().item(),
-        "greedy_equal_straight": got[f"{key}.greedy"].tolist() == ref["greedy_s"],
-    })  # fmt: skip
+    record(
+        "bf16_resume",
+        BF16_FAMILY,
+        {
+            "bf16_full_vs_fp32_full": floor,
+            "restored_vs_fp32_full": err,
+            "restored_vs_bf16_full": d_full,
+            "restored_run_vs_uninterrupted": d_uninterrupted,
+            "logit_scale": truth.abs().max().item(),
+            "greedy_equal_straight": got[f"{key}.greedy"].tolist() == ref["greedy_s"],
+        },
+    )
     assert ref["captured_on_cuda"] and bool(got[f"{key}.on_cuda"])
     assert ref["file_roundtrip_exact"] and bool(got[f"{key}.inject_exact"])
     assert torch.equal(restored, ref["captured_logits"])
@@ -199,8 +229,9 @@ def test_cpu_snapshot_restores_on_cuda(resume_run, family):
     key = f"{family}-fromcpu"
     full = refs[f"{family}-float32"]["full"]
     assert refs[key]["cpu_fingerprint"] == refs[f"{family}-float32"]["fingerprint"]
-    d = max(max_diff(got[f"{key}.restored_logits"], full[N_TOKENS - 1]),
-            max_diff(got[f"{key}.continued_logits"], full[-1]))
+    d = max(
+        max_diff(got[f"{key}.restored_logits"], full[N_TOKENS - 1]), max_diff(got[f"{key}.continued_logits"], full[-1])
+    )
     record("cpu_snapshot_on_cuda", family, d)
     assert bool(got[f"{key}.on_cuda"]) and bool(got[f"{key}.inject_exact"])
     assert d <= TOL

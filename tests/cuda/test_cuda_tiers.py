@@ -29,8 +29,13 @@ MiB = 2**20
 @pytest.fixture
 def open_store(monkeypatch):
     """open_store(**settings flags) -> a Store planned from this machine's real hardware (or `hardware`)."""
-    for var in ("ENGRAM_TIER_VRAM_BYTES", "ENGRAM_TIER_RAM_BYTES", "ENGRAM_TIER_DISK_BYTES", "ENGRAM_KEEP_LAST",
-                "ENGRAM_SESSION_TTL_S"):  # fmt: skip
+    for var in (
+        "ENGRAM_TIER_VRAM_BYTES",
+        "ENGRAM_TIER_RAM_BYTES",
+        "ENGRAM_TIER_DISK_BYTES",
+        "ENGRAM_KEEP_LAST",
+        "ENGRAM_SESSION_TTL_S",
+    ):
         monkeypatch.delenv(var, raising=False)
     opened: list[Store] = []
 
@@ -64,8 +69,16 @@ def test_hardware_detection_and_the_vram_rule_see_the_gpu(tmp_path):
     assert vram.budget_bytes == int(VRAM_SHARE * (hw.vram_free_bytes - reserve))
     with_model = plan(hw, model_bytes=4 * 2**30, model_on_cpu=False).tier("vram")
     assert with_model.budget_bytes == int(VRAM_SHARE * (hw.vram_free_bytes - 4 * 2**30 - reserve))
-    record("tiers", "gpu", {"name": hw.gpu, "vram_total_bytes": total, "vram_free_bytes": hw.vram_free_bytes,
-                            "vram_budget_bytes": vram.budget_bytes})  # fmt: skip
+    record(
+        "tiers",
+        "gpu",
+        {
+            "name": hw.gpu,
+            "vram_total_bytes": total,
+            "vram_free_bytes": hw.vram_free_bytes,
+            "vram_budget_bytes": vram.budget_bytes,
+        },
+    )
 
 
 def test_vram_tier_holds_real_cuda_tensors_and_restores_exactly(open_store, zoo):
@@ -189,9 +202,16 @@ def test_restore_time_by_tier_on_a_granite_350m_shaped_model(open_store):
     assert torch.equal(steps["vram"], steps["ram"]) and torch.equal(steps["vram"], steps["disk"])
     assert torch.equal(s.load(sid)[0]["last_logits"].cpu(), reference)
     ms = {tier: _median_ms(t) for tier, t in times.items()}
-    record("restore_time", "granite-4.0-h-350m-512tok-fp32", {
-        "payload_mib": round(nbytes / MiB, 2), "median_ms": ms, "reps": {k: len(v) for k, v in times.items()},
-        "ram_over_vram": round(ms["ram"] / ms["vram"], 2), "disk_over_vram": round(ms["disk"] / ms["vram"], 2),
-        "reprefill_512_ms": round(prefill_s * 1000, 1),
-    })  # fmt: skip
+    record(
+        "restore_time",
+        "granite-4.0-h-350m-512tok-fp32",
+        {
+            "payload_mib": round(nbytes / MiB, 2),
+            "median_ms": ms,
+            "reps": {k: len(v) for k, v in times.items()},
+            "ram_over_vram": round(ms["ram"] / ms["vram"], 2),
+            "disk_over_vram": round(ms["disk"] / ms["vram"], 2),
+            "reprefill_512_ms": round(prefill_s * 1000, 1),
+        },
+    )
     assert ms["vram"] < ms["disk"]

@@ -21,8 +21,15 @@ FAMILY = "granitemoehybrid"
 
 def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
-    env.update(ENGRAM_HOME=str(home), ENGRAM_NO_AUTOSTART="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
-               OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)  # fmt: skip
+    env.update(
+        ENGRAM_HOME=str(home),
+        ENGRAM_NO_AUTOSTART="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+        **extra,
+    )
     return env
 
 
@@ -64,10 +71,25 @@ def start_daemon(model_dir: Path, home: Path, *args: str, timeout: float = 60.0,
     log = home / f"daemon-{time.monotonic_ns()}.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engramctl.daemon", "--model", str(model_dir), "--port", "0", "--dtype", "float32",
-             "--log-level", "warning", *args],
-            stdout=f, stderr=subprocess.STDOUT, env=daemon_env(home, **env), cwd=str(ROOT),
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "engramctl.daemon",
+                "--model",
+                str(model_dir),
+                "--port",
+                "0",
+                "--dtype",
+                "float32",
+                "--log-level",
+                "warning",
+                *args,
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=daemon_env(home, **env),
+            cwd=str(ROOT),
+        )
     state_file = home / "run" / "daemon.json"
     deadline = time.monotonic() + timeout
     while True:

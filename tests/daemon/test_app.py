@@ -18,14 +18,30 @@ from tests.backends import both_backends, weight_dtype
 TOKEN = "test-token-123"
 USER = [{"role": "user", "content": "Hello there"}]
 ROUTES = [  # every route but /health
-    ("GET", "/v1/models"), ("GET", "/v1/models/default"), ("POST", "/v1/chat/completions"), ("GET", "/v1/status"),
-    ("GET", "/v1/tiers"), ("GET", "/v1/sessions"), ("GET", "/v1/sessions/x"), ("DELETE", "/v1/sessions/x"),
-    ("POST", "/save_snapshot"), ("POST", "/restore_snapshot"), ("POST", "/list_snapshots"), ("GET", "/list_snapshots"),
-    ("POST", "/get_snapshot_info"), ("POST", "/delete_snapshot"), ("POST", "/branch_snapshot"), ("GET", "/nope"),
-    ("POST", "/pin_snapshot"), ("POST", "/unpin_snapshot"), ("POST", "/label_snapshot"),
-    ("POST", "/get_snapshot_transcript"), ("POST", "/gc_snapshots"), ("POST", "/import_snapshot"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/default"),
+    ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/status"),
+    ("GET", "/v1/tiers"),
+    ("GET", "/v1/sessions"),
+    ("GET", "/v1/sessions/x"),
+    ("DELETE", "/v1/sessions/x"),
+    ("POST", "/save_snapshot"),
+    ("POST", "/restore_snapshot"),
+    ("POST", "/list_snapshots"),
+    ("GET", "/list_snapshots"),
+    ("POST", "/get_snapshot_info"),
+    ("POST", "/delete_snapshot"),
+    ("POST", "/branch_snapshot"),
+    ("GET", "/nope"),
+    ("POST", "/pin_snapshot"),
+    ("POST", "/unpin_snapshot"),
+    ("POST", "/label_snapshot"),
+    ("POST", "/get_snapshot_transcript"),
+    ("POST", "/gc_snapshots"),
+    ("POST", "/import_snapshot"),
     ("POST", "/v1/sessions/x/reset"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +60,9 @@ def app_client(engine, engram_home):
 
 
 def _chat(client, **body):
-    return client.post("/v1/chat/completions", json={"model": "default", "messages": USER, "max_tokens": 3,
-                                                     "temperature": 0, **body})  # fmt: skip
+    return client.post(
+        "/v1/chat/completions", json={"model": "default", "messages": USER, "max_tokens": 3, "temperature": 0, **body}
+    )
 
 
 def _stored(client) -> dict:
@@ -54,8 +71,11 @@ def _stored(client) -> dict:
     sessions = client.get("/v1/sessions").json()["sessions"]
     transcripts = {s["name"]: client.get(f"/v1/sessions/{s['name']}").json()["messages"] for s in sessions}
     keep = ("snapshot_id", "session", "parent", "tokens", "pinned", "label")
-    return {"snaps": [{k: s[k] for k in keep} for s in snaps],
-            "sessions": [(s["name"], s["head"], s["n_messages"]) for s in sessions], "transcripts": transcripts}  # fmt: skip
+    return {
+        "snaps": [{k: s[k] for k in keep} for s in snaps],
+        "sessions": [(s["name"], s["head"], s["n_messages"]) for s in sessions],
+        "transcripts": transcripts,
+    }
 
 
 def test_every_route_but_health_needs_the_token(app_client):
@@ -119,15 +139,20 @@ def test_any_model_name_means_the_served_model(app_client):
         r = _chat(app_client, model=name, session="named")
         assert r.status_code == 200, (name, r.text)
         assert r.json()["model"] == "tiny-gmh"
-    with app_client.stream("POST", "/v1/chat/completions", json={"model": "granite-4.0-h-tiny", "messages": USER,
-                                                                 "max_tokens": 2, "stream": True}) as r:  # fmt: skip
+    with app_client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "granite-4.0-h-tiny", "messages": USER, "max_tokens": 2, "stream": True},
+    ) as r:
         assert r.status_code == 200
         import json
 
         chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
     assert chunks and {c["model"] for c in chunks} == {"tiny-gmh"}
-    r = app_client.post("/restore_snapshot", json={"model": "granite-4.0-h-tiny", "conversation_id": "named",
-                                                   "continuation": "Go on", "max_tokens": 2})  # fmt: skip
+    r = app_client.post(
+        "/restore_snapshot",
+        json={"model": "granite-4.0-h-tiny", "conversation_id": "named", "continuation": "Go on", "max_tokens": 2},
+    )
     assert r.status_code == 200 and r.json()["model"] == "tiny-gmh", r.text
     assert r.json()["engram"]["resumed"]
     assert app_client.get("/v1/models/granite-4.0-h-tiny").status_code == 404  # a model card is only the served one's
@@ -150,19 +175,37 @@ def test_bad_chat_requests_get_4xx_and_change_nothing(app_client):
 
 def test_malformed_bodies(app_client):
     h = {"Content-Type": "application/json"}
-    for raw, words in ((b"{not json", "not valid JSON"), (b"[1, 2]", "JSON object"), (b"", "JSON object"),
-                       (b'"text"', "JSON object"), (b"\xff\xfe", "JSON")):  # fmt: skip
-        for path in ("/v1/chat/completions", "/save_snapshot", "/restore_snapshot", "/branch_snapshot",
-                     "/delete_snapshot", "/get_snapshot_info", "/list_snapshots", "/pin_snapshot", "/unpin_snapshot",
-                     "/label_snapshot", "/get_snapshot_transcript"):  # fmt: skip
+    for raw, words in (
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b"", "JSON object"),
+        (b'"text"', "JSON object"),
+        (b"\xff\xfe", "JSON"),
+    ):
+        for path in (
+            "/v1/chat/completions",
+            "/save_snapshot",
+            "/restore_snapshot",
+            "/branch_snapshot",
+            "/delete_snapshot",
+            "/get_snapshot_info",
+            "/list_snapshots",
+            "/pin_snapshot",
+            "/unpin_snapshot",
+            "/label_snapshot",
+            "/get_snapshot_transcript",
+        ):
             if path == "/list_snapshots" and raw == b"":
                 continue  # an empty body is allowed there: list everything
             r = app_client.post(path, content=raw, headers=h)
             assert r.status_code == 400, (path, raw, r.text)
             assert words.lower() in r.json()["error"]["message"].lower(), (path, raw, r.json())
     # curl -d sends a form content type: the body is still read as JSON
-    r = app_client.post("/v1/chat/completions", content=b'{"model":"default","messages":[{"role":"user","content":"x"}],'
-                        b'"max_tokens":2}', headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+    r = app_client.post(
+        "/v1/chat/completions",
+        content=b'{"model":"default","messages":[{"role":"user","content":"x"}],"max_tokens":2}',
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert r.status_code == 200, r.text
 
 
@@ -229,15 +272,25 @@ def test_bad_snapshot_requests_get_4xx_and_change_nothing(app_client):
         r = app_client.post(path, json=body)
         assert r.status_code == status, (path, body, r.status_code, r.text)
         assert words.lower() in r.json()["error"]["message"].lower(), (path, body, r.json())
-    for content, query, status, words in ((b"", "", 400, "snapshot file"), (b"junk", "", 409, "truncated"),
-                                          (b"junk", "?session=../x", 400, "session name")):  # fmt: skip
-        r = app_client.post(f"/import_snapshot{query}", content=content,
-                            headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+    for content, query, status, words in (
+        (b"", "", 400, "snapshot file"),
+        (b"junk", "", 409, "truncated"),
+        (b"junk", "?session=../x", 400, "session name"),
+    ):
+        r = app_client.post(
+            f"/import_snapshot{query}", content=content, headers={"Content-Type": "application/octet-stream"}
+        )
         assert r.status_code == status and words in r.json()["error"]["message"], (query, r.text)
-    for method, path, status in (("POST", "/v1/sessions/nobody/reset", 404), ("POST", "/v1/sessions/a..b$/reset", 400),
-                                 ("GET", "/v1/sessions/nobody", 404), ("GET", "/v1/sessions/a..b$", 400),
-                                 ("DELETE", "/v1/sessions/nobody", 404), ("GET", "/v1/nothing", 404),
-                                 ("PUT", "/v1/chat/completions", 405), ("GET", "/v1/models/other", 404)):  # fmt: skip
+    for method, path, status in (
+        ("POST", "/v1/sessions/nobody/reset", 404),
+        ("POST", "/v1/sessions/a..b$/reset", 400),
+        ("GET", "/v1/sessions/nobody", 404),
+        ("GET", "/v1/sessions/a..b$", 400),
+        ("DELETE", "/v1/sessions/nobody", 404),
+        ("GET", "/v1/nothing", 404),
+        ("PUT", "/v1/chat/completions", 405),
+        ("GET", "/v1/models/other", 404),
+    ):
         r = app_client.request(method, path)
         assert r.status_code == status, (method, path, r.text)
         assert r.json()["error"]["message"]
@@ -246,9 +299,18 @@ def test_bad_snapshot_requests_get_4xx_and_change_nothing(app_client):
 
 @both_backends
 def test_stream_answer_shape(app_client):
-    with app_client.stream("POST", "/v1/chat/completions", json={
-        "model": "default", "messages": USER, "max_tokens": 4, "temperature": 0, "stream": True,
-        "stream_options": {"include_usage": True}}) as r:  # fmt: skip
+    with app_client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "default",
+            "messages": USER,
+            "max_tokens": 4,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [ln for ln in r.iter_lines() if ln]
     import json
@@ -304,9 +366,18 @@ def test_corrupt_head_falls_back_one_step_then_to_the_transcript(engine, engram_
     daemon = app.state.daemon
     c = TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"})
     try:
+
         def turn(text):
-            r = c.post("/v1/chat/completions", json={"model": "default", "session": "c", "max_tokens": 3,
-                                                     "temperature": 0, "messages": [{"role": "user", "content": text}]})  # fmt: skip
+            r = c.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "default",
+                    "session": "c",
+                    "max_tokens": 3,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": text}],
+                },
+            )
             assert r.status_code == 200, r.text
             store.flush()
             daemon.service.invalidate()  # as after a restart: no state in memory

@@ -145,8 +145,13 @@ def test_a_resent_history_reuses_the_longest_stored_prefix(client, backend, tiny
         previous = r
         _say(client, f"between-{k}", "Something else")
     # streamed, the same history: the same answer and the same usage
-    body = {"model": "default", "messages": messages[:-1], "stream": True, "stream_options": {"include_usage": True},
-            **GREEDY}  # fmt: skip
+    body = {
+        "model": "default",
+        "messages": messages[:-1],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **GREEDY,
+    }
     with client.stream("POST", "/v1/chat/completions", json=body) as s:
         chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == _reply(previous)
@@ -207,7 +212,9 @@ def test_a_store_written_by_the_other_backend_goes_on_from_transcripts(writer, t
         assert f"written by the {writer} backend" in msg and f"runs on {reader}" in msg, msg
         assert r.json()["error"]["hint"].endswith(f"--backend {writer}")
         # so is an import of its export, before anything is stored
-        r = c.post("/import_snapshot?session=copy", content=packed, headers={"Content-Type": "application/octet-stream"})
+        r = c.post(
+            "/import_snapshot?session=copy", content=packed, headers={"Content-Type": "application/octet-stream"}
+        )
         assert r.status_code == 409 and r.json()["error"]["code"] == "snapshot_mismatch", r.text
         msg = r.json()["error"]["message"]
         assert f"on the {writer} backend" in msg and f"'tiny-gmh' on {reader}" in msg, msg

@@ -32,9 +32,17 @@ def tok(reference_backend):
 
 
 def chat(h, conversation: str, content: str, max_tokens: int = 4, **extra) -> dict:
-    r = h.post("/v1/chat/completions", json={"model": "default", "conversation_id": conversation,
-                                             "messages": [{"role": "user", "content": content}],
-                                             "max_tokens": max_tokens, "temperature": 0, **extra})  # fmt: skip
+    r = h.post(
+        "/v1/chat/completions",
+        json={
+            "model": "default",
+            "conversation_id": conversation,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            **extra,
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -133,8 +141,11 @@ def test_save_with_a_custom_snapshot_id(h):
 def test_save_in_their_clients_shape_with_explicit_nulls(h):
     chat(h, "nulls", "Hello there")
     head = chat(h, "nulls", "More")["engram"]["snapshot_id"]
-    saved = post(h, "/save_snapshot", {"rid": None, "snapshot_id": None, "conversation_id": "nulls",
-                                       "turn_number": None, "branch_name": None})  # fmt: skip
+    saved = post(
+        h,
+        "/save_snapshot",
+        {"rid": None, "snapshot_id": None, "conversation_id": "nulls", "turn_number": None, "branch_name": None},
+    )
     assert saved["snapshot_id"] == "nulls-t2" and saved["id"] == head  # the turn the state is at
     bare = post(h, "/save_snapshot", {"conversation_id": "nulls"})  # their minimal request
     assert bare["snapshot_id"] == "nulls-t2"
@@ -170,18 +181,34 @@ def test_branch_name_save_creates_then_moves_a_branch_session_without_copying(h,
     listed = post(h, "/list_snapshots", {"conversation_id": "tree"})["snapshots"]
     # their order: turns by number, then branches by name
     assert [(s["turn_number"], s["branch_name"], s["id"]) for s in listed] == [
-        (1, None, first), (2, None, second), (2, "alt", second), (1, "b-first", first)]
+        (1, None, first),
+        (2, None, second),
+        (2, "alt", second),
+        (1, "b-first", first),
+    ]
     assert post(h, "/get_snapshot_info", {"conversation_id": "tree", "branch_name": "b-first"})["id"] == first
     # a turn on the branch continues the branch; the conversation stays where it was
-    gen = post(h, "/restore_snapshot", {"conversation_id": "tree", "branch_name": "alt", "create_new_request": True,
-                                        "continuation_ids": user_turn_ids(tok, "On the branch"), "max_new_tokens": 3})
+    gen = post(
+        h,
+        "/restore_snapshot",
+        {
+            "conversation_id": "tree",
+            "branch_name": "alt",
+            "create_new_request": True,
+            "continuation_ids": user_turn_ids(tok, "On the branch"),
+            "max_new_tokens": 3,
+        },
+    )
     assert gen["session"] == "tree.alt" and gen["conversation_id"] == "tree" and gen["branch_name"] == "alt"
     assert h.get("/v1/sessions/tree").json()["head"] == second
     assert post(h, "/get_snapshot_info", {"conversation_id": "tree", "branch_name": "alt"})["id"] == gen["snapshot_id"]
     gone = post(h, "/delete_snapshot", {"conversation_id": "tree", "branch_name": "alt"})
     assert gone["session"] == "tree.alt" and h.get("/v1/sessions/tree.alt").status_code == 404
     assert [s["branch_name"] for s in post(h, "/list_snapshots", {"conversation_id": "tree"})["snapshots"]] == [
-        None, None, "b-first"]
+        None,
+        None,
+        "b-first",
+    ]
     post(h, "/get_snapshot_info", {"conversation_id": "tree", "branch_name": "alt"}, 404)
 
 
@@ -217,12 +244,19 @@ def test_restore_and_generate_is_greedy_by_default_and_reproducible(h, tok, refe
     post(h, "/save_snapshot", {"conversation_id": "gen", "turn_number": 1})
     fill = post(h, "/get_snapshot_info", {"snapshot_id": "gen-t1"})["metadata"]["fill_ids"]
     ids = user_turn_ids(tok, "What is my favorite color?")
-    body = {"conversation_id": "gen", "turn_number": 1, "create_new_request": True, "continuation_ids": ids,
-            "max_new_tokens": 6, "request_id": "req-1"}  # fmt: skip
+    body = {
+        "conversation_id": "gen",
+        "turn_number": 1,
+        "create_new_request": True,
+        "continuation_ids": ids,
+        "max_new_tokens": 6,
+        "request_id": "req-1",
+    }
     a, b = post(h, "/restore_snapshot", body), post(h, "/restore_snapshot", body)
     assert a["output_ids"] == b["output_ids"] and a["output_text"] == b["output_text"]
-    assert (a["output_ids"], a["output_text"]) == generate_from(reference_backend, fill + ids, temperature=0,
-                                                                max_tokens=6)  # fmt: skip
+    assert (a["output_ids"], a["output_text"]) == generate_from(
+        reference_backend, fill + ids, temperature=0, max_tokens=6
+    )
     assert 0 < len(a["output_ids"]) <= 6 and a["token_count"] == len(fill) and a["request_id"] == "req-1"
     assert a["rid"].startswith("restored-") and a["rid"] != b["rid"] and a["mamba_pool_idx"] is None
     # the generated turn is the conversation's turn 2, its new head
@@ -238,15 +272,25 @@ def test_restore_and_generate_honours_sampling_parameters(h, tok, reference_back
     fill = post(h, "/get_snapshot_info", {"conversation_id": "sampled", "turn_number": 1})["metadata"]["fill_ids"]
     ids = user_turn_ids(tok, "Another one?")
     params = {"temperature": 1.3, "top_k": 40, "top_p": 0.95, "seed": 11}
-    r = post(h, "/restore_snapshot", {"conversation_id": "sampled", "turn_number": 1, "continuation_ids": ids,
-                                      "max_new_tokens": 8, **params})  # fmt: skip
+    r = post(
+        h,
+        "/restore_snapshot",
+        {"conversation_id": "sampled", "turn_number": 1, "continuation_ids": ids, "max_new_tokens": 8, **params},
+    )
     assert (r["output_ids"], r["output_text"]) == generate_from(reference_backend, fill + ids, max_tokens=8, **params)
-    greedy = post(h, "/restore_snapshot", {"conversation_id": "sampled", "turn_number": 1, "continuation_ids": ids,
-                                           "max_new_tokens": 8})  # fmt: skip
-    assert (greedy["output_ids"], greedy["output_text"]) == generate_from(reference_backend, fill + ids,
-                                                                          temperature=0, max_tokens=8)  # fmt: skip
-    short = post(h, "/restore_snapshot", {"conversation_id": "sampled", "turn_number": 1, "continuation_ids": ids,
-                                          "max_new_tokens": 2})  # fmt: skip
+    greedy = post(
+        h,
+        "/restore_snapshot",
+        {"conversation_id": "sampled", "turn_number": 1, "continuation_ids": ids, "max_new_tokens": 8},
+    )
+    assert (greedy["output_ids"], greedy["output_text"]) == generate_from(
+        reference_backend, fill + ids, temperature=0, max_tokens=8
+    )
+    short = post(
+        h,
+        "/restore_snapshot",
+        {"conversation_id": "sampled", "turn_number": 1, "continuation_ids": ids, "max_new_tokens": 2},
+    )
     assert len(short["output_ids"]) <= 2 and short["finish_reason"] in ("stop", "length")
 
 
@@ -293,11 +337,25 @@ def test_delete_by_turn_or_branch(h):
 def test_conversation_id_on_chat_completions(h):
     a = chat(h, "named-conv", "Hello there")
     assert a["engram"]["session"] == "named-conv"
-    b = h.post("/v1/chat/completions", json={"model": "default", "session": "named-conv", "max_tokens": 2,
-                                             "messages": [{"role": "user", "content": "More"}]}).json()  # fmt: skip
+    b = h.post(
+        "/v1/chat/completions",
+        json={
+            "model": "default",
+            "session": "named-conv",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "More"}],
+        },
+    ).json()
     assert b["engram"]["restored_tokens"] == a["usage"]["total_tokens"]  # the same conversation
-    r = h.post("/v1/chat/completions", json={"model": "default", "session": "x", "conversation_id": "y",
-                                             "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
+    r = h.post(
+        "/v1/chat/completions",
+        json={
+            "model": "default",
+            "session": "x",
+            "conversation_id": "y",
+            "messages": [{"role": "user", "content": "Hi"}],
+        },
+    )
     assert r.status_code == 400 and "same thing" in r.json()["error"]["message"]
 
 
@@ -309,8 +367,11 @@ def test_their_id_alphabet_and_length(h, tok):
     assert post(h, "/get_snapshot_info", {"snapshot_id": f"{conv}-t1"})["id"] == r["engram"]["snapshot_id"]
     listed = post(h, "/list_snapshots", {"conversation_id": conv})["snapshots"]
     assert {s["conversation_id"] for s in listed} == {conv} and [s["branch_name"] for s in listed] == [None, "b" * 255]
-    gen = post(h, "/restore_snapshot", {"conversation_id": conv, "continuation_ids": user_turn_ids(tok, "More?"),
-                                        "max_new_tokens": 2})  # fmt: skip
+    gen = post(
+        h,
+        "/restore_snapshot",
+        {"conversation_id": conv, "continuation_ids": user_turn_ids(tok, "More?"), "max_new_tokens": 2},
+    )
     assert gen["conversation_id"] == conv and gen["turn_number"] == 2
     for bad in (conv + "x", "bad id", "a/b", "..", ""):
         post(h, "/list_snapshots", {"conversation_id": bad}, 400)
@@ -325,9 +386,12 @@ def test_restore_and_generate_records_the_user_message_the_tokens_render(h, tok)
     history = [{"role": m["role"], "content": m["content"]} for m in h.get("/v1/sessions/recorded").json()["messages"]]
     delta_text = tok.render(history + [{"role": "user", "content": "Our way?"}], add_generation_prompt=True)
     after = tok.render(history, add_generation_prompt=False)
-    delta = tok.encode(delta_text[len(after):])  # what comes after the conversation so far
+    delta = tok.encode(delta_text[len(after) :])  # what comes after the conversation so far
     post(h, "/restore_snapshot", {"conversation_id": "recorded", "continuation_ids": delta, "max_new_tokens": 2})
     messages = h.get("/v1/sessions/recorded").json()["messages"]
     assert [(m["role"], m["content"]) for m in messages if m["role"] == "user"] == [
-        ("user", "Hello there"), ("user", "Their way?"), ("user", "Our way?")]
+        ("user", "Hello there"),
+        ("user", "Their way?"),
+        ("user", "Our way?"),
+    ]
     assert [m["role"] for m in messages] == ["user", "assistant"] * 3

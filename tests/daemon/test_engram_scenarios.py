@@ -57,31 +57,44 @@ def test_restore_and_generate_with_only_the_new_tokens_answers_as_a_full_resend(
         history = post(h, "/get_snapshot_info", {"snapshot_id": snap["snapshot_id"]})["metadata"]["fill_ids"]
 
         ids = user_turn_ids(tok, "What is my favorite color?")  # only the new turn
-        stateful = post(h, "/restore_snapshot", {"conversation_id": "phase8", "create_new_request": True,
-                                                 "continuation_ids": ids, "max_new_tokens": 10})  # fmt: skip
+        stateful = post(
+            h,
+            "/restore_snapshot",
+            {"conversation_id": "phase8", "create_new_request": True, "continuation_ids": ids, "max_new_tokens": 10},
+        )
         # a full resend: a server without state reads the whole conversation's tokens, then answers
         full = history + ids
-        assert (stateful["output_ids"], stateful["output_text"]) == generate_from(reference_backend, full,
-                                                                                  temperature=0, max_tokens=10)
+        assert (stateful["output_ids"], stateful["output_text"]) == generate_from(
+            reference_backend, full, temperature=0, max_tokens=10
+        )
         assert len(ids) < len(full) and stateful["usage"]["prompt_tokens_details"]["cached_tokens"] == len(history)
 
         # a 3-turn chain (their test_multi_turn_stateful_chain): save, then continue from the latest turn
         assert post(h, "/save_snapshot", {"conversation_id": "phase8"})["snapshot_id"] == "phase8-t2"
         chain = post(h, "/get_snapshot_info", {"snapshot_id": "phase8-t2"})["metadata"]["fill_ids"]
         more = user_turn_ids(tok, "And my lucky number?")
-        third = post(h, "/restore_snapshot", {"conversation_id": "phase8", "create_new_request": True,
-                                              "continuation_ids": more, "max_new_tokens": 10})  # fmt: skip
+        third = post(
+            h,
+            "/restore_snapshot",
+            {"conversation_id": "phase8", "create_new_request": True, "continuation_ids": more, "max_new_tokens": 10},
+        )
         assert third["turn_number"] == 3 and third["token_count"] == len(chain)
-        assert (third["output_ids"], third["output_text"]) == generate_from(reference_backend, chain + more,
-                                                                            temperature=0, max_tokens=10)
+        assert (third["output_ids"], third["output_text"]) == generate_from(
+            reference_backend, chain + more, temperature=0, max_tokens=10
+        )
 
 
 def test_snapshots_survive_sigkill_and_restore_by_conversation_id(model_dir, tmp_path, reference_backend):
     tok = reference_backend.tokenizer
     home = tmp_path / "killed-home"
     ids = user_turn_ids(tok, "Still there?")
-    gen = {"conversation_id": "phase10", "turn_number": 1, "create_new_request": True, "continuation_ids": ids,
-           "max_new_tokens": 6}  # fmt: skip
+    gen = {
+        "conversation_id": "phase10",
+        "turn_number": 1,
+        "create_new_request": True,
+        "continuation_ids": ids,
+        "max_new_tokens": 6,
+    }
     d = start_daemon(model_dir, home)
     try:
         with d.http() as h:

@@ -52,8 +52,14 @@ def test_openai_client_streaming_and_not(daemon, oai, reference_backend, backend
     extra = r.model_extra["engram"]
     assert extra["session"].startswith("auto-") and extra["snapshot_id"]
 
-    stream = oai.chat.completions.create(model="default", messages=messages, max_tokens=8, temperature=0,
-                                         stream=True, stream_options={"include_usage": True})  # fmt: skip
+    stream = oai.chat.completions.create(
+        model="default",
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
@@ -69,23 +75,38 @@ def test_any_model_name_is_the_served_model(daemon, oai, backend, served):
     any name is that model (as llama-server does), and the answer reports the served model's name."""
     served = served_id(backend, served)
     messages = [{"role": "user", "content": "Hello there"}]
-    r = oai.chat.completions.create(model="granite-4.0-h-tiny", messages=messages, max_tokens=3, temperature=0,
-                                    extra_body={"session": "any-model"})  # fmt: skip
+    r = oai.chat.completions.create(
+        model="granite-4.0-h-tiny", messages=messages, max_tokens=3, temperature=0, extra_body={"session": "any-model"}
+    )
     assert r.model == served and r.usage.completion_tokens > 0
-    stream = oai.chat.completions.create(model="no-such-model", messages=messages, max_tokens=3, temperature=0,
-                                         stream=True)  # fmt: skip
+    stream = oai.chat.completions.create(
+        model="no-such-model", messages=messages, max_tokens=3, temperature=0, stream=True
+    )
     assert {c.model for c in stream} == {served}
     with daemon.http() as h:
-        cont = h.post("/restore_snapshot", json={"model": "granite-4.0-h-tiny", "conversation_id": "any-model",
-                                                 "continuation": "And then?", "max_tokens": 2})  # fmt: skip
+        cont = h.post(
+            "/restore_snapshot",
+            json={
+                "model": "granite-4.0-h-tiny",
+                "conversation_id": "any-model",
+                "continuation": "And then?",
+                "max_tokens": 2,
+            },
+        )
         assert cont.status_code == 200, cont.text
         assert cont.json()["model"] == served and cont.json()["engram"]["restored_tokens"] > 0
 
 
 def test_session_turns_continue_from_the_daemons_own_state(daemon, oai):
     def turn(content, **kw):
-        r = oai.chat.completions.create(model="default", messages=[{"role": "user", "content": content}],
-                                        max_tokens=6, temperature=0, extra_body={"session": "notes"}, **kw)  # fmt: skip
+        r = oai.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": content}],
+            max_tokens=6,
+            temperature=0,
+            extra_body={"session": "notes"},
+            **kw,
+        )
         return r, r.model_extra["engram"]
 
     r1, e1 = turn("First question?")
@@ -104,8 +125,10 @@ def test_session_turns_continue_from_the_daemons_own_state(daemon, oai):
         assert head["tokens"] == r2.usage.prompt_tokens + r2.usage.completion_tokens and head["n_messages"] == 4
         # a client resending the whole history with the session: only the new message is a new turn
         history = s["messages"] + [{"role": "user", "content": "Third?"}]
-        r3 = h.post("/v1/chat/completions", json={"model": "default", "session": "notes", "messages": history,
-                                                  "max_tokens": 3, "temperature": 0}).json()  # fmt: skip
+        r3 = h.post(
+            "/v1/chat/completions",
+            json={"model": "default", "session": "notes", "messages": history, "max_tokens": 3, "temperature": 0},
+        ).json()
         assert r3["engram"]["restored_tokens"] == head["tokens"]
         assert len(h.get("/v1/sessions/notes").json()["messages"]) == 6
         sessions = {x["name"]: x for x in h.get("/v1/sessions").json()["sessions"]}
@@ -114,8 +137,16 @@ def test_session_turns_continue_from_the_daemons_own_state(daemon, oai):
 
 def test_snapshot_routes(daemon):
     with daemon.http() as h:
-        r = h.post("/v1/chat/completions", json={"model": "default", "session": "snap", "max_tokens": 4,
-                                                 "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
+        r = h.post(
+            "/v1/chat/completions",
+            json={
+                "model": "default",
+                "session": "snap",
+                "max_tokens": 4,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "Hi"}],
+            },
+        )
         assert r.status_code == 200, r.text
         head = r.json()["engram"]["snapshot_id"]
 
@@ -135,19 +166,35 @@ def test_snapshot_routes(daemon):
         assert info["snapshot_id"] == head and info["session"] == "snap"
 
         # another turn, then restore the saved one with a continuation: the new turn follows the saved state
-        h.post("/v1/chat/completions", json={"model": "default", "session": "snap", "max_tokens": 3,
-                                             "messages": [{"role": "user", "content": "More"}]})  # fmt: skip
+        h.post(
+            "/v1/chat/completions",
+            json={
+                "model": "default",
+                "session": "snap",
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": "More"}],
+            },
+        )
         restored = h.post("/restore_snapshot", json={"snapshot_id": head}).json()
         assert restored["success"] and restored["session"] == "snap" and restored["tokens"] == saved["tokens"]
         assert restored["tier"] in ("ram", "disk", "vram", "live") and restored["restore_ms"] is not None
         assert len(h.get("/v1/sessions/snap").json()["messages"]) == 2  # the transcript went back too
-        cont = h.post("/restore_snapshot", json={"session": "snap", "continuation": "Go on", "max_tokens": 3,
-                                                 "temperature": 0}).json()  # fmt: skip
+        cont = h.post(
+            "/restore_snapshot", json={"session": "snap", "continuation": "Go on", "max_tokens": 3, "temperature": 0}
+        ).json()
         assert cont["object"] == "chat.completion" and cont["engram"]["restored_tokens"] == saved["tokens"]
         assert cont["engram"]["tier"] == "live"
-        with h.stream("POST", "/restore_snapshot", json={"snapshot_id": head, "session": "snap-2", "stream": True,
-                                                         "continuation": {"role": "user", "content": "Other way"},
-                                                         "max_tokens": 3}) as s:  # fmt: skip
+        with h.stream(
+            "POST",
+            "/restore_snapshot",
+            json={
+                "snapshot_id": head,
+                "session": "snap-2",
+                "stream": True,
+                "continuation": {"role": "user", "content": "Other way"},
+                "max_tokens": 3,
+            },
+        ) as s:
             assert s.status_code == 200
             events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
         assert events[0]["engram"]["session"] == "snap-2" and events[0]["engram"]["restored_tokens"] == saved["tokens"]
@@ -155,14 +202,19 @@ def test_snapshot_routes(daemon):
         assert snap2["base"] == head and len(snap2["messages"]) == 4
 
         branched = h.post("/branch_snapshot", json={"source": "snap", "new_session": "snap-b"}).json()
-        assert branched["success"] and branched["name"] == "snap-b" and branched["head"] == cont["engram"]["snapshot_id"]
+        assert (
+            branched["success"] and branched["name"] == "snap-b" and branched["head"] == cont["engram"]["snapshot_id"]
+        )
         by_id = h.post("/branch_snapshot", json={"snapshot_id": head[:24], "new_session": "snap-c"}).json()
         assert by_id["head"] == head
 
         r = h.post("/delete_snapshot", json={"snapshot_id": head})
         assert r.status_code == 409 and r.json()["error"]["code"] == "snapshot_in_use"
         victim = listed[0]["snapshot_id"]  # the prompt snapshot: nobody's head
-        assert h.post("/delete_snapshot", json={"snapshot_id": victim}).json() == {"success": True, "snapshot_id": victim}
+        assert h.post("/delete_snapshot", json={"snapshot_id": victim}).json() == {
+            "success": True,
+            "snapshot_id": victim,
+        }
         assert h.post("/get_snapshot_info", json={"snapshot_id": victim}).status_code == 404
         r = h.post("/delete_snapshot", json={"snapshot_id": head, "force": True})
         assert r.status_code == 200
@@ -171,8 +223,16 @@ def test_snapshot_routes(daemon):
 
 
 def _turn(h, session: str, content: str, max_tokens: int = 4) -> dict:
-    r = h.post("/v1/chat/completions", json={"model": "default", "session": session, "max_tokens": max_tokens,
-                                             "temperature": 0, "messages": [{"role": "user", "content": content}]})  # fmt: skip
+    r = h.post(
+        "/v1/chat/completions",
+        json={
+            "model": "default",
+            "session": session,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": content}],
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -246,8 +306,14 @@ def test_reset_session_starts_over_and_keeps_the_old_snapshots(daemon):
 
 
 def test_disconnect_mid_stream_cancels_and_records_the_partial_reply(daemon):
-    body = {"model": "default", "session": "cut", "stream": True, "max_tokens": LONG, "temperature": 0,
-            "messages": [{"role": "user", "content": "Hello there"}]}  # fmt: skip
+    body = {
+        "model": "default",
+        "session": "cut",
+        "stream": True,
+        "max_tokens": LONG,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Hello there"}],
+    }
     got = []
     with httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=30) as h:
         with h.stream("POST", "/v1/chat/completions", json=body) as s:
@@ -259,6 +325,7 @@ def test_disconnect_mid_stream_cancels_and_records_the_partial_reply(daemon):
     prompt_tokens = got[0]["engram"]["prompt_tokens"]
     shown = "".join(c["choices"][0]["delta"].get("content") or "" for c in got)
     with daemon.http() as h:
+
         def recorded():  # the session exists once the cancelled turn is recorded
             msgs = h.get("/v1/sessions/cut").json().get("messages", [])
             return msgs if len(msgs) == 2 else None
@@ -268,15 +335,27 @@ def test_disconnect_mid_stream_cancels_and_records_the_partial_reply(daemon):
         head = h.post("/get_snapshot_info", json={"session": "cut"}).json()
         assert prompt_tokens < head["tokens"] < prompt_tokens + 200  # cut long before max_tokens
         assert not h.get("/v1/status").json()["queue"]["busy"]
-        nxt = h.post("/v1/chat/completions", json={"model": "default", "session": "cut", "max_tokens": 2,
-                                                   "messages": [{"role": "user", "content": "Next"}]}).json()  # fmt: skip
+        nxt = h.post(
+            "/v1/chat/completions",
+            json={
+                "model": "default",
+                "session": "cut",
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "Next"}],
+            },
+        ).json()
         # the state holds exactly what was consumed: the next turn continues from it
         assert nxt["engram"]["restored_tokens"] == head["tokens"] and nxt["engram"]["tier"] == "live"
 
 
 def test_queue_full_gets_429(daemon):
-    body = {"model": "default", "stream": True, "max_tokens": LONG, "temperature": 0,
-            "messages": [{"role": "user", "content": "Hello there"}]}  # fmt: skip
+    body = {
+        "model": "default",
+        "stream": True,
+        "max_tokens": LONG,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Hello there"}],
+    }
     second_started = threading.Event()
     results: dict = {}
 
@@ -304,19 +383,31 @@ def test_queue_full_gets_429(daemon):
 
 
 def test_disconnect_while_waiting_for_a_non_streamed_reply_cancels_it(daemon):
-    body = {"model": "default", "session": "gone", "max_tokens": LONG, "temperature": 0,
-            "messages": [{"role": "user", "content": "Hello there"}]}  # fmt: skip
+    body = {
+        "model": "default",
+        "session": "gone",
+        "max_tokens": LONG,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Hello there"}],
+    }
     with httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=httpx.Timeout(10, read=0.5)) as h:
         with pytest.raises(httpx.ReadTimeout):
             h.post("/v1/chat/completions", json=body)
     with daemon.http() as h:
-        msgs = _wait(lambda: (h.get("/v1/sessions/gone").json().get("messages") or None), what="the partial reply")
+        msgs = _wait(lambda: h.get("/v1/sessions/gone").json().get("messages") or None, what="the partial reply")
         assert msgs[-1]["finish_reason"] == "cancelled"
         assert not h.get("/v1/status").json()["queue"]["busy"]
 
+
 def test_sigterm_cancels_the_generation_flushes_and_exits(daemon):
-    body = {"model": "default", "session": "term", "stream": True, "max_tokens": LONG, "temperature": 0,
-            "messages": [{"role": "user", "content": "Hello there"}]}  # fmt: skip
+    body = {
+        "model": "default",
+        "session": "term",
+        "stream": True,
+        "max_tokens": LONG,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Hello there"}],
+    }
     pieces = []
     with httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=30) as h:
         with h.stream("POST", "/v1/chat/completions", json=body) as s:

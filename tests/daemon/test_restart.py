@@ -77,8 +77,7 @@ def test_history_resent_after_sigkill_is_restored_not_recomputed(bg_settings, re
     ext = r.model_extra["engram"]
     cached, prompt = r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens
     # at least everything up to the last reply comes from disk (the prompt snapshot of turn 6)
-    last_turn = len(reference_backend.tokenizer.encode(
-        messages[-2]["content"] + messages[-1]["content"])) + 12  # fmt: skip
+    last_turn = len(reference_backend.tokenizer.encode(messages[-2]["content"] + messages[-1]["content"])) + 12
     print(f"cached {cached} of {prompt} prompt tokens after the restart")
     assert cached >= prompt - last_turn and cached / prompt > 0.8, (cached, prompt)
     assert ext["resumed"] and ext["tier"] == "disk" and ext["restored_tokens"] == cached

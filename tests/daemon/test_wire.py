@@ -20,9 +20,20 @@ from engramctl.store.names import MIN_ID_PREFIX
 from engramctl.store.store import Store
 
 TOKEN = "wire-token"
-JSON_ROUTES = ("/v1/chat/completions", "/save_snapshot", "/restore_snapshot", "/list_snapshots", "/get_snapshot_info",
-               "/delete_snapshot", "/branch_snapshot", "/pin_snapshot", "/unpin_snapshot", "/label_snapshot",
-               "/get_snapshot_transcript", "/v1/agent/call")  # fmt: skip
+JSON_ROUTES = (
+    "/v1/chat/completions",
+    "/save_snapshot",
+    "/restore_snapshot",
+    "/list_snapshots",
+    "/get_snapshot_info",
+    "/delete_snapshot",
+    "/branch_snapshot",
+    "/pin_snapshot",
+    "/unpin_snapshot",
+    "/label_snapshot",
+    "/get_snapshot_transcript",
+    "/v1/agent/call",
+)
 ENGRAM_ROUTES = {"/save_snapshot", "/restore_snapshot", "/list_snapshots", "/get_snapshot_info", "/delete_snapshot"}
 
 
@@ -43,8 +54,13 @@ def client(engine, engram_home):
 
 
 def _turn(client, session: str) -> str:
-    body = {"model": "default", "session": session, "max_tokens": 3, "temperature": 0,
-            "messages": [{"role": "user", "content": "Hi"}]}
+    body = {
+        "model": "default",
+        "session": session,
+        "max_tokens": 3,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     return r.json()["engram"]["snapshot_id"]
@@ -66,13 +82,17 @@ def test_list_snapshots_takes_a_query_or_an_optional_body(client):
     sid = _turn(client, "listed")
     everything = client.post("/list_snapshots").json()["snapshots"]
     assert sid in [s["snapshot_id"] for s in everything]
-    for r in (client.get("/list_snapshots", params={"conversation_id": "listed"}),
-              client.post("/list_snapshots", json={"session": "listed"}), client.post("/list_snapshots", json=None)):
+    for r in (
+        client.get("/list_snapshots", params={"conversation_id": "listed"}),
+        client.post("/list_snapshots", json={"session": "listed"}),
+        client.post("/list_snapshots", json=None),
+    ):
         assert r.status_code == 200 and sid in [s["snapshot_id"] for s in r.json()["snapshots"]], r.text
-    for r, status, words in ((client.get("/list_snapshots", params={"session": "nobody"}), 404, "nobody"),
-                             (client.get("/list_snapshots", params={"session": "a/b"}), 400, "session name"),
-                             (client.get("/list_snapshots", params={"session": "a", "conversation_id": "b"}), 400,
-                              "same thing")):  # fmt: skip
+    for r, status, words in (
+        (client.get("/list_snapshots", params={"session": "nobody"}), 404, "nobody"),
+        (client.get("/list_snapshots", params={"session": "a/b"}), 400, "session name"),
+        (client.get("/list_snapshots", params={"session": "a", "conversation_id": "b"}), 400, "same thing"),
+    ):
         assert r.status_code == status and words in r.json()["error"]["message"], r.text
 
 
@@ -121,8 +141,14 @@ def test_a_turn_on_the_wire_is_protocol_turninfo(client):
     from engramctl.protocol import TurnInfo
 
     names = {f.name for f in fields(TurnInfo)}
-    body = {"model": "default", "session": "turn", "max_tokens": 3, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": "Hi"}]}
+    body = {
+        "model": "default",
+        "session": "turn",
+        "max_tokens": 3,
+        "temperature": 0,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     extensions = [c["engram"] for c in chunks if "engram" in c]

@@ -152,8 +152,9 @@ def test_a_turn_that_does_not_fit_is_refused_before_touching_the_state(engine):
         Turn.for_messages(engine, live, NEW + [{"role": "user", "content": "word " * ctx}], _greedy())
     assert (list(live.token_ids), live.text) == before[:2] and torch.equal(live.last_logits, before[2])
     # without a requested budget the reply gets what the context has left, at most the default
-    turn = Turn.for_messages(engine, live, NEW + [{"role": "assistant", "content": "x"}] + NEW, _greedy(None),
-                             default_max_tokens=ctx)  # fmt: skip
+    turn = Turn.for_messages(
+        engine, live, NEW + [{"role": "assistant", "content": "x"}] + NEW, _greedy(None), default_max_tokens=ctx
+    )
     assert turn.max_tokens == ctx - turn.prompt_tokens
 
 

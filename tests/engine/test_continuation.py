@@ -90,9 +90,19 @@ def test_the_configured_chunk_comes_back_even_when_the_forward_fails(zoo, load_b
 
 @pytest.mark.parametrize(
     ("n_tokens", "chunk", "fitted"),
-    [(1, 256, 1), (32, 256, 32), (255, 256, 255), (256, 256, 256), (257, 256, 129), (300, 256, 150),
-     (512, 256, 256), (600, 256, 200), (40, 64, 40), (150, 64, 50)],
-)  # fmt: skip
+    [
+        (1, 256, 1),
+        (32, 256, 32),
+        (255, 256, 255),
+        (256, 256, 256),
+        (257, 256, 129),
+        (300, 256, 150),
+        (512, 256, 256),
+        (600, 256, 200),
+        (40, 64, 40),
+        (150, 64, 50),
+    ],
+)
 def test_fitted_chunk_keeps_the_chunk_count_and_drops_the_padding(n_tokens, chunk, fitted):
     got = fitted_chunk_tokens(n_tokens, chunk)
     assert got == fitted

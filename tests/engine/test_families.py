@@ -21,8 +21,15 @@ def test_mamba1_families_resume_token_by_token():
 def test_real_sliding_window_model_is_refused(tmp_path):
     from transformers import AutoModelForCausalLM, MistralConfig
 
-    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8)  # fmt: skip
+    cfg = MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=8,
+    )
     model = AutoModelForCausalLM.from_config(cfg).eval()
 
     class Tok:

@@ -13,8 +13,10 @@ from tests.gguf_factory import PRETOKENIZER
 
 def test_f16_and_q8_0_exports_keep_their_type_and_agree(gguf_zoo, zoo, load_llama, tmp_path):
     src = zoo.path("granitemoehybrid")
-    export_many([(src, tmp_path / "m.f16.gguf", "f16"), (src, tmp_path / "m.q8.gguf", "q8_0")],
-                pretokenizer_fallback=PRETOKENIZER)  # fmt: skip
+    export_many(
+        [(src, tmp_path / "m.f16.gguf", "f16"), (src, tmp_path / "m.q8.gguf", "q8_0")],
+        pretokenizer_fallback=PRETOKENIZER,
+    )
     ids = torch.randint(3, 512, (30,), generator=torch.Generator().manual_seed(9)).tolist()
     f32 = load_llama(gguf_zoo.path("granitemoehybrid"))
     ref = f32.prefill(f32.new_live(), ids)

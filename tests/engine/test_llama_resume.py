@@ -44,15 +44,26 @@ def resume_run(gguf_zoo, load_llama, tmp_path_factory):
             logits = backend.decode(live, greedy[-1])
         fresh = backend.prefill(backend.new_live(), ids[N_TOKENS:])  # what a lost state would give
         refs[fam] = {"continued": continued, "greedy": greedy, "final": logits, "fresh": fresh}
-        jobs.append({"family": fam, "gguf": str(path), "snapshot": str(snap), "more_ids": ids[N_TOKENS:],
-                     "greedy": GREEDY, "chunk_tokens": CHUNK})  # fmt: skip
+        jobs.append(
+            {
+                "family": fam,
+                "gguf": str(path),
+                "snapshot": str(snap),
+                "more_ids": ids[N_TOKENS:],
+                "greedy": GREEDY,
+                "chunk_tokens": CHUNK,
+            }
+        )
     (work / "jobs.json").write_text(json.dumps(jobs))
     out = work / "out.safetensors"
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "tests.engine._llama_resume_child", str(work / "jobs.json"), str(out)],
-        cwd=root, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return refs, load_file(out)
 

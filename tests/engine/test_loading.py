@@ -26,8 +26,14 @@ needs_smol = pytest.mark.skipif(
 def tiny_dir(tmp_path_factory) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
     out = tmp_path_factory.mktemp("tiny")
     LlamaForCausalLM(cfg).save_pretrained(out)
     return out
@@ -111,8 +117,9 @@ def test_hub_silent_server_fails_fast(tmp_path):
         "except ModelNotFound as e: print('ModelNotFound', round(time.perf_counter() - t, 1), e.message)\n"
     )
     try:
-        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
-                             env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True, timeout=60
+        )
     finally:
         srv.close()
     assert out.stdout.startswith("ModelNotFound"), out.stderr[-2000:]

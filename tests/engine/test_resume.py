@@ -45,15 +45,25 @@ def resume_run(zoo, load_backend, tmp_path_factory):
             greedy.append(int(torch.argmax(logits)))
             logits = backend.decode(straight, greedy[-1])
         refs[fam] = {"full": full, "greedy": greedy}
-        jobs.append({"family": fam, "model_dir": str(model_dir), "snapshot": str(snap),
-                     "more_ids": ids[N_TOKENS:], "greedy": GREEDY})  # fmt: skip
+        jobs.append(
+            {
+                "family": fam,
+                "model_dir": str(model_dir),
+                "snapshot": str(snap),
+                "more_ids": ids[N_TOKENS:],
+                "greedy": GREEDY,
+            }
+        )
     (work / "jobs.json").write_text(json.dumps(jobs))
     out = work / "out.safetensors"
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "tests.engine._resume_child", str(work / "jobs.json"), str(out)],
-        cwd=root, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return refs, load_file(out)
 

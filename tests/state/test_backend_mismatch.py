@@ -37,9 +37,13 @@ def test_a_transformers_snapshot_is_refused_by_llama_cpp_and_back(gguf_zoo, load
     hf = load_backend(zoo.path("granitemoehybrid"))
     write_state(tmp_path / "hf.safetensors", _state(hf), hf.spec)
     write_state(tmp_path / "lc.safetensors", _state(lc), lc.spec)
-    with pytest.raises(SnapshotMismatch, match="written by the transformers backend; the loaded model runs on llama.cpp"):
+    with pytest.raises(
+        SnapshotMismatch, match="written by the transformers backend; the loaded model runs on llama.cpp"
+    ):
         read_state(tmp_path / "hf.safetensors", lc.spec)
-    with pytest.raises(SnapshotMismatch, match="written by the llama.cpp backend; the loaded model runs on transformers"):
+    with pytest.raises(
+        SnapshotMismatch, match="written by the llama.cpp backend; the loaded model runs on transformers"
+    ):
         read_state(tmp_path / "lc.safetensors", hf.spec)
 
 

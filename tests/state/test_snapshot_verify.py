@@ -127,7 +127,17 @@ def test_shape_mismatch_names_the_tensor(written, tmp_path):
 def test_header_is_plain_safetensors_with_the_documented_metadata(written):
     _, path = written
     meta = snapshot_file.read_metadata(path)
-    for key in ("format_version", "model_id", "fingerprint", "dtype", "layout", "dtypes", "n_tokens", "created", "checksum"):
+    for key in (
+        "format_version",
+        "model_id",
+        "fingerprint",
+        "dtype",
+        "layout",
+        "dtypes",
+        "n_tokens",
+        "created",
+        "checksum",
+    ):
         assert meta[key], key
     assert json.loads(meta["layout"]) == ["recurrent", "attention", "recurrent", "recurrent"]
     assert json.loads(meta["dtypes"])["layers.1.keys"] == "float32"

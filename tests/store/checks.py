@@ -11,7 +11,7 @@ def assert_consistent(store, verify_loads: bool = True) -> None:
     files = {id_from_filename(p.name): p for p in (data / "snapshots").iterdir()}
     assert None not in files, f"stray files: {sorted(p.name for p in (data / 'snapshots').iterdir())}"
     rows = {r.id: r for r in store.list()}
-    assert set(files) == set(rows), (set(files) ^ set(rows))
+    assert set(files) == set(rows), set(files) ^ set(rows)
     for sid, r in rows.items():
         assert r.durable and files[sid].stat().st_size == r.nbytes
         assert r.parent is None or r.parent in rows

@@ -20,8 +20,13 @@ MiB = 2**20
 def engram_home(tmp_path, monkeypatch):
     home = tmp_path / "engram"
     monkeypatch.setenv("ENGRAM_HOME", str(home))
-    for var in ("ENGRAM_TIER_VRAM_BYTES", "ENGRAM_TIER_RAM_BYTES", "ENGRAM_TIER_DISK_BYTES", "ENGRAM_KEEP_LAST",
-                "ENGRAM_SESSION_TTL_S"):
+    for var in (
+        "ENGRAM_TIER_VRAM_BYTES",
+        "ENGRAM_TIER_RAM_BYTES",
+        "ENGRAM_TIER_DISK_BYTES",
+        "ENGRAM_KEEP_LAST",
+        "ENGRAM_SESSION_TTL_S",
+    ):
         monkeypatch.delenv(var, raising=False)
     return home
 
@@ -32,8 +37,15 @@ def make_payload():
 
 
 def fake_hardware(**kw) -> Hardware:
-    base = dict(ram_total_bytes=16 * 2**30, ram_available_bytes=8 * 2**30, disk_total_bytes=100 * 2**30,
-                disk_free_bytes=50 * 2**30, cpu="Test CPU", cpu_cores=4, cpu_threads=8)
+    base = dict(
+        ram_total_bytes=16 * 2**30,
+        ram_available_bytes=8 * 2**30,
+        disk_total_bytes=100 * 2**30,
+        disk_free_bytes=50 * 2**30,
+        cpu="Test CPU",
+        cpu_cores=4,
+        cpu_threads=8,
+    )
     base.update(kw)
     return Hardware(**base)
 
@@ -67,8 +79,13 @@ def open_store(engram_home, clock):
     """open_store(ram=..., disk=..., keep_last=..., ttl=...) -> Store, closed at teardown."""
     opened: list[Store] = []
 
-    def _open(ram: int | str | None = 64 * MiB, disk: int | str | None = 256 * MiB, keep_last: int = 8,
-              ttl: float | None = None, **kw) -> Store:
+    def _open(
+        ram: int | str | None = 64 * MiB,
+        disk: int | str | None = 256 * MiB,
+        keep_last: int = 8,
+        ttl: float | None = None,
+        **kw,
+    ) -> Store:
         flags = {"tier_ram_bytes": ram, "tier_disk_bytes": disk, "keep_last": keep_last, "session_ttl_s": ttl}
         settings = load_settings(flags)
         store = Store.open(settings, clock=kw.pop("clock", clock), hardware=kw.pop("hardware", fake_hardware()), **kw)

@@ -22,8 +22,13 @@ def run_and_kill(home: Path, seed: int, start: int, kill_after: int, delay_s: fl
     """Run the child; SIGKILL it `delay_s` after it reported save number start+kill_after.
     Returns True if it was killed (False if it finished first)."""
     env = {**os.environ, "ENGRAM_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, str(CHILD), str(seed), str(start)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(seed), str(start)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in proc.stdout:
             if line.strip() == str(start + kill_after):
@@ -46,8 +51,13 @@ def test_sigkill_during_saves_then_reopen(open_store, engram_home):
     rng = random.Random(1234)
     killed = 0
     for round_ in range(3):
-        killed += run_and_kill(engram_home, seed=round_, start=round_ * 50,
-                               kill_after=rng.randrange(5, 50), delay_s=rng.choice([0, 0.001, 0.005, 0.02]))  # fmt: skip
+        killed += run_and_kill(
+            engram_home,
+            seed=round_,
+            start=round_ * 50,
+            kill_after=rng.randrange(5, 50),
+            delay_s=rng.choice([0, 0.001, 0.005, 0.02]),
+        )
         if round_ == 2:  # damage two durable files on top of the crash
             snaps = sorted((engram_home / "snapshots").glob("*.safetensors"))
             flipped, truncated = snaps[0], snaps[-1]

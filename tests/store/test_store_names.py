@@ -8,8 +8,12 @@ import pytest
 
 from engramctl.errors import InvalidName
 from engramctl.store.names import (
-    id_from_filename, id_time, new_snapshot_id, snapshot_filename, validate_session_name,
-)  # fmt: skip
+    id_from_filename,
+    id_time,
+    new_snapshot_id,
+    snapshot_filename,
+    validate_session_name,
+)
 
 BAD_NAMES = ["", ".", "..", "../x", "a/b", "a\\b", "x" * 65, "café", "a b", "nul\x00", "tab\t", "~", "*", None, 5]
 GOOD_NAMES = ["a", "A-b_c.d", "x" * 64, "...", "-", "1.2.3", "chat.2025-01-01"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-
 from engramctl.store import retention
 
 
@@ -80,9 +79,22 @@ def test_disk_victims_order_and_all_or_nothing(make_payload):
     from engramctl.store.records import SnapshotRecord
 
     def rec(i, access, **kw):
-        base = dict(id=f"{i:032x}", session="s", parent=None, n_tokens=1, nbytes=100, checksum=None,
-                    fingerprint=None, model_id=None, n_messages=0, created=i, last_access=access, pinned=False,
-                    label=None, durable=True)
+        base = dict(
+            id=f"{i:032x}",
+            session="s",
+            parent=None,
+            n_tokens=1,
+            nbytes=100,
+            checksum=None,
+            fingerprint=None,
+            model_id=None,
+            n_messages=0,
+            created=i,
+            last_access=access,
+            pinned=False,
+            label=None,
+            durable=True,
+        )
         return SnapshotRecord(**{**base, **kw})
 
     snaps = [rec(1, 50), rec(2, 10), rec(3, 5, label="x"), rec(4, 1, pinned=True), rec(5, 2)]
@@ -103,7 +115,7 @@ def test_gc_shrinks_to_new_disk_budget(open_store, make_payload):
     used, _ = s.usage()["disk"]
     assert used <= s.plan.budget("disk")
     remaining = ids_of(s)
-    assert remaining[-1] == ids[-1] and remaining == ids[-len(remaining):]  # oldest went first
+    assert remaining[-1] == ids[-1] and remaining == ids[-len(remaining) :]  # oldest went first
 
 
 def test_lowered_disk_budget_applies_at_open(open_store, make_payload):

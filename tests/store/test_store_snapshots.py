@@ -105,7 +105,11 @@ def test_pinned_delete_refused_and_labels(store, make_payload):
 
 def test_set_head_rewinds_transcript(store, make_payload):
     a = store.commit("chat", make_payload(10, 1), messages=[{"role": "user", "content": "q1"}])
-    store.commit("chat", make_payload(20, 2), messages=[{"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}])
+    store.commit(
+        "chat",
+        make_payload(20, 2),
+        messages=[{"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}],
+    )
     sess = store.set_head("chat", a.id)
     assert sess.head == a.id and store.transcript("chat") == [{"role": "user", "content": "q1"}]
     c = store.commit("chat", make_payload(15, 3), messages=[{"role": "assistant", "content": "other"}])

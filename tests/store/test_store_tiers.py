@@ -49,7 +49,9 @@ def test_budgets_hold_under_churn_with_tiny_budgets(open_store, make_payload, cl
         op = rng.random()
         if op < 0.6 or not committed:
             n = rng.randint(5, 40)
-            committed.append(s.commit(name, make_payload(n, step), messages=[{"role": "user", "content": str(step)}]).id)
+            committed.append(
+                s.commit(name, make_payload(n, step), messages=[{"role": "user", "content": str(step)}]).id
+            )
         elif op < 0.8:
             sid = rng.choice(committed)
             try:

@@ -24,7 +24,10 @@ def test_figures_match_psutil(engram_home):
 
 
 def test_detection_never_imports_torch():
-    code = "import sys; from engramctl.tiers.hardware import detect_hardware; detect_hardware('.'); print('torch' in sys.modules)"
+    code = (
+        "import sys; from engramctl.tiers.hardware import detect_hardware; "
+        "detect_hardware('.'); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

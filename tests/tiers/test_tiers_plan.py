@@ -8,8 +8,15 @@ from engramctl.tiers.plan import DISK_CAP, GiB, plan, plan_json
 
 
 def hw(**kw) -> Hardware:
-    base = dict(ram_total_bytes=32 * GiB, ram_available_bytes=20 * GiB, disk_total_bytes=500 * GiB,
-                disk_free_bytes=100 * GiB, cpu="Test CPU", cpu_cores=8, cpu_threads=16)
+    base = dict(
+        ram_total_bytes=32 * GiB,
+        ram_available_bytes=20 * GiB,
+        disk_total_bytes=500 * GiB,
+        disk_free_bytes=100 * GiB,
+        cpu="Test CPU",
+        cpu_cores=8,
+        cpu_threads=16,
+    )
     return Hardware(**{**base, **kw})
 
 
@@ -29,7 +36,9 @@ def test_default_rules_with_cuda_and_model_on_gpu():
     assert p.budget("vram") == int(0.5 * (22 * GiB - 4 * GiB - reserve))
     assert p.budget("ram") == 10 * GiB  # weights are on the GPU: nothing subtracted
     assert p.budget("disk") == 6 * GiB  # 50% of (10 free + 2 already ours)
-    tiny = plan(hw(vram_total_bytes=2 * GiB, vram_free_bytes=GiB, gpu="small"), None, model_bytes=GiB, model_on_cpu=False)
+    tiny = plan(
+        hw(vram_total_bytes=2 * GiB, vram_free_bytes=GiB, gpu="small"), None, model_bytes=GiB, model_on_cpu=False
+    )
     assert tiny.budget("vram") == 0  # never negative
 
 
@@ -52,7 +61,14 @@ def test_plan_json_shape():
     j = plan_json(p, {"ram": (123, 2), "disk": (456, 3)})
     json.dumps(j)
     assert set(j) == {"hardware", "tiers"}
-    assert set(j["hardware"]) == {"ram_total_bytes", "ram_available_bytes", "vram_total_bytes", "disk_free_bytes", "cpu", "gpu"}
+    assert set(j["hardware"]) == {
+        "ram_total_bytes",
+        "ram_available_bytes",
+        "vram_total_bytes",
+        "disk_free_bytes",
+        "cpu",
+        "gpu",
+    }
     assert j["hardware"]["vram_total_bytes"] is None and j["hardware"]["gpu"] is None
     ram = next(t for t in j["tiers"] if t["name"] == "ram")
     assert {"name", "budget_bytes", "used_bytes", "snapshots", "rule"} <= set(ram)
