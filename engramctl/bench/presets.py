@@ -93,24 +93,53 @@ def build_tokenizer(vocab_size: int = VOCAB, chat_template: str = CHATML_TEMPLAT
 def _granite_kwargs(name: str) -> dict[str, Any]:
     if name == "tiny":
         return dict(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, shared_intermediate_size=128,
-            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            shared_intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
             layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
-            mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4,
-            mamba_expand=2, mamba_chunk_size=64, num_local_experts=0, num_experts_per_tok=0,
-            position_embedding_type="nope", max_position_embeddings=32768,
-        )  # fmt: skip
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=16,
+            mamba_n_groups=1,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_chunk_size=64,
+            num_local_experts=0,
+            num_experts_per_tok=0,
+            position_embedding_type="nope",
+            max_position_embeddings=32768,
+        )
     if name == "granite-4.0-h-350m":
         return dict(
-            vocab_size=100352, hidden_size=768, intermediate_size=2048, shared_intermediate_size=2048,
-            num_hidden_layers=32, num_attention_heads=12, num_key_value_heads=4,
+            vocab_size=100352,
+            hidden_size=768,
+            intermediate_size=2048,
+            shared_intermediate_size=2048,
+            num_hidden_layers=32,
+            num_attention_heads=12,
+            num_key_value_heads=4,
             layer_types=["full_attention" if i in {7, 15, 23, 31} else "linear_attention" for i in range(32)],
-            mamba_n_heads=48, mamba_d_head=32, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4,
-            mamba_expand=2, mamba_chunk_size=256, num_local_experts=0, num_experts_per_tok=0,
-            position_embedding_type="nope", max_position_embeddings=32768, tie_word_embeddings=True,
-            embedding_multiplier=12.0, logits_scaling=3.0, residual_multiplier=0.246,
+            mamba_n_heads=48,
+            mamba_d_head=32,
+            mamba_d_state=128,
+            mamba_n_groups=1,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_chunk_size=256,
+            num_local_experts=0,
+            num_experts_per_tok=0,
+            position_embedding_type="nope",
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+            embedding_multiplier=12.0,
+            logits_scaling=3.0,
+            residual_multiplier=0.246,
             attention_multiplier=0.015625,
-        )  # fmt: skip
+        )
     raise KeyError(name)
 
 

@@ -86,20 +86,114 @@ def header(r: dict[str, Any]) -> str:
     tiers = ", ".join(
         f"{name} {'off' if not t['budget_bytes'] else human_bytes(t['budget_bytes'])}" for name, t in r["tiers"].items()
     )
-    return fields([
-        ("bench", f"{r['mode']}, {r['created']}, {r['duration_s']:.0f} s"),
-        ("command", r["command"]),
-        ("cpu", f"{m['cpu']}, {m['cpu_cores']} cores / {m['cpu_threads']} threads, torch threads {m['torch_threads']}"),
-        ("ram", f"{human_bytes(m['ram_total_bytes'])} total, {human_bytes(m['ram_available_bytes'])} available"),
-        ("gpu", gpu),
-        ("software", f"{m['os']}, python {m['python']}, torch {m['torch']}, transformers {m['transformers']}"),
-        ("load", f"before: {load(lb)}; after: {load(la)}"),
-        ("model", f"{mo['id']} ({mo['family']}, {mo['n_params'] / 1e6:.1f} M params, {layers} layers)"),
-        ("dtype", f"{mo['dtype']} on {mo['device']}"),
-        ("tiers", tiers),
-        ("method", f"{s['runs']} runs + 1 warm-up (not counted), seed {s['seed']}, {s['sampling']}; "
-                   "times: median [min-max]; cpu/wall = process CPU time / wall time"),
-    ])  # fmt: skip
+    return fields(
+        [
+            ("bench", f"{r['mode']}, {r['created']}, {r['duration_s']:.0f} s"),
+            ("command", r["command"]),
+            (
+                "cpu",
+                f"{m['cpu']}, {m['cpu_cores']} cores / {m['cpu_threads']} threads, torch threads {m['torch_threads']}",
+            ),
+            ("ram", f"{human_bytes(m['ram_total_bytes'])} total, {human_bytes(m['ram_available_bytes'])} available"),
+            ("gpu", gpu),
+            (
+                "software",
+                f"{m['os']}, python {m['python']}, torch {m['torch']}, transformers {m['transformers']}"
+                + (f", llama-cpp-python {m['llama_cpp_python']}" if m.get("llama_cpp_python") else ""),
+            ),
+            ("load", f"before: {load(lb)}; after: {load(la)}"),
+            ("during", during_text(m.get("load_during") or {})),
+            ("model", f"{mo['id']} ({mo['family']}, {mo['n_params'] / 1e6:.1f} M params, {layers} layers)"),
+            ("backend", backend_text(mo)),
+            ("weights", weights_text(mo)),
+            ("tiers", tiers),
+            (
+                "method",
+                f"{s['runs']} runs + 1 warm-up (not counted), seed {s['seed']}, {s['sampling']}; "
+                "times: median [min-max]; cpu/wall = process CPU time / wall time",
+            ),
+        ]
+    )
+
+
+def during_text(during: dict[str, dict]) -> str:
+    """Other processes' CPU while each phase ran: a BUSY phase's figures are slower and noisier."""
+    if not during:
+        return "-"
+    parts = [
+        f"{phase} {x['other_processes_cores']:.2f} cores{'' if x['idle'] else ' (BUSY)'}" for phase, x in during.items()
+    ]
+    return "other processes used " + ", ".join(parts)
+
+
+def backend_text(mo: dict[str, Any]) -> str:
+    backend = mo.get("backend") or "transformers"
+    if backend == "llama.cpp":
+        return f"llama.cpp on {mo['device']}, {mo.get('threads')} threads; GGUF {mo.get('gguf')}"
+    return f"{backend} on {mo['device']}"
+
+
+def weights_text(mo: dict[str, Any]) -> str:
+    kind = mo.get("weight_type") or mo["dtype"]
+    resident = mo.get("resident_weight_bytes")
+    shown = "unknown" if resident is None else human_bytes(resident)
+    return f"{kind}, {human_bytes(mo['weights_bytes'])}; resident {shown} ({mo.get('resident_weight_how', '')})"
+
+
+def fmt_ms_per_token(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.1f} ms"
+
+
+def speed_text(sp: dict[str, Any]) -> str:
+    rows = []
+    contenders = [
+        ("engramctl", sp["engramctl"]),
+        ("raw llama.cpp", sp.get("raw_llama_cpp")),
+        ("transformers", sp.get("transformers")),
+    ]
+    for name, x in contenders:
+        if not x:
+            continue
+        label = (
+            f"{name} ({x.get('weight_type', 'same GGUF')})" if name != "raw llama.cpp" else "raw llama.cpp (same GGUF)"
+        )
+        prefill = fmt_spread(x["prefill_ms"], x.get("prefill_spread_ms"))
+        if x.get("prefill_runs") == 1:
+            prefill += " (1 run)"
+        rows.append(
+            [
+                label,
+                prefill,
+                fmt_ratio(x["prefill_cpu_per_wall"]),
+                "-" if x["prefill_tokens_per_s"] is None else f"{x['prefill_tokens_per_s']:,.0f}",
+                fmt_ms_per_token(x["decode_ms_per_token"])
+                + (
+                    ""
+                    if not x.get("decode_spread_ms")
+                    else f" [{x['decode_spread_ms'][0]:.1f}-{x['decode_spread_ms'][1]:.1f}]"
+                ),
+                fmt_ratio(x["decode_cpu_per_wall"]),
+            ]
+        )
+    t = table(["", f"prefill {sp['prefill_tokens']}", "cpu/wall", "tok/s", "decode per token", "cpu/wall"], rows)
+    r = sp.get("ratios") or {}
+    notes = [
+        f"engramctl / raw llama.cpp: decode {fmt_ratio(r.get('decode_vs_raw_llama_cpp'))}, "
+        f"prefill {fmt_ratio(r.get('prefill_vs_raw_llama_cpp'))} (1.00 = no overhead)"
+        if sp.get("raw_llama_cpp")
+        else f"raw llama.cpp reference: skipped, {sp.get('raw_skipped')}",
+        f"decode speed-up over transformers: {fmt_x(r.get('decode_speedup_vs_transformers'))}"
+        if sp.get("transformers")
+        else f"transformers comparison: skipped, {sp.get('transformers_skipped')}",
+    ]
+    raw = sp.get("raw_llama_cpp") or {}
+    if raw.get("settings"):
+        st = raw["settings"]
+        notes.append(
+            f"raw llama.cpp context: n_ctx {st['n_ctx']}, n_batch {st['n_batch']}, n_ubatch {st['n_ubatch']}, "
+            f"threads {st['threads']}/{st['threads_batch']}, flash attention"
+        )
+    return t + "\n" + "\n".join(notes)
 
 
 def bandwidth_text(bw: dict[str, Any]) -> str:
@@ -107,12 +201,22 @@ def bandwidth_text(bw: dict[str, Any]) -> str:
     cold = d.get("cached_fraction_before_read")
     cold_txt = "page cache state unknown" if cold is None else f"{cold:.0%} cached before each read"
     rows = [
-        ["memcpy (torch copy_)", fmt_rate(bw["memcpy_bytes_per_s"]), human_bytes(bw["memcpy"]["bytes"]),
-         fmt_ratio(bw["memcpy"]["cpu_per_wall"]), ""],
-        ["disk read, cold", fmt_rate(bw["disk_read_bytes_per_s"]), human_bytes(d["bytes"]),
-         fmt_ratio(d["cpu_per_wall"]), f"evicted with fadvise; {cold_txt}"],
+        [
+            "memcpy (torch copy_)",
+            fmt_rate(bw["memcpy_bytes_per_s"]),
+            human_bytes(bw["memcpy"]["bytes"]),
+            fmt_ratio(bw["memcpy"]["cpu_per_wall"]),
+            "",
+        ],
+        [
+            "disk read, cold",
+            fmt_rate(bw["disk_read_bytes_per_s"]),
+            human_bytes(d["bytes"]),
+            fmt_ratio(d["cpu_per_wall"]),
+            f"evicted with fadvise; {cold_txt}",
+        ],
         ["disk read, page cache", fmt_rate(bw.get("disk_read_warm_bytes_per_s")), human_bytes(d["bytes"]), "", ""],
-    ]  # fmt: skip
+    ]
     return table(["floor", "bandwidth", "size", "cpu/wall", "note"], rows, [False, True, True, True, False])
 
 
@@ -120,27 +224,63 @@ def contexts_text(rows: list[dict[str, Any]]) -> str:
     out = []
     for c in rows:
         sp, cw = c["spread_ms"], c["cpu_per_wall"]
-        out.append([
-            fmt_int(c["tokens"]), human_bytes(c["snapshot_bytes"]),
-            fmt_spread(c["prefill_ms"], sp.get("prefill")), fmt_ratio(cw.get("prefill")),
-            fmt_spread(c["restore_ram_ms"], sp.get("restore_ram")),
-            fmt_spread(c["restore_disk_ms"], sp.get("restore_disk")), fmt_ratio(cw.get("restore_disk")),
-            fmt_x(c["speedup_restore_ram"]), fmt_x(c["speedup_restore_disk"]),
-            fmt_ratio(c["restore_disk_efficiency"]),
-        ])  # fmt: skip
-    t1 = table(["tokens", "snapshot", "re-prefill", "cpu/wall", "restore ram", "restore disk", "cpu/wall",
-                "x ram", "x disk", "disk eff"], out)  # fmt: skip
+        out.append(
+            [
+                fmt_int(c["tokens"]),
+                human_bytes(c["snapshot_bytes"]),
+                fmt_spread(c["prefill_ms"], sp.get("prefill")),
+                fmt_ratio(cw.get("prefill")),
+                fmt_spread(c["restore_ram_ms"], sp.get("restore_ram")),
+                fmt_spread(c["restore_disk_ms"], sp.get("restore_disk")),
+                fmt_ratio(cw.get("restore_disk")),
+                fmt_x(c["speedup_restore_ram"]),
+                fmt_x(c["speedup_restore_disk"]),
+                fmt_ratio(c["restore_disk_efficiency"]),
+            ]
+        )
+    t1 = table(
+        [
+            "tokens",
+            "snapshot",
+            "re-prefill",
+            "cpu/wall",
+            "restore ram",
+            "restore disk",
+            "cpu/wall",
+            "x ram",
+            "x disk",
+            "disk eff",
+        ],
+        out,
+    )
     out2 = []
     for c in rows:
         sp, cw = c["spread_ms"], c["cpu_per_wall"]
-        out2.append([
-            fmt_int(c["tokens"]), fmt_spread(c["ttft_prefill_ms"], sp.get("ttft_prefill")),
-            fmt_spread(c["ttft_restored_ms"], sp.get("ttft_restored")),
-            fmt_spread(c["ttft_restored_disk_ms"], sp.get("ttft_restored_disk")), fmt_ratio(cw.get("ttft_restored")),
-            fmt_x(c["speedup_ttft"]), fmt_ms(c["save_write_ms"]), f"{c['max_abs_logit_diff']:.1e}",
-        ])  # fmt: skip
-    t2 = table(["tokens", "ttft re-prefill", "ttft restored (ram)", "ttft restored (disk)", "cpu/wall",
-                "x ttft", "save (fsync)", "logit diff"], out2)  # fmt: skip
+        out2.append(
+            [
+                fmt_int(c["tokens"]),
+                fmt_spread(c["ttft_prefill_ms"], sp.get("ttft_prefill")),
+                fmt_spread(c["ttft_restored_ms"], sp.get("ttft_restored")),
+                fmt_spread(c["ttft_restored_disk_ms"], sp.get("ttft_restored_disk")),
+                fmt_ratio(cw.get("ttft_restored")),
+                fmt_x(c["speedup_ttft"]),
+                fmt_ms(c["save_write_ms"]),
+                f"{c['max_abs_logit_diff']:.1e}",
+            ]
+        )
+    t2 = table(
+        [
+            "tokens",
+            "ttft re-prefill",
+            "ttft restored (ram)",
+            "ttft restored (disk)",
+            "cpu/wall",
+            "x ttft",
+            "save (fsync)",
+            "logit diff",
+        ],
+        out2,
+    )
     return t1 + "\n\n" + t2
 
 
@@ -153,15 +293,22 @@ def multiturn_text(mt: dict[str, Any]) -> str:
         ["", "stateful", "stateless"],
         [
             ["prompt tokens computed", fmt_int(comp["stateful"]), fmt_int(comp["stateless"])],
-            ["time per turn (median)", fmt_spread(a["time_per_turn_ms"], a["time_per_turn_spread_ms"]),
-             fmt_spread(b["time_per_turn_ms"], b["time_per_turn_spread_ms"])],
-            ["ttft (median)", fmt_spread(a["ttft_ms"], a["ttft_spread_ms"]), fmt_spread(b["ttft_ms"], b["ttft_spread_ms"])],
+            [
+                "time per turn (median)",
+                fmt_spread(a["time_per_turn_ms"], a["time_per_turn_spread_ms"]),
+                fmt_spread(b["time_per_turn_ms"], b["time_per_turn_spread_ms"]),
+            ],
+            [
+                "ttft (median)",
+                fmt_spread(a["ttft_ms"], a["ttft_spread_ms"]),
+                fmt_spread(b["ttft_ms"], b["ttft_spread_ms"]),
+            ],
             ["ttft of the last turn", fmt_ms(a["last_turn_ttft_ms"]), fmt_ms(b["last_turn_ttft_ms"])],
             ["total time", fmt_ms(a["total_s"] * 1000), fmt_ms(b["total_s"] * 1000)],
             ["cpu/wall (median)", fmt_ratio(a["cpu_per_wall"]), fmt_ratio(b["cpu_per_wall"])],
         ],
         [False, True, True],
-    )  # fmt: skip
+    )
     red = mt["token_reduction"]
     lines = [
         summary,
@@ -172,12 +319,38 @@ def multiturn_text(mt: dict[str, Any]) -> str:
         f"template resets: {mt['resets']}",
         "",
     ]
-    per = [[str(p["turn"]), fmt_int(p["prompt_tokens"]), fmt_int(p["computed_stateful"]), fmt_int(p["computed_stateless"]),
-            fmt_ms(p["restore_ms"]), fmt_ms(p["ttft_stateful_ms"]), fmt_ms(p["ttft_stateless_ms"]),
-            fmt_ms(p["time_stateful_ms"]), fmt_ms(p["time_stateless_ms"]), "yes" if p["same_reply"] else "no"]
-           for p in mt["per_turn"]]  # fmt: skip
-    lines.append(table(["turn", "prompt", "computed sf", "computed sl", "restore", "ttft sf", "ttft sl",
-                        "time sf", "time sl", "same reply"], per))  # fmt: skip
+    per = [
+        [
+            str(p["turn"]),
+            fmt_int(p["prompt_tokens"]),
+            fmt_int(p["computed_stateful"]),
+            fmt_int(p["computed_stateless"]),
+            fmt_ms(p["restore_ms"]),
+            fmt_ms(p["ttft_stateful_ms"]),
+            fmt_ms(p["ttft_stateless_ms"]),
+            fmt_ms(p["time_stateful_ms"]),
+            fmt_ms(p["time_stateless_ms"]),
+            "yes" if p["same_reply"] else "no",
+        ]
+        for p in mt["per_turn"]
+    ]
+    lines.append(
+        table(
+            [
+                "turn",
+                "prompt",
+                "computed sf",
+                "computed sl",
+                "restore",
+                "ttft sf",
+                "ttft sl",
+                "time sf",
+                "time sl",
+                "same reply",
+            ],
+            per,
+        )
+    )
     return "\n".join(lines)
 
 
@@ -185,18 +358,33 @@ def save_text(s: dict[str, Any]) -> str:
     if not s.get("snapshots"):
         return "no snapshots saved (no multi-turn chat ran)"
     sp = s["spread_ms"]
-    request = (f"settle {fmt_spread(s['settle_ms'], sp['settle'])}, capture {fmt_spread(s['capture_ms'], sp['capture'])}, "
-               f"commit {fmt_spread(s['commit_ms'], sp['commit'])}; last token -> stream closed "
-               f"{fmt_spread(s['stream_close_ms'], sp['stream_close'])}")  # fmt: skip
-    overlap = (f"{s['writes_after_turn_end']}/{s['snapshots']} writes finished after their turn returned (background); "
-               f"durable before the next turn: {s['durable_before_next_turn']}/{max(0, s['turns'] - 1)} turns")  # fmt: skip
-    return fields([
-        ("snapshots", f"{s['snapshots']} (prompt + reply per turn), {human_bytes(int(s['snapshot_bytes'] or 0))} median"),
-        ("request thread", request),
-        ("writer thread", f"commit -> durable {fmt_spread(s['write_ms'], sp['write'])} (encode, checksum, write, fsync)"),
-        ("last token", "not delayed: every save started after it" if s["after_last_token"] else "DELAYED by a save"),
-        ("overlap", overlap),
-    ])  # fmt: skip
+    request = (
+        f"settle {fmt_spread(s['settle_ms'], sp['settle'])}, capture {fmt_spread(s['capture_ms'], sp['capture'])}, "
+        f"commit {fmt_spread(s['commit_ms'], sp['commit'])}; last token -> stream closed "
+        f"{fmt_spread(s['stream_close_ms'], sp['stream_close'])}"
+    )
+    overlap = (
+        f"{s['writes_after_turn_end']}/{s['snapshots']} writes finished after their turn returned (background); "
+        f"durable before the next turn: {s['durable_before_next_turn']}/{max(0, s['turns'] - 1)} turns"
+    )
+    return fields(
+        [
+            (
+                "snapshots",
+                f"{s['snapshots']} (prompt + reply per turn), {human_bytes(int(s['snapshot_bytes'] or 0))} median",
+            ),
+            ("request thread", request),
+            (
+                "writer thread",
+                f"commit -> durable {fmt_spread(s['write_ms'], sp['write'])} (encode, checksum, write, fsync)",
+            ),
+            (
+                "last token",
+                "not delayed: every save started after it" if s["after_last_token"] else "DELAYED by a save",
+            ),
+            ("overlap", overlap),
+        ]
+    )
 
 
 def targets_text(t: dict[str, Any]) -> str:
@@ -204,6 +392,10 @@ def targets_text(t: dict[str, Any]) -> str:
         "restore_speedup_at_1024": ("restore >= 100x faster than re-prefill at 1,024 tokens", fmt_x),
         "restore_disk_efficiency": ("disk restore efficiency >= 0.75 (best context)", fmt_ratio),
         "token_reduction": (">= 95% fewer prompt tokens computed over the chat", lambda v: f"{v:.1%}"),
+        "decode_vs_raw_llama_cpp": ("decode ms/token <= 1.10x raw llama.cpp's", fmt_ratio),
+        "prefill_vs_raw_llama_cpp": ("prefill <= 1.05x raw llama.cpp's", fmt_ratio),
+        "decode_speedup_vs_transformers": ("decode >= 4x faster than transformers", fmt_x),
+        "restore_ram_vs_memcpy_at_2048": ("restore from RAM at 2,048 tokens <= 1.3x bytes / memcpy", fmt_ratio),
     }
     rows = [[names[k][0], names[k][1](v["measured"]), "met" if v["met"] else "NOT met"] for k, v in t.items()]
     if not rows:
@@ -214,11 +406,25 @@ def targets_text(t: dict[str, Any]) -> str:
 def render(r: dict[str, Any]) -> str:
     parts = [header(r), "", "BANDWIDTH FLOOR (same run)", bandwidth_text(r["bandwidth"])]
     if r["contexts"]:
-        parts += ["", "CONTEXT SWEEP: re-prefill vs restore (new message: "
-                      f"{r['contexts'][0]['message_tokens']} tokens)", contexts_text(r["contexts"])]  # fmt: skip
+        parts += [
+            "",
+            f"CONTEXT SWEEP: re-prefill vs restore (new message: {r['contexts'][0]['message_tokens']} tokens)",
+            contexts_text(r["contexts"]),
+        ]
     mt = r["multiturn"]
-    parts += ["", f"MULTI-TURN CHAT: {mt['turns']} turns, {mt.get('reply_tokens', '-')}-token replies, stateful vs stateless",
-              multiturn_text(mt)]  # fmt: skip
+    parts += [
+        "",
+        f"MULTI-TURN CHAT: {mt['turns']} turns, {mt.get('reply_tokens', '-')}-token replies, stateful vs stateless",
+        multiturn_text(mt),
+    ]
+    sp = r.get("speed")
+    if sp:
+        parts += [
+            "",
+            f"SPEED: prefill {sp['prefill_tokens']} tokens, then decode {sp['decode_tokens']} (greedy), "
+            "references in the same run",
+            speed_text(sp),
+        ]
     parts += ["", "SNAPSHOT SAVES (stateful chat)", save_text(r["save"])]
     parts += ["", "TARGETS", targets_text(r["targets"])]
     return "\n".join(parts)
@@ -244,10 +450,13 @@ def plot(r: dict[str, Any], path: str) -> None:
     rows = r["contexts"]
     if rows:
         xs = [c["tokens"] for c in rows]
-        for key, label, style in (("prefill_ms", "re-prefill", "o-"), ("restore_ram_ms", "restore (RAM)", "s-"),
-                                  ("restore_disk_ms", "restore (disk, cold)", "^-"),
-                                  ("ttft_prefill_ms", "TTFT re-prefill", "o:"),
-                                  ("ttft_restored_ms", "TTFT restored (RAM)", "s:")):  # fmt: skip
+        for key, label, style in (
+            ("prefill_ms", "re-prefill", "o-"),
+            ("restore_ram_ms", "restore (RAM)", "s-"),
+            ("restore_disk_ms", "restore (disk, cold)", "^-"),
+            ("ttft_prefill_ms", "TTFT re-prefill", "o:"),
+            ("ttft_restored_ms", "TTFT restored (RAM)", "s:"),
+        ):
             ax1.plot(xs, [c[key] for c in rows], style, label=label)
         ax1.set_xscale("log", base=2)
         ax1.set_yscale("log")
@@ -267,12 +476,18 @@ def plot(r: dict[str, Any], path: str) -> None:
         ax2.set_xlabel("turn")
         ax2.set_ylabel("prompt tokens computed")
         red = mt["token_reduction"]
-        ax2.set_title(f"tokens computed per turn (reduction {red:.1%})" if red is not None else "tokens computed per turn")
+        ax2.set_title(
+            f"tokens computed per turn (reduction {red:.1%})" if red is not None else "tokens computed per turn"
+        )
         ax2.grid(True, alpha=0.3)
         ax2.legend(fontsize=8)
     else:
         ax2.set_axis_off()
-    fig.suptitle(f"engramctl bench: {r['model']['id']} ({r['model']['dtype']}, {r['machine']['cpu']})", fontsize=10)
+    mo = r["model"]
+    fig.suptitle(
+        f"engramctl bench: {mo['id']} ({mo.get('backend', 'transformers')}, {mo['dtype']}, {r['machine']['cpu']})",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engramctl.bench.timing import machine_load, wait_idle
+from engramctl.bench.memory import resident_weight_bytes
+from engramctl.bench.timing import LoadMeter, machine_load, wait_idle
 from engramctl.errors import UsageError
 
 SCHEMA = "engramctl-bench/1"
@@ -37,6 +38,10 @@ class BenchConfig:
     quick: bool = False
     model: str | None = None  # --model reference (directory, .gguf, hub id); None = preset
     preset: str | None = None
+    backend: str = "auto"  # auto | transformers | llama.cpp; a preset on llama.cpp runs as a converted GGUF
+    gguf_type: str = "f16"  # a preset's GGUF weight type on llama.cpp: f16 | q8_0 | f32
+    prefill_tokens: int = 512  # speed workload: prefill N, then decode M tokens; 0 skips it
+    decode_tokens: int = 64
     device: str = "auto"
     dtype: str = "auto"
     threads: int | None = None
@@ -47,14 +52,16 @@ class BenchConfig:
     command: str = "engramctl bench"
 
     def validate(self) -> None:
-        if not self.contexts and self.turns == 0:
-            raise UsageError("nothing to run: give --contexts and/or --turns.")
+        if not self.contexts and self.turns == 0 and self.prefill_tokens == 0:
+            raise UsageError("nothing to run: give --contexts, --turns and/or --prefill-tokens.")
         if any(c < 1 for c in self.contexts):
             raise UsageError("every context length must be at least 1 token.")
         if self.runs < 1:
             raise UsageError("--runs must be at least 1.")
         if self.turns < 0 or self.reply_tokens < 1:
             raise UsageError("--turns must be >= 0 and --reply-tokens >= 1.")
+        if self.prefill_tokens < 0 or self.decode_tokens < 1:
+            raise UsageError("--prefill-tokens must be >= 0 and --decode-tokens >= 1.")
 
 
 class Progress:
@@ -110,12 +117,22 @@ def _machine(engine_device: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
+        "llama_cpp_python": _llama_version(),
         "device": engine_device,
     }
 
 
-def _model(engine, cfg: BenchConfig, source: str, load_s: float) -> dict[str, Any]:
-    info, spec = engine.info, engine.spec
+def _llama_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama_cpp_python")
+    except PackageNotFoundError:
+        return None
+
+
+def _model(engine, cfg: BenchConfig, loaded: Loaded, load_s: float, resident: dict) -> dict[str, Any]:
+    info, spec, source = engine.info, engine.spec, loaded.source
     kinds = [layer.kind for layer in spec.layers]
     return {
         "id": info.model_id,
@@ -124,7 +141,13 @@ def _model(engine, cfg: BenchConfig, source: str, load_s: float) -> dict[str, An
         "family": info.family,
         "architecture": info.architecture,
         "n_params": info.n_params,
+        "backend": info.backend,
+        "weight_type": info.weight_type or info.dtype,
         "weights_bytes": info.weights_bytes,
+        "resident_weight_bytes": resident["bytes"],
+        "resident_weight_how": resident["how"],
+        "gguf": None if loaded.gguf is None else str(loaded.gguf),
+        "threads": loaded.threads,
         "dtype": info.dtype,
         "device": info.device,
         "context_length": info.context_length,
@@ -136,17 +159,51 @@ def _model(engine, cfg: BenchConfig, source: str, load_s: float) -> dict[str, An
     }
 
 
-def load_model(cfg: BenchConfig, settings, note: Callable[[str], None]):
-    """(engine, source). A preset is built in memory; --model goes through the daemon's loader."""
-    if cfg.model is None:
+@dataclass(frozen=True)
+class Loaded:
+    engine: Any
+    source: str  # "preset" | "model"
+    gguf: Path | None  # the file llama.cpp serves (None on transformers)
+    threads: int | None  # llama.cpp's threads (None on transformers: torch_threads says)
+
+
+def load_model(cfg: BenchConfig, settings, note: Callable[[str], None]) -> Loaded:
+    """A preset is built in memory (transformers) or converted once to a cached GGUF (llama.cpp);
+    --model goes through the daemon's loader."""
+    if cfg.model is None and cfg.backend != "llama.cpp":
         from engramctl.bench.presets import preset_engine
 
         dtype = "float32" if cfg.dtype == "auto" else cfg.dtype
         device = "cpu" if cfg.device == "auto" else cfg.device
-        return preset_engine(cfg.preset or "tiny", seed=cfg.seed, dtype=dtype, device=device), "preset"
-    from engramctl.engine.loading import load_engine
+        return Loaded(
+            preset_engine(cfg.preset or "tiny", seed=cfg.seed, dtype=dtype, device=device), "preset", None, None
+        )
+    from engramctl.engine.gguf_source import resolve_gguf
+    from engramctl.engine.llama_lib import n_cpu_threads
+    from engramctl.engine.loading import choose_backend, load_engine
 
-    return load_engine(cfg.model, settings.paths.cache_dir, cfg.device, cfg.dtype, progress=note), "model"
+    gguf = None
+    if cfg.model is None:
+        from engramctl.bench.gguf_presets import preset_gguf
+
+        gguf = preset_gguf(cfg.preset or "tiny", cfg.seed, cfg.gguf_type, settings.paths.cache_dir, note)
+    ref, source = (str(gguf), "preset") if gguf is not None else (cfg.model, "model")
+    backend = "llama.cpp" if gguf is not None else cfg.backend
+    if cfg.threads and choose_backend(ref, backend) == "llama.cpp":
+        # load_engine takes no thread count; the backend's own constructor does (same loader otherwise)
+        from engramctl.engine.engine import Engine
+        from engramctl.engine.llama_backend import LlamaCppBackend
+
+        gguf, model_id = (gguf, gguf.name) if gguf is not None else resolve_gguf(ref, note)
+        lb = LlamaCppBackend(gguf, model_id, threads=cfg.threads, device=cfg.device)
+        engine = Engine(lb, lb.tokenizer)
+    else:
+        engine = load_engine(ref, settings.paths.cache_dir, cfg.device, cfg.dtype, backend=backend, progress=note)
+    if engine.info.backend != "llama.cpp":
+        return Loaded(engine, source, None, None)
+    if gguf is None:
+        gguf = resolve_gguf(ref, note)[0]  # local or already in the hub cache: load_engine just resolved it
+    return Loaded(engine, source, gguf, cfg.threads or n_cpu_threads())
 
 
 def _warm_up(engine) -> None:
@@ -174,23 +231,31 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
         torch.set_num_threads(cfg.threads)
     load_before = machine_load()
     if cfg.wait_idle_s > 0 and not load_before["idle"]:
-        progress.note(f"waiting up to {cfg.wait_idle_s:.0f} s for the machine to be idle "
-                      f"(other processes use {load_before['other_processes_cores']} cores)")  # fmt: skip
+        progress.note(
+            f"waiting up to {cfg.wait_idle_s:.0f} s for the machine to be idle "
+            f"(other processes use {load_before['other_processes_cores']} cores)"
+        )
         load_before = wait_idle(cfg.wait_idle_s)
     if not load_before["idle"]:
-        progress.note(f"Warning: other processes use {load_before['other_processes_cores']} cores; "
-                      "timings will be slower and noisier than on an idle machine")  # fmt: skip
+        progress.note(
+            f"Warning: other processes use {load_before['other_processes_cores']} cores; "
+            "timings will be slower and noisier than on an idle machine"
+        )
     started = time.time()
     progress.phase("load", "loading model", 1)
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    engine, source = load_model(cfg, settings, progress.note)
+    loaded = load_model(cfg, settings, progress.note)
+    engine = loaded.engine
     load_s = time.perf_counter() - t0
     progress.advance("load")
     limit = engine.info.context_length
     if cfg.contexts and limit is not None and max(cfg.contexts) + cfg.message_tokens + 1 > limit:
-        raise UsageError(f"context {max(cfg.contexts)} + a {cfg.message_tokens}-token message does not fit the "
-                         f"model's context of {limit} tokens.", hint="pass smaller --contexts")  # fmt: skip
+        raise UsageError(
+            f"context {max(cfg.contexts)} + a {cfg.message_tokens}-token message does not fit the "
+            f"model's context of {limit} tokens.",
+            hint="pass smaller --contexts",
+        )
     multiturn_skip = None
     if cfg.turns and not engine.tokenizer.has_chat_template:
         multiturn_skip = "the model has no chat template"
@@ -200,25 +265,45 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
     bench_dir = Path(tempfile.mkdtemp(prefix="bench-", dir=data_root))
     bench_settings = dataclasses.replace(settings, paths=dataclasses.replace(settings.paths, data_dir=bench_dir))
     box = StoreBox(bench_settings)
+    during: dict[str, dict] = {}  # phase -> cores other processes used while it ran
     try:
         _warm_up(engine)
+        resident = resident_weight_bytes(engine, loaded.gguf)  # after the warm-up touched every weight
         plan = box.store.plan_json()
         progress.phase("bandwidth", "bandwidth floor", 2)
-        bw = bandwidth.measure(bench_dir, cfg.memcpy_bytes, cfg.disk_bytes, cfg.runs,
-                               step=lambda: progress.advance("bandwidth"))  # fmt: skip
+        bw = bandwidth.measure(
+            bench_dir, cfg.memcpy_bytes, cfg.disk_bytes, cfg.runs, step=lambda: progress.advance("bandwidth")
+        )
+        sp = None
+        if cfg.prefill_tokens:
+            with LoadMeter() as m:
+                sp = _speed(cfg, loaded, progress)
+            during["speed"] = m.result
         rows: list[dict[str, Any]] = []
         if cfg.contexts:
             progress.phase("contexts", "context sweep", 1 + cfg.runs * len(cfg.contexts))
-            rows = contexts.run(engine, box, list(cfg.contexts), cfg.runs, cfg.seed, cfg.message_tokens,
-                                step=lambda d: progress.advance("contexts", d))  # fmt: skip
+            with LoadMeter() as m:
+                rows = contexts.run(
+                    engine,
+                    box,
+                    list(cfg.contexts),
+                    cfg.runs,
+                    cfg.seed,
+                    cfg.message_tokens,
+                    step=lambda d: progress.advance("contexts", d),
+                )
+            during["contexts"] = m.result
             for row in rows:
                 _efficiency(row, bw)
         mt: dict[str, Any] | None = None
         save_summary: dict[str, Any] = {"snapshots": 0}
         if cfg.turns and multiturn_skip is None:
             progress.phase("multiturn", "multi-turn chat", cfg.turns)
-            raw = multiturn.run(engine, box, cfg.turns, cfg.reply_tokens,
-                                step=lambda d: progress.advance("multiturn", d))  # fmt: skip
+            with LoadMeter() as m:
+                raw = multiturn.run(
+                    engine, box, cfg.turns, cfg.reply_tokens, step=lambda d: progress.advance("multiturn", d)
+                )
+            during["multiturn"] = m.result
             mt = multiturn.summarize(raw, cfg.turns, cfg.reply_tokens)
             save_summary = save.summarize(raw["rows"])
     finally:
@@ -232,23 +317,111 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
         "command": cfg.command,
         "mode": "in-process",
         "duration_s": round(time.time() - started, 1),
-        "machine": {**_machine(engine.info.device), "load_before": load_before, "load_after": load_after},
-        "model": _model(engine, cfg, source, load_s),
+        "machine": {
+            **_machine(engine.info.device),
+            "load_before": load_before,
+            "load_after": load_after,
+            "load_during": during,
+        },
+        "model": _model(engine, cfg, loaded, load_s, resident),
         "settings": {
-            "contexts": list(cfg.contexts), "turns": cfg.turns, "runs": cfg.runs, "warmup_runs": 1,
-            "reply_tokens": cfg.reply_tokens, "message_tokens": cfg.message_tokens, "seed": cfg.seed,
-            "quick": cfg.quick, "sampling": "greedy", "data_dir": str(bench_dir),
+            "contexts": list(cfg.contexts),
+            "turns": cfg.turns,
+            "runs": cfg.runs,
+            "warmup_runs": 1,
+            "reply_tokens": cfg.reply_tokens,
+            "message_tokens": cfg.message_tokens,
+            "seed": cfg.seed,
+            "quick": cfg.quick,
+            "sampling": "greedy",
+            "data_dir": str(bench_dir),
             "data_kept": cfg.keep_data,
-        },  # fmt: skip
+            "backend": cfg.backend,
+            "gguf_type": cfg.gguf_type if loaded.gguf else None,
+            "prefill_tokens": cfg.prefill_tokens,
+            "decode_tokens": cfg.decode_tokens,
+        },
         "tiers": {t["name"]: {"budget_bytes": t["budget_bytes"], "rule": t["rule"]} for t in plan["tiers"]},
         "bandwidth": bw,
         "contexts": rows,
-        "multiturn": mt if mt is not None else {"turns": 0, "prompt_tokens_sent": 0,
-                                                "prompt_tokens_computed": {"stateful": 0, "stateless": 0},
-                                                "token_reduction": None, "skipped": multiturn_skip or "--turns 0"},
+        "multiturn": mt
+        if mt is not None
+        else {
+            "turns": 0,
+            "prompt_tokens_sent": 0,
+            "prompt_tokens_computed": {"stateful": 0, "stateless": 0},
+            "token_reduction": None,
+            "skipped": multiturn_skip or "--turns 0",
+        },
         "save": save_summary,
-        "targets": targets(rows, mt),
+        "speed": sp,
+        "targets": targets(rows, mt, sp, bw),
     }
+
+
+def _speed(cfg: BenchConfig, loaded: Loaded, progress: Progress) -> dict[str, Any]:
+    """The speed workload with its references: raw llama.cpp on the same GGUF, and for a preset served by
+    llama.cpp the same preset on transformers. Each reference is loaded for this phase only and freed after."""
+    import gc
+
+    from engramctl.bench.workloads import speed
+
+    engine = loaded.engine
+    raw, raw_skipped = None, None
+    compare = cfg.model is None and engine.info.backend == "llama.cpp"
+    total = cfg.runs + 1 + (cfg.runs + 1 if compare else 0)
+    progress.phase("speed", "prefill/decode speed", total)
+    if engine.info.backend == "llama.cpp":
+        from engramctl.bench.llama_ref import RawLlama
+        from engramctl.errors import EngramError
+
+        backend = engine.backend
+        try:
+            raw = RawLlama(loaded.gguf, n_ctx=backend.n_ctx, n_batch=backend.chunk_tokens, threads=loaded.threads)
+        except EngramError as e:  # the figures without their reference are still worth having
+            raw_skipped = f"the raw llama.cpp reference could not start: {e.message}"
+            progress.note(f"Warning: {raw_skipped}")
+    else:
+        raw_skipped = "the raw llama.cpp reference runs on the llama.cpp backend only"
+    try:
+        out = speed.run(
+            engine,
+            prefill_tokens=cfg.prefill_tokens,
+            decode_tokens=cfg.decode_tokens,
+            runs=cfg.runs,
+            seed=cfg.seed,
+            raw=raw,
+            step=lambda d: progress.advance("speed", d),
+        )
+    finally:
+        if raw is not None:
+            raw.close()
+    out["raw_skipped"] = raw_skipped
+    out["transformers_skipped"] = None
+    if compare:
+        from engramctl.bench.presets import preset_engine
+
+        tf = preset_engine(cfg.preset or "tiny", seed=cfg.seed, dtype="float32", device="cpu")
+        try:
+            out["transformers"] = speed.transformers_decode(
+                tf,
+                prefill_tokens=cfg.prefill_tokens,
+                decode_tokens=cfg.decode_tokens,
+                runs=cfg.runs,
+                seed=cfg.seed,
+                step=lambda d: progress.advance("speed", d),
+            )
+        finally:
+            del tf
+            gc.collect()
+    elif engine.info.backend == "llama.cpp":
+        out["transformers_skipped"] = (
+            "runs for presets only; for a GGUF of your own, run the bench again with --backend transformers"
+        )
+    else:
+        out["transformers_skipped"] = "the engine is the transformers backend"
+    out["ratios"] = speed.ratios(out)
+    return out
 
 
 def _efficiency(row: dict[str, Any], bw: dict[str, Any]) -> None:
@@ -261,19 +434,57 @@ def _efficiency(row: dict[str, Any], bw: dict[str, Any]) -> None:
         row["restore_ram_efficiency"] = round(ideal / (row["restore_ram_ms"] / 1000), 4)
 
 
-def targets(rows: list[dict[str, Any]], mt: dict[str, Any] | None) -> dict[str, Any]:
-    """The issue's targets, reported (never asserted)."""
+TARGETS = {  # the issues' targets: (bound, "max" = measured must be <= bound | "min" = >= bound)
+    "restore_speedup_at_1024": (100, "min"),
+    "restore_disk_efficiency": (0.75, "min"),
+    "token_reduction": (0.95, "min"),
+    "decode_vs_raw_llama_cpp": (1.10, "max"),
+    "prefill_vs_raw_llama_cpp": (1.05, "max"),
+    "decode_speedup_vs_transformers": (4.0, "min"),
+    "restore_ram_vs_memcpy_at_2048": (1.3, "max"),
+}
+
+
+def _target(name: str, measured: float, **extra: Any) -> dict[str, Any]:
+    bound, kind = TARGETS[name]
+    return {
+        "target": bound,
+        "measured": measured,
+        **extra,
+        "met": measured <= bound if kind == "max" else measured >= bound,
+    }
+
+
+def targets(
+    rows: list[dict[str, Any]],
+    mt: dict[str, Any] | None,
+    sp: dict[str, Any] | None = None,
+    bw: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The issues' targets, reported (never asserted)."""
     out: dict[str, Any] = {}
     at = next((r for r in rows if r["tokens"] == 1024), None)
     if at is not None and at["speedup_restore_ram"] is not None:
-        out["restore_speedup_at_1024"] = {"target": 100, "measured": at["speedup_restore_ram"],
-                                          "met": at["speedup_restore_ram"] >= 100}  # fmt: skip
+        out["restore_speedup_at_1024"] = _target("restore_speedup_at_1024", at["speedup_restore_ram"])
     effs = [r["restore_disk_efficiency"] for r in rows if r["restore_disk_efficiency"] is not None]
     if effs:
         best = max(effs)
-        out["restore_disk_efficiency"] = {"target": 0.75, "measured": best, "at_tokens": rows[effs.index(best)]["tokens"],
-                                          "met": best >= 0.75}  # fmt: skip
+        out["restore_disk_efficiency"] = _target(
+            "restore_disk_efficiency", best, at_tokens=rows[effs.index(best)]["tokens"]
+        )
     if mt is not None and mt.get("token_reduction") is not None:
-        out["token_reduction"] = {"target": 0.95, "measured": mt["token_reduction"], "turns": mt["turns"],
-                                  "met": mt["token_reduction"] >= 0.95}  # fmt: skip
+        out["token_reduction"] = _target("token_reduction", mt["token_reduction"], turns=mt["turns"])
+    for name, value in ((sp or {}).get("ratios") or {}).items():
+        if value is not None:
+            out[name] = _target(name, value)
+    at = next((r for r in rows if r["tokens"] == 2048), None)
+    if at is not None and at["restore_ram_ms"] and bw and bw.get("memcpy_bytes_per_s"):
+        # restore time over what moving the state's bytes once at memcpy speed would take
+        floor_ms = at["state_bytes"] / bw["memcpy_bytes_per_s"] * 1000
+        out["restore_ram_vs_memcpy_at_2048"] = _target(
+            "restore_ram_vs_memcpy_at_2048",
+            round(at["restore_ram_ms"] / floor_ms, 3),
+            floor_ms=round(floor_ms, 3),
+            state_bytes=at["state_bytes"],
+        )
     return out

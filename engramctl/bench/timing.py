@@ -71,8 +71,12 @@ class Series:
         return None if wall <= 0 else round(sum(s.cpu_s for s in self.samples) / wall, 2)
 
     def summary(self) -> dict[str, Any]:
-        return {"median_ms": self.median_ms(), "spread_ms": self.spread_ms(), "cpu_per_wall": self.cpu_per_wall(),
-                "n": len(self.samples)}  # fmt: skip
+        return {
+            "median_ms": self.median_ms(),
+            "spread_ms": self.spread_ms(),
+            "cpu_per_wall": self.cpu_per_wall(),
+            "n": len(self.samples),
+        }
 
 
 def median(values: Iterable[float]) -> float | None:
@@ -119,6 +123,33 @@ def machine_load(sample_s: float = 1.0) -> dict[str, Any]:
         "busiest": [{"pid": pid, "name": name, "cores": round(c, 2)} for c, pid, name in busy[:3] if c >= 0.05],
         "idle": others < IDLE_OTHER_CORES,
     }
+
+
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (steal, i.e. other VMs, not counted)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+
+
+class LoadMeter:
+    """with LoadMeter() as m: ...; then m.result: how many cores other processes used *while* the block
+    ran (the machine's busy CPU time minus this process's, over the wall time). The before/after checks
+    miss a neighbour who starts and stops in between; this does not."""
+
+    def __enter__(self) -> "LoadMeter":
+        self._t0, self._own0, self._busy0 = time.perf_counter(), time.process_time(), _busy_cpu_s()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        wall = max(time.perf_counter() - self._t0, 1e-9)
+        others = max(0.0, (_busy_cpu_s() - self._busy0) - (time.process_time() - self._own0)) / wall
+        self.result = {
+            "other_processes_cores": round(others, 2),
+            "wall_s": round(wall, 1),
+            "idle": others < IDLE_OTHER_CORES,
+        }
 
 
 def wait_idle(timeout_s: float, on_wait: Callable[[dict], None] | None = None) -> dict[str, Any]:

@@ -63,8 +63,21 @@ def test_quick_completes_with_one_json_object_and_cleans_up(quick):
 
 
 def test_top_level_schema(report):
-    for key in ("schema", "created", "command", "mode", "machine", "model", "settings", "tiers", "bandwidth",
-                "contexts", "multiturn", "save", "targets"):  # fmt: skip
+    for key in (
+        "schema",
+        "created",
+        "command",
+        "mode",
+        "machine",
+        "model",
+        "settings",
+        "tiers",
+        "bandwidth",
+        "contexts",
+        "multiturn",
+        "save",
+        "targets",
+    ):
         assert key in report, key
     assert report["schema"] == "engramctl-bench/1"
     assert report["mode"] == "in-process"
@@ -94,8 +107,16 @@ def test_bandwidth_schema(report):
 def test_contexts_schema(report):
     rows = report["contexts"]
     assert [r["tokens"] for r in rows] == [256, 1024]
-    required = ("tokens", "prefill_ms", "restore_ram_ms", "restore_disk_ms", "ttft_restored_ms", "ttft_prefill_ms",
-                "snapshot_bytes", "restore_disk_efficiency")  # fmt: skip
+    required = (
+        "tokens",
+        "prefill_ms",
+        "restore_ram_ms",
+        "restore_disk_ms",
+        "ttft_restored_ms",
+        "ttft_prefill_ms",
+        "snapshot_bytes",
+        "restore_disk_efficiency",
+    )
     for r in rows:
         for key in required:
             assert isinstance(r[key], NUM), (key, r[key])
@@ -142,11 +163,26 @@ def test_targets_are_reported_not_asserted(report):
     assert all(isinstance(v["met"], bool) for v in t.values())
 
 
+def test_speed_on_transformers_measures_engramctl_and_says_why_no_reference(report):
+    sp = report["speed"]
+    assert (sp["prefill_tokens"], sp["decode_tokens"]) == (128, 16)
+    assert sp["engramctl"]["backend"] == "transformers" and isinstance(sp["engramctl"]["decode_ms_per_token"], NUM)
+    assert sp["raw_llama_cpp"] is None and "llama.cpp backend only" in sp["raw_skipped"]
+    assert sp["transformers"] is None and sp["transformers_skipped"]
+    assert set(sp["ratios"].values()) == {None}
+    mo = report["model"]
+    assert (mo["backend"], mo["weight_type"], mo["resident_weight_bytes"]) == (
+        "transformers",
+        "float32",
+        mo["weights_bytes"],
+    )
+
+
 def test_text_report_renders_every_section(report):
     from engramctl.bench.report import render
 
     text = render(report)
-    for title in ("BANDWIDTH FLOOR", "CONTEXT SWEEP", "MULTI-TURN CHAT", "SNAPSHOT SAVES", "TARGETS"):
+    for title in ("BANDWIDTH FLOOR", "CONTEXT SWEEP", "SPEED", "MULTI-TURN CHAT", "SNAPSHOT SAVES", "TARGETS"):
         assert title in text
     assert "preset:tiny@seed0" in text
 
@@ -203,7 +239,8 @@ def test_multiturn_stateful_side_records_what_the_daemon_records(engram_home):
         assert [store.info(reply).parent for _, reply in ids] == [prompt for prompt, _ in ids]
         assert [store.info(prompt).parent for prompt, _ in ids[1:]] == [reply for _, reply in ids[:-1]]
         assert [store.info(reply).n_tokens for _, reply in ids] == [
-            r["stateful"]["prompt_tokens"] + r["stateful"]["reply_tokens"] for r in rows]  # fmt: skip
+            r["stateful"]["prompt_tokens"] + r["stateful"]["reply_tokens"] for r in rows
+        ]
         later = [r["stateful"] for r in rows[1:]]
         assert all(s["restored_from"] == "ram" and s["computed_tokens"] < s["prompt_tokens"] for s in later)
     finally:

@@ -62,8 +62,9 @@ def disk_read_bandwidth(directory: Path, nbytes: int, runs: int) -> dict[str, An
     }
 
 
-def measure(directory: Path, memcpy_bytes: int, disk_bytes: int, runs: int,
-            step: Callable[[], None] = lambda: None) -> dict[str, Any]:  # fmt: skip
+def measure(
+    directory: Path, memcpy_bytes: int, disk_bytes: int, runs: int, step: Callable[[], None] = lambda: None
+) -> dict[str, Any]:
     mem = memcpy_bandwidth(memcpy_bytes, runs)
     step()
     disk = disk_read_bandwidth(directory, disk_bytes, runs)
@@ -73,7 +74,11 @@ def measure(directory: Path, memcpy_bytes: int, disk_bytes: int, runs: int,
         "disk_read_bytes_per_s": round(disk["bytes_per_s"]),
         "disk_read_warm_bytes_per_s": round(disk["warm_bytes_per_s"]),
         "memcpy": {"bytes": mem["bytes"], **mem["time"]},
-        "disk_read": {"bytes": disk["bytes"], "evicted": disk["evicted"],
-                      "cached_fraction_before_read": disk["cached_fraction_before_read"], **disk["time"]},  # fmt: skip
+        "disk_read": {
+            "bytes": disk["bytes"],
+            "evicted": disk["evicted"],
+            "cached_fraction_before_read": disk["cached_fraction_before_read"],
+            **disk["time"],
+        },
         "directory": str(directory),
     }

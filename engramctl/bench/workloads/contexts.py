@@ -106,12 +106,23 @@ def _restore(engine, store, sid: str):
         state = from_payload(tensors, meta, engine.spec)
     with Clock() as c3:
         live = engine.inject(state)
-    return live, {"load": c1.sample, "check": c2.sample, "inject": c3.sample,
-                  "total": c1.sample + c2.sample + c3.sample}  # fmt: skip
+    return live, {
+        "load": c1.sample,
+        "check": c2.sample,
+        "inject": c3.sample,
+        "total": c1.sample + c2.sample + c3.sample,
+    }
 
 
-def run(engine, box, contexts: list[int], runs: int, seed: int, message_tokens: int = 32,
-        step: Callable[[str], None] = lambda _d: None) -> list[dict[str, Any]]:  # fmt: skip
+def run(
+    engine,
+    box,
+    contexts: list[int],
+    runs: int,
+    seed: int,
+    message_tokens: int = 32,
+    step: Callable[[str], None] = lambda _d: None,
+) -> list[dict[str, Any]]:
     """One row per L. `step(description)` is called after every run (warm-up included)."""
     tok = engine.tokenizer
     msg = filler_ids(tok, message_tokens, seed + 1)
@@ -141,10 +152,15 @@ def _row(L: int, series: dict[str, Series], values: list[dict[str, Any]], messag
     prefill, ram, disk = med("prefill"), med("restore_ram_total"), med("restore_disk_total")
     cached = [v["cached_fraction"] for v in values if v["cached_fraction"] is not None]
     timings = {
-        "prefill": "prefill", "ttft_prefill": "ttft_prefill", "restore_ram": "restore_ram_total",
-        "restore_disk": "restore_disk_total", "ttft_restored": "ttft_restored",
-        "ttft_restored_disk": "ttft_restored_disk", "save_commit": "commit", "save_write": "write",
-    }  # fmt: skip
+        "prefill": "prefill",
+        "ttft_prefill": "ttft_prefill",
+        "restore_ram": "restore_ram_total",
+        "restore_disk": "restore_disk_total",
+        "ttft_restored": "ttft_restored",
+        "ttft_restored_disk": "ttft_restored_disk",
+        "save_commit": "commit",
+        "save_write": "write",
+    }
     return {
         "tokens": L,
         "message_tokens": message_tokens,
@@ -166,8 +182,10 @@ def _row(L: int, series: dict[str, Series], values: list[dict[str, Any]], messag
         "restore_ram_breakdown_ms": {k: med(f"restore_ram_{k}") for k in ("load", "check", "inject")},
         "restore_disk_breakdown_ms": {k: med(f"restore_disk_{k}") for k in ("load", "check", "inject")},
         "restored_from": {"ram": values[0]["ram_tier"], "disk": values[0]["disk_tier"]},
-        "disk_cold": {"evicted": all(v["evicted"] for v in values),
-                      "cached_fraction_before_read": max(cached) if cached else None},  # fmt: skip
+        "disk_cold": {
+            "evicted": all(v["evicted"] for v in values),
+            "cached_fraction_before_read": max(cached) if cached else None,
+        },
         "max_abs_logit_diff": max(v["max_abs_logit_diff"] for v in values),
         "spread_ms": {name: series[key].spread_ms() for name, key in timings.items() if key in series},
         "cpu_per_wall": {name: series[key].cpu_per_wall() for name, key in timings.items() if key in series},

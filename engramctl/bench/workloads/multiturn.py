@@ -67,8 +67,9 @@ class DurabilityWatch:
         self._t.join()
 
 
-def stateful_turn(service, watch: DurabilityWatch, transcript: list[dict], turn: int,
-                  params: SamplingParams) -> dict[str, Any]:  # fmt: skip
+def stateful_turn(
+    service, watch: DurabilityWatch, transcript: list[dict], turn: int, params: SamplingParams
+) -> dict[str, Any]:
     """One turn of SESSION through the daemon's service; `transcript` gets the user message and the reply."""
     cpu0, t0 = time.process_time(), time.perf_counter()
     user = {"role": "user", "content": user_message(turn)}
@@ -93,11 +94,16 @@ def stateful_turn(service, watch: DurabilityWatch, transcript: list[dict], turn:
         "finish_reason": done.finish.reason,
         "_reply_ids": tuple(done.finish.token_ids),
         "_save": {
-            "t_turn_start": t0, "t_last_token": done.last_token_at, "t_save_start": done.last_token_at,
-            "t_turn_end": t_end, "t_commit": rec.started_at, "settle_ms": done.settle_ms,
-            "capture_ms": done.capture_ms, "commit_ms": (rec.ended_at - rec.started_at) * 1000,
+            "t_turn_start": t0,
+            "t_last_token": done.last_token_at,
+            "t_save_start": done.last_token_at,
+            "t_turn_end": t_end,
+            "t_commit": rec.started_at,
+            "settle_ms": done.settle_ms,
+            "capture_ms": done.capture_ms,
+            "commit_ms": (rec.ended_at - rec.started_at) * 1000,
             "ids": [sid for sid in (rec.prompt_id, rec.reply_id) if sid is not None],
-        },  # fmt: skip
+        },
     }
 
 
@@ -160,28 +166,38 @@ def summarize(result: dict[str, Any], turns: int, reply_tokens: int) -> dict[str
         times = [r["time_ms"] for r in rs]
         ttft = [r["ttft_ms"] for r in rs]
         return {
-            "time_per_turn_ms": median(times), "time_per_turn_spread_ms": spread(times),
-            "ttft_ms": median(ttft), "ttft_spread_ms": spread(ttft),
-            "last_turn_time_ms": times[-1] if times else None, "last_turn_ttft_ms": ttft[-1] if ttft else None,
+            "time_per_turn_ms": median(times),
+            "time_per_turn_spread_ms": spread(times),
+            "ttft_ms": median(ttft),
+            "ttft_spread_ms": spread(ttft),
+            "last_turn_time_ms": times[-1] if times else None,
+            "last_turn_ttft_ms": ttft[-1] if ttft else None,
             "total_s": round(sum(times) / 1000, 3),
             "cpu_per_wall": median(r["cpu_per_wall"] for r in rs),
-        }  # fmt: skip
+        }
 
     per_turn = []
     for r in rows:
         a, b = r["stateful"], r["stateless"]
-        per_turn.append({
-            "turn": r["turn"],
-            "prompt_tokens": a["prompt_tokens"],
-            "computed_stateful": a["computed_tokens"],
-            "computed_stateless": b["computed_tokens"],
-            "time_stateful_ms": a["time_ms"], "time_stateless_ms": b["time_ms"],
-            "ttft_stateful_ms": a["ttft_ms"], "ttft_stateless_ms": b["ttft_ms"],
-            "restore_ms": a["restore_ms"], "restored_from": a["restored_from"],
-            "prefill_stateful_ms": a["prefill_ms"], "prefill_stateless_ms": b["prefill_ms"],
-            "reply_tokens": a["reply_tokens"], "reset": a["reset"],
-            "same_reply": a["_reply_ids"] == b["_reply_ids"],
-        })  # fmt: skip
+        per_turn.append(
+            {
+                "turn": r["turn"],
+                "prompt_tokens": a["prompt_tokens"],
+                "computed_stateful": a["computed_tokens"],
+                "computed_stateless": b["computed_tokens"],
+                "time_stateful_ms": a["time_ms"],
+                "time_stateless_ms": b["time_ms"],
+                "ttft_stateful_ms": a["ttft_ms"],
+                "ttft_stateless_ms": b["ttft_ms"],
+                "restore_ms": a["restore_ms"],
+                "restored_from": a["restored_from"],
+                "prefill_stateful_ms": a["prefill_ms"],
+                "prefill_stateless_ms": b["prefill_ms"],
+                "reply_tokens": a["reply_tokens"],
+                "reset": a["reset"],
+                "same_reply": a["_reply_ids"] == b["_reply_ids"],
+            }
+        )
     return {
         "turns": turns,
         "reply_tokens": reply_tokens,

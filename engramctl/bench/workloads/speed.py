@@ -1,0 +1,177 @@
+"""Prefill and decode speed of the engine, as ratios to references measured in the same run:
+
+- engramctl: a fresh state prefills N tokens of seeded filler through Engine.prefill (chunked as the
+  daemon does), then Engine.generate samples M + 1 tokens greedily: M decode steps, each one sample,
+  one incremental detokenization and one backend decode, what every streamed token costs.
+  decode_ms_per_token = Finish.decode_s / decode steps (the clock starts after the first token).
+- raw llama.cpp (llama.cpp backend only): the same GGUF through llama-cpp-python's C API with the same
+  n_ctx, n_batch, threads and flash attention (bench/llama_ref.py): prefill N, then M greedy decodes.
+- transformers (a preset on llama.cpp only): the same preset in float32 on the transformers backend,
+  prefilled once to N tokens; each run restores that state and decodes M tokens as above.
+
+engramctl and raw llama.cpp alternate run by run, in alternating order (ABBA), after one warm-up run of
+each that is not counted, so a neighbour's load on a shared machine hits both alike. Every figure is a
+median with its [min-max] and process CPU/wall.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from engramctl.bench.material import filler_ids
+from engramctl.bench.timing import Clock, Series
+from engramctl.engine.sampling import SamplingParams
+
+
+def _generate(engine, live, decode_tokens: int) -> tuple[float, int, float]:
+    """(wall seconds of the decode steps, decode steps, cpu/wall of the whole generation)."""
+    gen = engine.generate(live, SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1))
+    with Clock() as c:
+        for _ in gen:
+            pass
+    fin = gen.finish
+    steps = max(0, len(fin.token_ids) - 1)  # every token but the last (pending) one was fed back
+    return fin.decode_s, steps, c.sample.cpu_s / max(c.sample.wall_s, 1e-9)
+
+
+class _Side:
+    """One contender's samples: prefill (wall + cpu) and decode (per-token wall, cpu/wall)."""
+
+    def __init__(self) -> None:
+        self.prefill = Series()
+        self.decode_ms: list[float] = []
+        self.decode_cpu: list[float] = []
+        self.steps: list[int] = []
+
+    def add_decode(self, wall_s: float, steps: int, cpu_per_wall: float) -> None:
+        if steps:
+            self.decode_ms.append(wall_s * 1000 / steps)
+            self.decode_cpu.append(cpu_per_wall)
+            self.steps.append(steps)
+
+    def summary(self, prefill_tokens: int) -> dict[str, Any]:
+        from engramctl.bench.timing import median, spread
+
+        pre = self.prefill.median_ms()
+        dec = median(self.decode_ms)
+        return {
+            "prefill_ms": pre,
+            "prefill_spread_ms": self.prefill.spread_ms(),
+            "prefill_cpu_per_wall": self.prefill.cpu_per_wall(),
+            "prefill_tokens_per_s": None if not pre else round(prefill_tokens / (pre / 1000), 1),
+            "decode_ms_per_token": None if dec is None else round(dec, 3),
+            "decode_spread_ms": None if dec is None else [round(x, 3) for x in spread(self.decode_ms)],
+            "decode_cpu_per_wall": None if dec is None else round(median(self.decode_cpu), 2),
+            "decode_steps": min(self.steps) if self.steps else 0,
+            "runs": len(self.prefill.samples),
+        }
+
+
+def _engramctl_run(engine, ids: list[int], decode_tokens: int, side: _Side | None) -> None:
+    live = engine.new_live()
+    try:
+        with Clock() as c:
+            engine.prefill(live, ids)
+        wall, steps, cpw = _generate(engine, live, decode_tokens)
+    finally:
+        engine.release(live)
+    if side is not None:
+        side.prefill.add(c.sample)
+        side.add_decode(wall, steps, cpw)
+
+
+def _raw_run(raw, ids: list[int], decode_tokens: int, side: _Side | None) -> None:
+    chunks = raw.chunks(ids)
+    with Clock() as c:
+        first = raw.prefill(chunks)
+    with Clock() as d:
+        raw.decode_greedy(first, decode_tokens)
+    if side is not None:
+        side.prefill.add(c.sample)
+        side.add_decode(d.sample.wall_s, decode_tokens, d.sample.cpu_s / max(d.sample.wall_s, 1e-9))
+
+
+def run(
+    engine,
+    *,
+    prefill_tokens: int,
+    decode_tokens: int,
+    runs: int,
+    seed: int,
+    raw=None,
+    step: Callable[[str], None] = lambda _d: None,
+) -> dict[str, Any]:
+    """engramctl against raw llama.cpp (when `raw` is given). `step(description)` after every run."""
+    ids = filler_ids(engine.tokenizer, prefill_tokens, seed + 2)
+    mine, theirs = _Side(), _Side()
+    for r in range(runs + 1):  # run 0 warms both up and is not counted
+        count = r > 0
+        order = ("engramctl", "raw") if r % 2 == 0 else ("raw", "engramctl")
+        for who in order:
+            if who == "engramctl":
+                _engramctl_run(engine, ids, decode_tokens, mine if count else None)
+            elif raw is not None:
+                _raw_run(raw, ids, decode_tokens, theirs if count else None)
+        step("warm-up" if r == 0 else f"run {r}/{runs}")
+    out: dict[str, Any] = {
+        "prefill_tokens": prefill_tokens,
+        "decode_tokens": decode_tokens,
+        "engramctl": {
+            "backend": engine.info.backend,
+            "weight_type": engine.info.weight_type or engine.info.dtype,
+            **mine.summary(prefill_tokens),
+        },
+        "raw_llama_cpp": None,
+        "transformers": None,
+    }
+    if raw is not None:
+        out["raw_llama_cpp"] = {**theirs.summary(prefill_tokens), "settings": raw.settings()}
+    return out
+
+
+def transformers_decode(
+    engine,
+    *,
+    prefill_tokens: int,
+    decode_tokens: int,
+    runs: int,
+    seed: int,
+    step: Callable[[str], None] = lambda _d: None,
+) -> dict[str, Any]:
+    """The comparison engine (transformers): one prefill of N tokens, then `runs` decodes of M tokens,
+    each from that state restored (a prefill per run would cost minutes and measures nothing new)."""
+    ids = filler_ids(engine.tokenizer, prefill_tokens, seed + 2)
+    side = _Side()
+    live = engine.new_live()
+    with Clock() as c:
+        engine.prefill(live, ids)
+    side.prefill.add(c.sample)
+    state = engine.capture(live)
+    engine.release(live)
+    for r in range(runs + 1):  # run 0: warm-up of the single-token path, not counted
+        live = engine.inject(state)
+        wall, steps, cpw = _generate(engine, live, decode_tokens if r else 2)
+        engine.release(live)
+        if r:
+            side.add_decode(wall, steps, cpw)
+        step("transformers warm-up" if r == 0 else f"transformers run {r}/{runs}")
+    return {
+        "backend": engine.info.backend,
+        "weight_type": engine.info.weight_type or engine.info.dtype,
+        **side.summary(prefill_tokens),
+        "prefill_runs": 1,
+    }
+
+
+def ratios(speed: dict[str, Any]) -> dict[str, float | None]:
+    """engramctl / raw llama.cpp (1.0 = no overhead) and transformers / engramctl decode (the speed-up)."""
+
+    def div(a, b):
+        return None if not a or not b else round(a / b, 3)
+
+    me, raw, tf = speed["engramctl"], speed.get("raw_llama_cpp") or {}, speed.get("transformers") or {}
+    return {
+        "decode_vs_raw_llama_cpp": div(me["decode_ms_per_token"], raw.get("decode_ms_per_token")),
+        "prefill_vs_raw_llama_cpp": div(me["prefill_ms"], raw.get("prefill_ms")),
+        "decode_speedup_vs_transformers": div(tf.get("decode_ms_per_token"), me["decode_ms_per_token"]),
+    }

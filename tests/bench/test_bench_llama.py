@@ -1,0 +1,133 @@
+"""`engramctl bench --backend llama.cpp`: the tiny preset converted to GGUF runs end to end, the report
+names the backend, the weight type and the resident weight bytes, and carries the raw llama-cpp-python
+reference's figures, the ratios to it and the targets. Timings are never asserted (the machine is
+shared); what was measured and how it is reported is.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.bench.test_bench import NUM, invoke
+
+SMALL = [
+    "--contexts",
+    "64",
+    "--turns",
+    "2",
+    "--runs",
+    "1",
+    "--reply-tokens",
+    "4",
+    "--prefill-tokens",
+    "32",
+    "--decode-tokens",
+    "4",
+]
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory):
+    from tests.gguf_factory import needs_llama_cpp
+
+    reason = needs_llama_cpp()
+    if reason:
+        pytest.skip(reason)
+    home = tmp_path_factory.mktemp("bench-llama-home")
+    result = invoke(["--quick", "--backend", "llama.cpp", "--json", *SMALL], home)
+    assert result.exit_code == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return json.loads(result.stdout), result.stderr, home
+
+
+def test_the_preset_is_converted_once_and_said_on_stderr(llama_run):
+    from engramctl.bench.gguf_presets import preset_gguf
+
+    report, stderr, home = llama_run
+    assert "converting preset tiny" in stderr and "GGUF F16" in stderr
+    said: list[str] = []
+    path = preset_gguf("tiny", 0, "f16", home / "cache", said.append)  # the bench's cache: no second conversion
+    assert said == [] and str(path) == report["model"]["gguf"]
+
+
+def test_header_names_backend_weight_type_and_resident_bytes(llama_run):
+    from engramctl.bench.report import render
+
+    report, _, _ = llama_run
+    mo = report["model"]
+    assert mo["backend"] == "llama.cpp" and mo["weight_type"] == "F16" and mo["family"] == "granitehybrid"
+    assert mo["source"] == "preset" and mo["preset"] == "tiny" and mo["threads"] >= 1
+    assert isinstance(mo["weights_bytes"], int) and mo["weights_bytes"] > 0
+    # memory-mapped: after the warm-up the file's pages are resident (smaps rounds to whole pages)
+    assert mo["resident_weight_bytes"] >= mo["weights_bytes"] * 0.9
+    assert report["machine"]["llama_cpp_python"]
+    assert report["command"].startswith("engramctl bench --preset tiny --quick --backend llama.cpp --gguf-type f16")
+    text = render(report)
+    assert "BACKEND   llama.cpp" in text and "WEIGHTS   F16" in text and "raw llama.cpp (same GGUF)" in text
+
+
+def test_speed_has_the_raw_reference_and_the_ratios(llama_run):
+    report, _, _ = llama_run
+    sp = report["speed"]
+    assert (sp["prefill_tokens"], sp["decode_tokens"]) == (32, 4)
+    for who in ("engramctl", "raw_llama_cpp", "transformers"):
+        for key in ("prefill_ms", "decode_ms_per_token", "prefill_cpu_per_wall", "decode_cpu_per_wall"):
+            assert isinstance(sp[who][key], NUM), (who, key)
+    assert sp["engramctl"]["backend"] == "llama.cpp" and sp["transformers"]["backend"] == "transformers"
+    raw = sp["raw_llama_cpp"]["settings"]
+    assert raw["n_batch"] == raw["n_ubatch"] and raw["threads"] == report["model"]["threads"]
+    r = sp["ratios"]
+    assert r["decode_vs_raw_llama_cpp"] == pytest.approx(
+        sp["engramctl"]["decode_ms_per_token"] / sp["raw_llama_cpp"]["decode_ms_per_token"], rel=1e-2
+    )
+    assert r["prefill_vs_raw_llama_cpp"] == pytest.approx(
+        sp["engramctl"]["prefill_ms"] / sp["raw_llama_cpp"]["prefill_ms"], rel=1e-2
+    )
+    assert isinstance(r["decode_speedup_vs_transformers"], NUM)
+    t = report["targets"]
+    for name, bound in (
+        ("decode_vs_raw_llama_cpp", 1.10),
+        ("prefill_vs_raw_llama_cpp", 1.05),
+        ("decode_speedup_vs_transformers", 4.0),
+    ):
+        assert t[name]["target"] == bound and t[name]["measured"] == r[name] and isinstance(t[name]["met"], bool)
+
+
+def test_the_sweep_and_the_stateful_chat_ran_on_llama_cpp(llama_run):
+    report, _, _ = llama_run
+    (row,) = report["contexts"]
+    assert row["tokens"] == 64 and row["max_abs_logit_diff"] == 0.0  # restores are bitwise exact on llama.cpp
+    mt = report["multiturn"]
+    assert mt["turns"] == 2 and mt["per_turn"][1]["restored_from"] == "ram"  # the daemon's service restored it
+    assert mt["prompt_tokens_computed"]["stateful"] < mt["prompt_tokens_computed"]["stateless"]
+    assert report["save"]["snapshots"] == 4
+
+
+def test_restore_target_is_bytes_over_memcpy_at_2048():
+    from engramctl.bench.runner import targets
+
+    row = {
+        "tokens": 2048,
+        "restore_ram_ms": 3.0,
+        "state_bytes": 20_000_000,
+        "restore_disk_efficiency": None,
+        "speedup_restore_ram": None,
+    }
+    t = targets([row], None, None, {"memcpy_bytes_per_s": 10_000_000_000})["restore_ram_vs_memcpy_at_2048"]
+    assert t["floor_ms"] == 2.0 and t["measured"] == 1.5 and t["met"] is False
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--model", "x.gguf", "--gguf-type", "q8_0"], "keeps its own weight type"),
+        (["--backend", "transformers", "--gguf-type", "f16"], "cannot be combined"),
+        (["--gguf-type", "q4"], "unknown gguf weight type"),
+        (["--backend", "vulkan"], "backend"),
+    ],
+)
+def test_usage_errors(tmp_path, args, words):
+    result = invoke(args, tmp_path)
+    assert result.exit_code == 2, result.stderr
+    assert words in result.stderr.lower()
