@@ -120,9 +120,11 @@ def during_text(during: dict[str, dict]) -> str:
     """Other processes' CPU while each phase ran: a BUSY phase's figures are slower and noisier."""
     if not during:
         return "-"
-    parts = [
-        f"{phase} {x['other_processes_cores']:.2f} cores{'' if x['idle'] else ' (BUSY)'}" for phase, x in during.items()
-    ]
+    parts = []
+    for phase, x in during.items():
+        steal = x.get("steal_cores") or 0.0
+        note = ("" if x["idle"] else " (BUSY)") + (f" + {steal:.2f} stolen by the host" if steal >= 0.05 else "")
+        parts.append(f"{phase} {x['other_processes_cores']:.2f} cores{note}")
     return "other processes used " + ", ".join(parts)
 
 

@@ -125,28 +125,32 @@ def machine_load(sample_s: float = 1.0) -> dict[str, Any]:
     }
 
 
-def _busy_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy since boot (steal, i.e. other VMs, not counted)."""
+def _busy_cpu_s() -> tuple[float, float]:
+    """(CPU seconds this machine spent busy since boot, seconds the hypervisor gave its vCPUs to other VMs)."""
     import psutil
 
     t = psutil.cpu_times()
-    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0), getattr(t, "steal", 0.0)
 
 
 class LoadMeter:
     """with LoadMeter() as m: ...; then m.result: how many cores other processes used *while* the block
     ran (the machine's busy CPU time minus this process's, over the wall time). The before/after checks
-    miss a neighbour who starts and stops in between; this does not."""
+    miss a neighbour who starts and stops in between; this does not. steal_cores: CPU the hypervisor
+    gave to other VMs instead (a noisy host slows every figure alike, without any process here to see)."""
 
     def __enter__(self) -> "LoadMeter":
-        self._t0, self._own0, self._busy0 = time.perf_counter(), time.process_time(), _busy_cpu_s()
+        self._t0, self._own0 = time.perf_counter(), time.process_time()
+        self._busy0, self._steal0 = _busy_cpu_s()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         wall = max(time.perf_counter() - self._t0, 1e-9)
-        others = max(0.0, (_busy_cpu_s() - self._busy0) - (time.process_time() - self._own0)) / wall
+        busy, steal = _busy_cpu_s()
+        others = max(0.0, (busy - self._busy0) - (time.process_time() - self._own0)) / wall
         self.result = {
             "other_processes_cores": round(others, 2),
+            "steal_cores": round((steal - self._steal0) / wall, 2),
             "wall_s": round(wall, 1),
             "idle": others < IDLE_OTHER_CORES,
         }

@@ -247,6 +247,7 @@ def bench(
 def _with_command(cfg):
     """The exact command that reproduces this run, for the report."""
     import dataclasses
+    import shlex
 
     parts = ["engramctl", "bench"]
     parts += ["--model", cfg.model] if cfg.model else ["--preset", cfg.preset]
@@ -278,7 +279,7 @@ def _with_command(cfg):
         parts += ["--device", cfg.device]
     if cfg.dtype != "auto":
         parts += ["--dtype", cfg.dtype]
-    return dataclasses.replace(cfg, command=" ".join(parts))
+    return dataclasses.replace(cfg, command=shlex.join(parts))  # quoted: --contexts '' or a path with spaces
 
 
 def _warn_daemon(settings, out) -> None:
