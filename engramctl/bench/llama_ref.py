@@ -74,7 +74,7 @@ class RawLlama:
     def prefill(self, chunks: list) -> int:
         """Clear the sequence and feed the prepared chunks; returns the greedy next token."""
         lib = self._lib
-        lib.llama_memory_clear(self._mem, True)
+        lib.llama_memory_clear(self._mem, False)  # as the backend does: metadata only
         for arr in chunks:
             self._decode(arr, len(arr))
         return self._argmax()

@@ -17,6 +17,7 @@ import typer
 from engramctl.cli import common
 from engramctl.cli.complete import complete_session
 from engramctl.cli.output import Output, count
+from engramctl.engine.sampling_params import CHAT_DEFAULTS
 from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
 from engramctl.errors import EngramError, UsageError
 
@@ -24,7 +25,8 @@ from engramctl.errors import EngramError, UsageError
 def _sampling(name: str) -> dict[str, Any]:
     """A sampling option's bounds and help, from its one definition (engine/sampling_params.py)."""
     schema = SAMPLING_OPTIONS[name]
-    return {"min": schema.get("minimum"), "max": schema.get("maximum"), "help": schema["description"]}
+    help = schema["description"] + (f" Default here: {CHAT_DEFAULTS[name]}." if name in CHAT_DEFAULTS else "")
+    return {"min": schema.get("minimum"), "max": schema.get("maximum"), "help": help}
 
 
 def register(app: typer.Typer) -> None:
@@ -280,6 +282,8 @@ def chat(
         False, "--new", help="Start the session's conversation over (its old snapshots are kept)."
     ),
     temperature: Optional[float] = typer.Option(None, "--temperature", "-t", **_sampling("temperature")),
+    top_p: Optional[float] = typer.Option(None, "--top-p", **_sampling("top_p")),
+    top_k: Optional[int] = typer.Option(None, "--top-k", **_sampling("top_k")),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", **_sampling("max_tokens")),
     seed: Optional[int] = typer.Option(None, "--seed", **_sampling("seed")),
     interactive: bool = typer.Option(
@@ -311,9 +315,8 @@ def chat(
         text = sys.stdin.read().rstrip("\n")
         if not text.strip():
             raise UsageError("nothing to send: stdin was empty.", hint='engramctl chat -s NAME "your message"')
-    sampling = {
-        k: v for k, v in {"temperature": temperature, "max_tokens": max_tokens, "seed": seed}.items() if v is not None
-    }
+    given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_tokens": max_tokens, "seed": seed}
+    sampling = {**CHAT_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
     link = remote.connect_chat(st, out, requested_model=model)
     try:
         conv = ChatSession(link, out, name, system=system, sampling=sampling, events=out.json)

@@ -14,14 +14,16 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.temperature == 0:
         return int(torch.argmax(logits))
     scores = logits.float().cpu() / params.temperature
-    if params.top_k:
-        kth = torch.topk(scores, min(params.top_k, scores.numel())).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+    ids = None  # (kept,) token ids of `scores`, most likely first; None: scores is the whole vocabulary
+    if params.top_k and params.top_k < scores.numel():
+        # the k best only, sorted: top-p below then sorts k scores, not the vocabulary (~2 ms a token at 49k)
+        scores, ids = torch.topk(scores, params.top_k)
     if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=True)
-        probs = torch.softmax(sorted_scores, dim=-1)
-        # drop a token when the tokens before it already cover top_p; the first one always stays
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
-        scores[order[drop]] = float("-inf")
-    probs = torch.softmax(scores, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        if ids is None:
+            scores, ids = torch.sort(scores, descending=True)
+        probs = torch.softmax(scores, dim=-1)
+        # keep a token while the tokens before it cover less than top_p; the first one always stays
+        keep = (torch.cumsum(probs, dim=-1) - probs) < params.top_p
+        scores, ids = scores[keep], ids[keep]
+    pick = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
+    return pick if ids is None else int(ids[pick])

@@ -14,6 +14,10 @@ from engramctl.errors import UsageError
 
 MAX_STOP = 16  # stop strings per request
 DEFAULT_MAX_TOKENS = 4096  # a reply's budget when max_tokens is not given: this, or what the context has left
+# What `engramctl chat` sends when its user sets nothing: Ollama's defaults, because at OpenAI's
+# temperature 1.0 with no cut-off small models ramble. The API keeps OpenAI's defaults (a client that
+# leaves a field out expects them); --temperature 0 is greedy.
+CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.9, "top_k": 40}
 
 
 def _option(default: Any, schema: dict, help: str) -> Any:
@@ -27,7 +31,7 @@ class SamplingParams:
     temperature: float = _option(
         1.0,
         {"type": "number", "minimum": 0, "maximum": 2},
-        "Sampling temperature; 0 = greedy (deterministic). Default 1.",
+        "Sampling temperature; 0 = greedy (deterministic).",
     )
     top_p: float = _option(
         1.0,

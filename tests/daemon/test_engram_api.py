@@ -7,15 +7,18 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.backends import both_backends
 from tests.daemon.conftest import start_daemon
 
 ROUTES = ("/save_snapshot", "/list_snapshots", "/get_snapshot_info", "/restore_snapshot", "/delete_snapshot")
 THEIR_ITEM = {"conversation_id", "turn_number", "branch_name", "timestamp", "token_count", "model_name"}
 
+pytestmark = both_backends  # the Engram routes sit above the engine: the same on either backend
+
 
 @pytest.fixture(scope="module")
-def daemon(model_dir, tmp_path_factory):
-    d = start_daemon(model_dir, tmp_path_factory.mktemp("engram-home"))
+def daemon(served, tmp_path_factory):
+    d = start_daemon(served, tmp_path_factory.mktemp("engram-home"))
     yield d
     d.stop()
 

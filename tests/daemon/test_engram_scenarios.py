@@ -13,13 +13,16 @@ import signal
 
 import pytest
 
+from tests.backends import both_backends
 from tests.daemon.conftest import start_daemon
 from tests.daemon.test_engram_api import chat, generate_from, post, user_turn_ids
 
+pytestmark = both_backends  # the Engram routes sit above the engine: the same on either backend
+
 
 @pytest.fixture(scope="module")
-def daemon(model_dir, tmp_path_factory):
-    d = start_daemon(model_dir, tmp_path_factory.mktemp("engram-scenarios"))
+def daemon(served, tmp_path_factory):
+    d = start_daemon(served, tmp_path_factory.mktemp("engram-scenarios"))
     yield d
     d.stop()
 
@@ -84,7 +87,7 @@ def test_restore_and_generate_with_only_the_new_tokens_answers_as_a_full_resend(
         )
 
 
-def test_snapshots_survive_sigkill_and_restore_by_conversation_id(model_dir, tmp_path, reference_backend):
+def test_snapshots_survive_sigkill_and_restore_by_conversation_id(served, tmp_path, reference_backend):
     tok = reference_backend.tokenizer
     home = tmp_path / "killed-home"
     ids = user_turn_ids(tok, "Still there?")
@@ -95,7 +98,7 @@ def test_snapshots_survive_sigkill_and_restore_by_conversation_id(model_dir, tmp
         "continuation_ids": ids,
         "max_new_tokens": 6,
     }
-    d = start_daemon(model_dir, home)
+    d = start_daemon(served, home)
     try:
         with d.http() as h:
             chat(h, "phase10", "Describe the solar system.", max_tokens=8)
@@ -108,7 +111,7 @@ def test_snapshots_survive_sigkill_and_restore_by_conversation_id(model_dir, tmp
         assert d.stop(signal.SIGKILL) == -signal.SIGKILL
     finally:
         d.stop()
-    d = start_daemon(model_dir, home)
+    d = start_daemon(served, home)
     try:
         with d.http() as h:
             listed = post(h, "/list_snapshots", {"conversation_id": conversation})["snapshots"]

@@ -32,3 +32,14 @@ def test_top_k_one_is_greedy_and_top_p_keeps_the_head():
 def test_invalid_params_raise_typed_error(kw):
     with pytest.raises(UsageError):
         SamplingParams(**kw)
+
+
+def test_top_k_and_top_p_sample_only_within_both():
+    logits = torch.randn(5000, generator=torch.Generator().manual_seed(1)) * 3
+    g = torch.Generator().manual_seed(0)
+    best = torch.argsort(logits, descending=True)
+    probs = torch.softmax(logits[best[:40]], dim=-1)
+    covered = int(((torch.cumsum(probs, dim=-1) - probs) < 0.9).sum())  # the nucleus inside the top 40
+    allowed = set(best[:covered].tolist())
+    seen = {sample(logits, SamplingParams(temperature=1.0, top_k=40, top_p=0.9), g) for _ in range(500)}
+    assert seen <= allowed and len(seen) > 1
