@@ -77,3 +77,21 @@ class Cancelled(EngramError):
 class DaemonUnreachable(EngramError):
     exit_code = 3
     kind = "daemon_unreachable"
+
+
+class NgramTableError(EngramError):
+    """An N-gram memory table cannot be used: missing, incomplete, or it does not fit the tiers."""
+
+    kind = "ngram_table_error"
+
+
+class NgramTableCorrupt(NgramTableError):
+    """The table file is truncated or its bytes do not match the checksum its sidecar recorded."""
+
+    kind = "ngram_table_corrupt"
+
+
+class NgramTableMismatch(NgramTableError):
+    """The table file is intact but was written for another layer, shape, dtype, seed or config."""
+
+    kind = "ngram_table_mismatch"

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from engramctl.errors import UsageError
+from engramctl.errors import EngramError, UsageError
 from engramctl.units import parse_bytes
 
 try:
@@ -59,9 +59,15 @@ class Paths:
         )
 
     def ensure(self) -> "Paths":
-        for p in dataclasses.astuple(self):
-            Path(p).mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.run_dir, 0o700)  # mkdir's mode does not apply to a directory that already existed
+        try:
+            for p in dataclasses.astuple(self):
+                Path(p).mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.run_dir, 0o700)  # mkdir's mode does not apply to a directory that already existed
+        except OSError as e:  # read-only, someone else's, not a directory: say which, not a traceback
+            raise EngramError(
+                f"cannot create or use {e.filename or 'the engramctl directories'}: {e.strerror or e}.",
+                hint="point ENGRAM_HOME at a writable directory you own",
+            ) from None
         return self
 
 
@@ -154,6 +160,19 @@ class Settings:
     tier_ram_bytes: int | None = setting(None, "RAM tier budget", kind="bytes", metavar="SIZE", shown_default="planned")
     tier_disk_bytes: int | None = setting(
         None, "disk tier budget", kind="bytes", metavar="SIZE", shown_default="planned"
+    )
+    ngram_layers: str | None = setting(
+        None,
+        "give a transformers model Engram (N-gram memory) layers before these 0-based blocks, e.g. 1 or 1,15; "
+        "random-initialised, seeded as the official demo; other fields are the demo's",
+        metavar="LIST",
+        shown_default="none",
+    )
+    ngram_table_rows: int = setting(
+        646400,
+        "rows per n-gram order and head in each Engram table (the demo's engram_vocab_size)",
+        metavar="N",
+        bounds=(2, 2**31 - 1),
     )
     keep_last: int = setting(8, "snapshots kept per session besides pinned and labelled ones", metavar="N")
     session_ttl_s: float | None = setting(

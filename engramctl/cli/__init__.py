@@ -64,7 +64,7 @@ app.command("sessions")(status.sessions)
 app.command("models")(models.models)
 app.command("tiers")(status.tiers)
 app.add_typer(snapshots.app, name="snapshots")
-app.command("bench")(bench.bench)
+app.add_typer(bench.app, name="bench")
 app.command("mcp")(mcp.mcp)
 daemon.register(app)  # serve, daemon ...
 

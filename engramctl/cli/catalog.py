@@ -71,7 +71,17 @@ class LocalCatalog:
         return self.store.snapshot_transcript(sid)
 
     def tiers(self) -> dict:
-        return self.store.plan_json()
+        """The store's plan, with the N-gram tables written under the data dir's ngram/ claimed on it
+        (no daemon: the tables a model would load; the planner decides RAM or disk the same way)."""
+        from engramctl.ngram.table import installed_tables
+        from engramctl.tiers.plan import claim_tables, plan_json
+
+        tables = installed_tables(self.store.settings.paths.data_dir / "ngram", recursive=True)
+        if not tables:
+            return self.store.plan_json()
+        root = self.store.settings.paths.data_dir
+        claims = [(str(path.relative_to(root)), meta.spec.size_bytes) for path, meta in tables]
+        return plan_json(claim_tables(self.store.plan, claims), self.store.usage())
 
     def snapshot_path(self, sid: str) -> Path:
         from engramctl.store.files import SnapshotFiles

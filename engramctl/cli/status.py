@@ -32,7 +32,9 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
         fields.append(("family", d["family"]))
     if d.get("backend"):
         fields.append(("backend", d["backend"]))
-    fields.append(("device", ", ".join(str(x) for x in (d.get("device"), d.get("dtype")) if x) or "-"))
+    # llama.cpp's dtype is its weight type, which the memory line shows: say it once
+    dtype = d.get("dtype") if d.get("dtype") != d.get("weight_type") else None
+    fields.append(("device", ", ".join(str(x) for x in (d.get("device"), dtype) if x) or "-"))
     mem = []
     if d.get("weights_bytes") is not None:
         mem.append(" ".join(x for x in (f"weights {size(d['weights_bytes'])}", d.get("weight_type")) if x))
@@ -141,19 +143,24 @@ def tiers(json_: bool = JsonOpt) -> None:
     out.line(render_fields(hw_fields))
     out.line()
     rows = plan.get("tiers") or []
-    out.line(
-        render_table(
-            rows,
-            [
-                Column("TIER", "name"),
-                Column("BUDGET", lambda t: size(t["budget_bytes"]) if t.get("budget_bytes") else "off", ">"),
-                Column("USED", "used_bytes", ">", size),
-                Column("SNAPSHOTS", "snapshots", ">", count),
-                Column("RULE", "rule"),
-            ],
+    tables = plan.get("tables") or []
+    columns = [
+        Column("TIER", "name"),
+        Column("BUDGET", lambda t: size(t["budget_bytes"]) if t.get("budget_bytes") else "off", ">"),
+        Column("USED", "used_bytes", ">", size),
+        Column("SNAPSHOTS", "snapshots", ">", count),
+        Column("RULE", "rule"),
+    ]
+    if tables:  # BUDGET is then what the tables leave to snapshots
+        columns.insert(
+            4, Column("N-GRAM TABLES", lambda t: size(t["table_bytes"]) if t.get("table_bytes") else "-", ">")
         )
-    )
+    out.line(render_table(rows, columns))
     out.line()
+    if tables:
+        cols = [Column("N-GRAM TABLE", "name"), Column("SIZE", "size_bytes", ">", size), Column("TIER", "tier")]
+        out.line(render_table(tables, cols))
+        out.line()
     r = plan["retention"]
     ttl = r.get("session_ttl_s")
     out.line(

@@ -18,6 +18,7 @@ def load_model(settings: Settings):
     """Load settings.model (or the default model) on settings.device/dtype; logs progress. What the
     user should know about the choice (the SmolLM2 fallback) is logged as a warning and kept in
     engine.notices, which /v1/status reports and the CLI prints once after starting the daemon."""
+    from engramctl.engine.engram import ngram_config
     from engramctl.engine.loading import load_engine
 
     notices: list[str] = []
@@ -43,7 +44,10 @@ def load_model(settings: Settings):
     st = settings
     log.info("loading model %s (backend %s, device %s, dtype %s)", ref, st.backend, st.device, st.dtype)
     t0 = time.perf_counter()
-    engine = load_engine(ref, st.paths.cache_dir, st.device, st.dtype, backend=st.backend, progress=log.info)
+    ngram = ngram_config(st.ngram_layers, st.ngram_table_rows)
+    engine = load_engine(
+        ref, st.paths.cache_dir, st.device, st.dtype, backend=st.backend, progress=log.info, ngram=ngram
+    )
     i = engine.info
     log.info(
         "model ready in %.1f s: %s (%s on %s, %s weights, %s, context %s)",

@@ -58,6 +58,10 @@ class GgufTokenizer:
         raw = self._lib.llama_vocab_get_text(self._vocab, token)
         return raw.decode("utf-8", "replace") if raw else ""
 
+    def vocab_text(self, token: int) -> str:
+        """The token's string as the vocabulary stores it (a byte-level BPE's "Ġhello"), not decoded."""
+        return self._text(token)
+
     @property
     def has_chat_template(self) -> bool:
         return bool(self.chat_template)

@@ -14,6 +14,7 @@ Traps this file handles (reference/hf-cache-notes.md):
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 from pathlib import Path
@@ -22,12 +23,14 @@ from typing import Sequence
 import torch
 
 from engramctl.engine.backend import Live, ModelInfo
+from engramctl.engine.engram import EngramHooks
 from engramctl.engine.families import Family, family_for
 from engramctl.engine.fingerprint import model_fingerprint
 from engramctl.engine.scan_chunk import ScanChunks
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import Cancelled, EngramError, SnapshotMismatch, UnsupportedModel
-from engramctl.state import AttentionState, EmptyState, HybridState, RecurrentState, SessionState
+from engramctl.ngram.hashing import NgramConfig
+from engramctl.state import AttentionState, EmptyState, HybridState, NgramState, RecurrentState, SessionState
 from engramctl.state.layers import TOKEN_DIM
 from engramctl.state.spec import TOKENS, LayerSpec, StateSpec, TensorSpec
 
@@ -39,7 +42,14 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 class TransformersBackend:
-    def __init__(self, model, tokenizer: ChatTokenizer, model_id: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+    def __init__(
+        self,
+        model,
+        tokenizer: ChatTokenizer,
+        model_id: str,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        ngram: NgramConfig | None = None,
+    ):
         from transformers.cache_utils import DynamicCache
 
         self.model = model
@@ -53,6 +63,8 @@ class TransformersBackend:
         probe_cache = DynamicCache(config=model.config)
         classes = [type(layer).__name__ for layer in probe_cache.layers]
         self.family: Family = family_for(model.config.model_type, classes)
+        # Before the fingerprint: the Engram weights and hash constants are part of the model's identity.
+        self.engram = None if ngram is None else EngramHooks(model, tokenizer.hf, ngram, len(probe_cache.layers))
         # so a short message on a restored state does not pay for a whole padded scan chunk
         self.scan_chunks = ScanChunks.find(model, self.family.scan_mixer)
         fingerprint = model_fingerprint(model, model.config.to_dict())
@@ -75,7 +87,9 @@ class TransformersBackend:
 
     # -- loading -------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, model_dir: Path, model_id: str, device: str, dtype: torch.dtype) -> "TransformersBackend":
+    def load(
+        cls, model_dir: Path, model_id: str, device: str, dtype: torch.dtype, ngram: NgramConfig | None = None
+    ) -> "TransformersBackend":
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -89,9 +103,8 @@ class TransformersBackend:
             gen_eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
         except OSError:
             gen_eos = None
-        return cls(
-            model, ChatTokenizer(hf_tok, gen_eos if gen_eos is not None else model.config.eos_token_id), model_id
-        )
+        tokenizer = ChatTokenizer(hf_tok, gen_eos if gen_eos is not None else model.config.eos_token_id)
+        return cls(model, tokenizer, model_id, ngram=ngram)
 
     def _probe_spec(self) -> StateSpec:
         """Run one token through a fresh cache to learn every state tensor's shape and dtype."""
@@ -116,7 +129,7 @@ class TransformersBackend:
 
     # -- running -------------------------------------------------------------------------------------
     def new_live(self) -> Live:
-        return Live(cache=self._cache_cls(config=self.model.config))
+        return Live(cache=self._cache_cls(config=self.model.config), ngram=self.engram.fresh() if self.engram else ())
 
     def _forward(self, live: Live, ids: Sequence[int]) -> None:
         past = len(live.token_ids)
@@ -124,10 +137,15 @@ class TransformersBackend:
         if self._pass_positions:
             kwargs["position_ids"] = torch.arange(past, past + len(ids), device=self.device).unsqueeze(0)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        with torch.no_grad(), self.scan_chunks.fitted(len(ids)):
+        with torch.no_grad(), self.scan_chunks.fitted(len(ids)), self._engram_step(live, ids) as ngram_after:
             out = self.model(input_ids=input_ids, **kwargs)
+        if self.engram is not None:
+            live.ngram = tuple(ngram_after)
         live.token_ids.extend(int(i) for i in ids)
         live.last_logits = out.logits[0, -1].float()
+
+    def _engram_step(self, live: Live, ids: Sequence[int]):
+        return self.engram.step(live.ngram, ids) if self.engram is not None else contextlib.nullcontext([])
 
     def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor:
         ids = list(token_ids)
@@ -185,6 +203,8 @@ class TransformersBackend:
                 layers.append(EmptyState())
             else:
                 raise UnsupportedModel(f"layer {i} ({type(layer).__name__}) holds no state after a forward.")
+        # Engram conv states are replaced, never mutated in place, by later forwards: shared, not cloned.
+        layers.extend(live.ngram)
         return SessionState(
             layers=tuple(layers),
             token_ids=tuple(live.token_ids),
@@ -212,6 +232,15 @@ class TransformersBackend:
                     layer.has_previous_state[0] = True
             if att is not None:
                 layer.update(att.keys.to(self.device), att.values.to(self.device))
+        n_engram = len(live.ngram)
+        live.ngram = (
+            tuple(
+                NgramState(st.conv.to(self.device).clone(), st.lookback.cpu().clone())
+                for st in state.layers[len(state.layers) - n_engram :]
+            )
+            if n_engram
+            else ()
+        )
         live.token_ids = list(state.token_ids)
         live.last_logits = state.last_logits.to(self.device).float()
         live.text = state.text

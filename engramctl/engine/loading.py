@@ -19,12 +19,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from engramctl.engine.hub import HUB_TIMEOUT_S as _HUB_TIMEOUT
 from engramctl.engine.hub import LOCAL_HINT as _LOCAL_HINT
 from engramctl.engine.hub import hub_env as _hub_env
 from engramctl.errors import ModelNotFound, UnsupportedModel
+
+if TYPE_CHECKING:
+    from engramctl.ngram.hashing import NgramConfig
 
 _FORMAT = "1"  # bump when the conversion changes, so old caches are not reused
 _EDGE = 1 << 20  # bytes hashed at each end of a GGUF file
@@ -199,10 +202,12 @@ def load_engine(
     dtype: str = "auto",
     backend: str = "auto",
     progress: Callable[[str], None] | None = None,
+    ngram: "NgramConfig | None" = None,
 ):
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
-    weight type (never converted to float32); `dtype` applies to transformers only."""
+    weight type (never converted to float32); `dtype` applies to transformers only. `ngram` gives the
+    transformers model Engram layers (engine/engram.py)."""
     from engramctl.engine.engine import Engine
     from engramctl.errors import BackendUnavailable
 
@@ -210,6 +215,11 @@ def load_engine(
 
     say = progress or (lambda _msg: None)
     chosen = choose_backend(ref, backend)
+    if ngram is not None and chosen == "llama.cpp":
+        raise UnsupportedModel(
+            "Engram layers run on the transformers backend only; llama.cpp would serve this GGUF without them.",
+            hint="add --backend transformers (the GGUF is converted to safetensors once)",
+        )
     if chosen == "transformers" and is_gguf_ref(ref) and not Path(ref).expanduser().is_file():
         ref = str(resolve_gguf(ref, say)[0])  # a hub GGUF: fetched, then converted like a local one
     if chosen == "llama.cpp":
@@ -234,5 +244,5 @@ def load_engine(
 
     resolved = resolve_model(ref, cache_dir, progress=progress)
     dev = pick_device(device)
-    tb = TransformersBackend.load(resolved.model_dir, resolved.model_id, dev, pick_dtype(dtype, dev))
+    tb = TransformersBackend.load(resolved.model_dir, resolved.model_id, dev, pick_dtype(dtype, dev), ngram=ngram)
     return Engine(tb, tb.tokenizer)

@@ -112,5 +112,32 @@ class HybridState:
         return HybridState(self.recurrent.to(device), self.attention.to(device))
 
 
-LayerState = Union[EmptyState, RecurrentState, AttentionState, HybridState]
-LAYER_KINDS: dict[str, type] = {c.kind: c for c in (EmptyState, RecurrentState, AttentionState, HybridState)}
+@dataclass(frozen=True)
+class NgramState:
+    """An Engram (N-gram memory) layer's per-sequence state: its short conv window and the compressed ids
+    of the last N-1 tokens, which the next positions' n-grams reach back into. A SessionState holds one
+    after the decoder layers for each Engram layer, in the model's Engram layer order."""
+
+    conv: torch.Tensor  # (1, hidden, (kernel-1)*N) normalised gated values, oldest first
+    lookback: torch.Tensor  # (1, N-1) int64 compressed token ids, pad-filled before the sequence start
+    kind = "ngram"
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"conv": self.conv, "lookback": self.lookback}
+
+    @classmethod
+    def from_tensors(cls, ts: dict[str, torch.Tensor]) -> "NgramState":
+        return cls(conv=ts["conv"], lookback=ts["lookback"])
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.tensors())
+
+    def to(self, device: torch.device | str) -> "NgramState":
+        return NgramState(self.conv.to(device), self.lookback.to(device))
+
+
+LayerState = Union[EmptyState, RecurrentState, AttentionState, HybridState, NgramState]
+LAYER_KINDS: dict[str, type] = {
+    c.kind: c for c in (EmptyState, RecurrentState, AttentionState, HybridState, NgramState)
+}

@@ -18,7 +18,7 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    kind: str  # "empty" | "recurrent" | "attention" | "hybrid"
+    kind: str  # "empty" | "recurrent" | "attention" | "hybrid" | "ngram"
     tensors: dict[str, TensorSpec]
 
 

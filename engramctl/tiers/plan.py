@@ -12,13 +12,19 @@ before the model is loaded, 0 when planning after.
 Overrides: Settings.tier_{vram,ram,disk}_bytes (defaults < config.toml < ENGRAM_TIER_*_BYTES <
 flags, resolved by load_settings) replace the default rule; the rule text then says so and what the
 default would have been. A vram override without CUDA is ignored (there is no VRAM to use).
+
+N-gram memory tables (engramctl/ngram/table.py) are claims on these budgets: `claim_tables` places each
+table, in the order given (earliest Engram layer first: its prefetch window is the shortest), in RAM if it
+fits what is left of the RAM budget, else on disk if it fits what is left of the disk budget. A tier's
+budget_bytes is then what is left for snapshots; table_bytes is what its tables take.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from engramctl.errors import NgramTableError
 from engramctl.settings import Settings
 from engramctl.tiers.hardware import Hardware
 from engramctl.units import human_bytes
@@ -40,6 +46,7 @@ class TierBudget:
     detected_bytes: int | None  # the hardware figure the rule started from (free VRAM, available RAM, free disk)
     rule: str
     device: str | None  # "cuda" / "cpu" for memory tiers, None for disk
+    table_bytes: int = 0  # taken by N-gram tables placed here; budget_bytes is what is left for snapshots
 
     @property
     def enabled(self) -> bool:
@@ -47,9 +54,19 @@ class TierBudget:
 
 
 @dataclass(frozen=True)
+class TableClaim:
+    """One N-gram table and the tier the planner placed it in."""
+
+    name: str
+    size_bytes: int
+    tier: str  # "ram" or "disk"
+
+
+@dataclass(frozen=True)
 class TierPlan:
     hardware: Hardware
     tiers: tuple[TierBudget, ...]  # vram, ram, disk
+    tables: tuple[TableClaim, ...] = ()
 
     def tier(self, name: str) -> TierBudget:
         for t in self.tiers:
@@ -125,6 +142,41 @@ def plan(
     )
 
 
+def claim_tables(tier_plan: TierPlan, tables: Sequence[tuple[str, int]], tier: str | None = None) -> TierPlan:
+    """Place N-gram tables ((name, size_bytes), earliest layer first) in RAM, else on disk, within what is
+    left of each budget; `tier` forces one of them. Raises NgramTableError when a table fits nowhere."""
+    budgets = {t.name: t for t in tier_plan.tiers}
+    left = {name: t.budget_bytes for name, t in budgets.items()}
+    taken = {name: 0 for name in budgets}
+    claims = list(tier_plan.tables)
+    for name, size in tables:
+        choices = (tier,) if tier is not None else ("ram", "disk")
+        where = next((c for c in choices if left.get(c, 0) >= size), None)
+        if where is None:
+            room = ", ".join(f"{c} {human_bytes(left.get(c, 0))}" for c in choices)
+            raise NgramTableError(
+                f"the N-gram table {name} ({human_bytes(size)}) fits in no tier: what is left is {room}.",
+                hint="raise the budget (ENGRAM_TIER_RAM_BYTES / ENGRAM_TIER_DISK_BYTES) or use a smaller table",
+            )
+        left[where] -= size
+        taken[where] += size
+        claims.append(TableClaim(name, int(size), where))
+    new = tuple(
+        t
+        if not taken[t.name]
+        else TierBudget(
+            t.name,
+            left[t.name],
+            t.detected_bytes,
+            f"{t.rule}; minus N-gram tables {human_bytes(taken[t.name])}",
+            t.device,
+            t.table_bytes + taken[t.name],
+        )
+        for t in tier_plan.tiers
+    )
+    return TierPlan(tier_plan.hardware, new, tuple(claims))
+
+
 def plan_json(tier_plan: TierPlan, usage: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Any]:
     """The plan as JSON; `usage` maps tier name -> (used bytes, snapshot count)."""
     hw = tier_plan.hardware
@@ -146,7 +198,9 @@ def plan_json(tier_plan: TierPlan, usage: Mapping[str, tuple[int, int]] | None =
                 "snapshots": usage.get(t.name, (0, 0))[1],
                 "rule": t.rule,
                 "detected_bytes": t.detected_bytes,
+                "table_bytes": t.table_bytes,
             }
             for t in tier_plan.tiers
         ],
+        "tables": [{"name": c.name, "size_bytes": c.size_bytes, "tier": c.tier} for c in tier_plan.tables],
     }

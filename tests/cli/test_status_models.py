@@ -187,3 +187,12 @@ def test_tiers_without_a_daemon_say_no_model(cli, seeded):
     human = cli("tiers").stdout
     assert "MODEL  none loaded (no daemon running)" in human.splitlines()
     assert cli.json("tiers")["model"] is None
+
+
+def test_ps_names_a_llama_cpp_weight_type_once():
+    from engramctl.cli.status import daemon_fields
+
+    llama = dict(daemon_fields({"device": "cpu", "dtype": "Q8_0", "weight_type": "Q8_0", "weights_bytes": 1 << 20}))
+    assert llama["device"] == "cpu" and llama["memory"] == "weights 1.0 MiB Q8_0"
+    hf = dict(daemon_fields({"device": "cpu", "dtype": "float32", "weight_type": "F32"}))
+    assert hf["device"] == "cpu, float32"

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from engramctl.engine.hf_backend import TransformersBackend
+from engramctl.ngram.hashing import NgramConfig
 from tests.snapshot_io import read_state
 
 
@@ -15,7 +16,8 @@ def main(job_file: str, out_file: str) -> None:
     results = {}
     for job in json.loads(Path(job_file).read_text()):
         model_dir = Path(job["model_dir"])
-        backend = TransformersBackend.load(model_dir, model_dir.name, "cpu", torch.float32)
+        ngram = NgramConfig(**job["ngram"]) if job.get("ngram") else None  # Engram layers, rebuilt from their seed
+        backend = TransformersBackend.load(model_dir, model_dir.name, "cpu", torch.float32, ngram=ngram)
         backend.chunk_tokens = 16
         live = backend.inject(read_state(Path(job["snapshot"]), backend.spec))
         fam = job["family"]

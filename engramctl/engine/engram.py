@@ -1,0 +1,150 @@
+"""Engram layers on a transformers model: a forward pre-hook on each chosen decoder block adds the
+Engram output to the residual stream before the block runs (spec §2.8), without editing transformers.
+
+Per forward the backend opens a `step`: the new tokens are compressed and hashed for every Engram layer
+(with the sequence's lookback) before the backbone runs, which is the point a prefetcher hooks into; the
+hooks then read their rows and carry each layer's conv state. The per-sequence part (conv windows,
+lookback ids) lives in Live.ngram as NgramState objects, so snapshots hold it like any layer state.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from engramctl.errors import EngramError, UnsupportedModel, UsageError
+from engramctl.ngram.compression import TokenMap, build_from_decoder
+from engramctl.ngram.hashing import NgramConfig, NgramHasher
+from engramctl.ngram.layer import EngramStack
+from engramctl.state import NgramState
+
+MODULE_NAME = "engram"  # where the stack hangs on the model: its weights join the fingerprint and n_params
+
+
+def ngram_config(layers: str | None, table_rows: int, seed: int = 0) -> NgramConfig | None:
+    """The settings' "1,15" and rows per (order, head) table as a config; every other field is the demo's."""
+    if not layers or not layers.strip():
+        return None
+    try:
+        ids = [int(x) for x in layers.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"Engram layers must be comma-separated block indices such as 1,15; got {layers!r}.") from None
+    return NgramConfig(layer_ids=ids, engram_vocab_size=[table_rows] * 2, seed=seed)
+
+
+def decoder_blocks(model: nn.Module, n_blocks: int) -> nn.ModuleList:
+    """The model's one list of decoder blocks (model.layers, backbone.layers, ...), found by shape so no
+    family needs naming here."""
+    found = [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, nn.ModuleList) and name.endswith("layers") and len(m) == n_blocks
+    ]
+    if len(found) != 1:
+        raise UnsupportedModel(f"cannot tell which module list holds this model's {n_blocks} decoder blocks.")
+    return found[0]
+
+
+@dataclass
+class _Step:
+    local_ids: dict[int, np.ndarray]  # layer -> (1, T, (N-1)*K) head-local row ids
+    conv: dict[int, torch.Tensor]  # layer -> conv state, replaced as each layer runs
+    ran: set[int]
+
+
+class EngramHooks:
+    """The Engram layers of one loaded model and the hooks that run them. A forward runs inside one
+    `step` at a time (the backend's single worker thread), which is what the hooks read."""
+
+    def __init__(self, model: nn.Module, hf_tokenizer, config: NgramConfig, n_blocks: int):
+        blocks = decoder_blocks(model, n_blocks)
+        too_deep = [i for i in config.layer_ids if i >= len(blocks)]
+        if too_deep:
+            raise UsageError(f"Engram layers {too_deep} are past this model's {len(blocks)} decoder blocks.")
+        self.config = config
+        self.token_map = tokenizer_map(hf_tokenizer)
+        # The tokenizer's own pad plays the demo's pad_id (DeepSeek-V3's pad token); without one, EOS.
+        pad = next((i for i in (hf_tokenizer.pad_token_id, hf_tokenizer.eos_token_id) if i is not None), 0)
+        self.pad_raw = int(pad)
+        self.hasher = NgramHasher(
+            config, self.token_map.compressed_vocab_size, compressed_pad_id=self.token_map.compressed_pad(self.pad_raw)
+        )
+        hidden = int(model.config.hidden_size)
+        param = next(model.parameters())
+        self.stack = EngramStack(config, self.hasher, hidden).to(device=param.device, dtype=param.dtype)
+        model.add_module(MODULE_NAME, self.stack)
+        self._step: _Step | None = None
+        for layer_id in config.layer_ids:
+            blocks[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
+
+    def fresh(self) -> tuple[NgramState, ...]:
+        """A sequence that consumed nothing: zero conv windows, a lookback of pads."""
+        width = self.config.max_ngram_size - 1
+        out = []
+        for layer_id in self.config.layer_ids:
+            weight = self.stack.layer(layer_id).table.weight
+            conv = self.stack.layer(layer_id).fusion.short_conv.initial_state(1, weight.dtype, weight.device)
+            out.append(NgramState(conv=conv, lookback=torch.full((1, width), self.hasher.pad_id, dtype=torch.int64)))
+        return tuple(out)
+
+    @contextmanager
+    def step(self, states: Sequence[NgramState], token_ids: Sequence[int]) -> Iterator[list[NgramState]]:
+        """Hash `token_ids` (raw) for every layer, run the model inside, and put the states after them
+        into the yielded list once the forward is done."""
+        if len(states) != len(self.config.layer_ids):
+            raise EngramError(
+                f"the sequence carries {len(states)} Engram states; the model has {len(self.config.layer_ids)} layers."
+            )
+        compressed = self.token_map.compress([list(token_ids)], self.pad_raw)  # (1, T)
+        lookback = states[0].lookback.cpu().numpy()  # the same token history for every layer
+        local = self.hasher.hash_continuation(lookback, compressed)
+        self._step = _Step(local, {lid: st.conv for lid, st in zip(self.config.layer_ids, states)}, set())
+        result: list[NgramState] = []
+        try:
+            yield result
+            missing = set(self.config.layer_ids) - self._step.ran
+            if missing:
+                raise EngramError(f"Engram layers {sorted(missing)} did not run during the forward.")
+            after = self.hasher.next_lookback(lookback, compressed)  # (1, N-1)
+            # one tensor per layer: a snapshot file refuses tensors that share memory
+            result.extend(
+                NgramState(conv=self._step.conv[lid], lookback=torch.from_numpy(after.copy()))
+                for lid in self.config.layer_ids
+            )
+        finally:
+            self._step = None
+
+    def _hook(self, layer_id: int):
+        def pre_hook(module, args, kwargs):
+            step = self._step
+            if step is None:
+                raise EngramError(f"the Engram layer at block {layer_id} ran outside a backend step.")
+            if layer_id in step.ran:
+                raise EngramError(f"the Engram layer at block {layer_id} ran twice in one forward.")
+            in_kwargs = "hidden_states" in kwargs
+            hidden = kwargs["hidden_states"] if in_kwargs else args[0]  # (1, T, d) residual stream
+            out, step.conv[layer_id] = self.stack.layer(layer_id)(hidden, step.local_ids[layer_id], step.conv[layer_id])
+            step.ran.add(layer_id)
+            if in_kwargs:
+                return args, {**kwargs, "hidden_states": out}
+            return (out, *args[1:]), kwargs
+
+        return pre_hook
+
+
+def tokenizer_map(tokenizer) -> TokenMap:
+    """The compression map (spec §2.2) of a transformers tokenizer, a ChatTokenizer, or the llama.cpp
+    backend's GgufTokenizer: each token decoded alone with specials kept, plus its vocabulary string."""
+    hf = getattr(tokenizer, "hf", tokenizer)
+    if hasattr(hf, "convert_ids_to_tokens"):
+        return build_from_decoder(
+            len(hf), lambda t: hf.decode([t], skip_special_tokens=False), hf.convert_ids_to_tokens
+        )
+    return build_from_decoder(
+        tokenizer.n_vocab, lambda t: tokenizer.decode([t], skip_special=False), tokenizer.vocab_text
+    )

@@ -1,0 +1,78 @@
+"""An Engram layer in one piece: its flat table, its frozen hash constants and its fusion, initialised
+from a seed as the official demo initialises them (tables N(0,1), projections nn.Linear's default).
+
+Rows are read through `gather_rows` only, so the table tiers (table files, prefetched staging buffers)
+can take the in-memory embedding's place without touching the layer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from engramctl.errors import UsageError
+from engramctl.ngram.fusion import EngramFusion
+from engramctl.ngram.hashing import NgramConfig, NgramHasher
+
+_LAYER_SEED_STRIDE = 10007  # as the hash multipliers: one stream per layer, fixed by (seed, layer)
+
+
+def gather_rows(table: nn.Embedding, row_ids: torch.Tensor) -> torch.Tensor:
+    """(batch, T, (N-1)*K) global row ids -> (batch, T, d_mem): the rows concatenated, order n then head."""
+    return nn.functional.embedding(row_ids, table.weight).flatten(-2)
+
+
+class EngramLayer(nn.Module):
+    """One Engram layer on a plain (one-branch) residual stream: out = h + Y (spec §2.8)."""
+
+    def __init__(self, config: NgramConfig, hasher: NgramHasher, layer_id: int, hidden_size: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.table = nn.Embedding(hasher.rows(layer_id), config.head_dim)  # (rows, D_h), flat over (n, k)
+        # The hash constants are frozen with the weights (numpy does not promise its RNG stream across
+        # versions), and being buffers they are part of the model fingerprint.
+        self.register_buffer("offsets", torch.from_numpy(hasher.offsets(layer_id)))  # ((N-1)*K,)
+        self.register_buffer("primes", torch.from_numpy(hasher.primes(layer_id)))
+        self.register_buffer("multipliers", torch.from_numpy(hasher.multipliers(layer_id)))  # (N,)
+        self.fusion = EngramFusion(
+            config.memory_dim, hidden_size, branches=1, kernel_size=config.kernel_size, dilation=config.max_ngram_size
+        )
+
+    @property
+    def conv_state_len(self) -> int:
+        return self.fusion.short_conv.state_len
+
+    def forward(
+        self, hidden: torch.Tensor, local_ids: np.ndarray, conv_state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden (batch, T, d) residual stream at the block input; local_ids (batch, T, (N-1)*K) head-local
+        indices from NgramHasher; conv_state (batch, d, (w-1)*N) or None. Returns (h + Y, new conv state)."""
+        if tuple(local_ids.shape[:2]) != tuple(hidden.shape[:2]):
+            raise UsageError(
+                f"row ids cover {tuple(local_ids.shape[:2])} positions; the hidden states {tuple(hidden.shape[:2])}."
+            )
+        rows = torch.from_numpy(np.ascontiguousarray(local_ids)).to(self.offsets.device) + self.offsets
+        memory = gather_rows(self.table, rows).to(hidden.dtype)  # (batch, T, d_mem)
+        out, new_state = self.fusion(hidden.unsqueeze(2), memory, conv_state)
+        return out.squeeze(2), new_state
+
+
+class EngramStack(nn.Module):
+    """The Engram layers of one model, keyed by block index."""
+
+    def __init__(self, config: NgramConfig, hasher: NgramHasher, hidden_size: int):
+        super().__init__()
+        self.config = config
+        self.hasher = hasher
+        layers = {}
+        for layer_id in config.layer_ids:
+            # Built under a private seed, so two processes get the same weights (a snapshot written by one
+            # resumes in the other) and the caller's global RNG stream is left as it was.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config.seed + _LAYER_SEED_STRIDE * layer_id)
+                layers[str(layer_id)] = EngramLayer(config, hasher, layer_id, hidden_size)
+        self.layers = nn.ModuleDict(layers)
+
+    def layer(self, layer_id: int) -> EngramLayer:
+        return self.layers[str(layer_id)]
