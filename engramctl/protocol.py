@@ -149,6 +149,7 @@ class TurnInfo:
     tier: str | None = None  # live | vram | ram | disk | None (computed)
     restore_ms: float | None = None
     snapshot_id: str | None = None  # the reply's snapshot: the session's head after the turn
+    snapshot_error: str | None = None  # why the turn has no snapshot (a full disk, say); the transcript has it
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     computed_tokens: int | None = None

@@ -30,7 +30,7 @@ from typing import Any
 
 from engramctl.agent.tools import Tool, ToolArgumentError, get_tool, validate_arguments
 from engramctl.daemon.service import ChatRequest
-from engramctl.daemon.streaming import engram_json, job_result, usage_json
+from engramctl.daemon.streaming import job_result, turn_info, usage_json
 from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import NotFound, UsageError
 from engramctl.protocol import Snapshot, TurnInfo
@@ -287,7 +287,7 @@ class Dispatcher:
 
 def chat_result(r) -> dict:
     """A service.ChatResult as the chat tool's result: the turn's wire fields (protocol.TurnInfo)."""
-    t, usage = TurnInfo.from_json(engram_json(r)), usage_json(r)
+    t, usage = turn_info(r.start, r), usage_json(r)
     return {
         "session": t.session,
         "reply": r.text,

@@ -100,3 +100,26 @@ class JsonContentTypeMiddleware:
             if current.split(b";")[0].strip().lower() in self._AS_JSON:
                 scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
         await self.app(scope, receive, send)
+
+
+RETRY_AFTER_S = 1  # a turn of a small model takes well under a second; a client retrying sooner is refused again
+
+
+class RetryAfterMiddleware:
+    """Every 429 (the worker's queue is full) tells the client when to try again, as RFC 9110 asks:
+    `Retry-After: 1`. Added here, on the way out, so no route or handler can forget it."""
+
+    def __init__(self, app, seconds: int = RETRY_AFTER_S):
+        self.app, self.value = app, str(int(seconds)).encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_retry_after(message):
+            if message["type"] == "http.response.start" and message["status"] == 429:
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"retry-after"]
+                message = {**message, "headers": headers + [(b"retry-after", self.value)]}
+            await send(message)
+
+        await self.app(scope, receive, with_retry_after)

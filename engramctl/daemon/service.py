@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engramctl.daemon.hot import Hot, HotState
-from engramctl.daemon.recorder import Recorded, Recorder, TurnRecord
+from engramctl.daemon.recorder import PromptRecorded, Recorded, Recorder, TurnRecord
 from engramctl.daemon.sources import Origin, StateSources
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
@@ -31,6 +31,7 @@ from engramctl.engine.generate import Finish
 from engramctl.engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 from engramctl.engine.turn import Prompt, Turn, TurnDone, reply_budget
 from engramctl.errors import NotFound, UsageError
+from engramctl.store.crashpoints import crash_point
 from engramctl.store.names import validate_label, validate_session_name
 from engramctl.store.records import SessionInfo
 from engramctl.store.store import Store
@@ -197,12 +198,19 @@ class ConversationService:
         cancel: threading.Event,
         t0: float,
     ) -> ChatResult:
+        started: list[PromptRecorded] = []
+
+        def on_prompt(prompt: Prompt) -> None:
+            emit("start", TurnStart(session, origin, prompt))
+            # the prompt snapshot now, so that its file is written while the reply is generated
+            started.append(self.recorder.prompt(record, prompt))
+
         done = turn.run(
             cancel,
-            on_prompt=lambda prompt: emit("start", TurnStart(session, origin, prompt)),
-            on_piece=lambda piece: emit("piece", piece),
+            on_prompt=on_prompt,
+            on_piece=lambda piece: (crash_point("stream.piece"), emit("piece", piece)),
         )
-        recorded = self.recorder.turn(record, done)
+        recorded = self.recorder.turn(record, done, started[0] if started else None)
         self._keep(session, recorded.reply_id, done.live)
         self.turns += 1
         ttft_ms = None if done.first_token_at is None else (done.first_token_at - t0) * 1000

@@ -51,10 +51,12 @@ class StateSources:
     def load(self, snapshot_id: str) -> tuple[Live, Origin]:
         """The snapshot, injected into a new Live; SnapshotError / NotFound when it cannot be used."""
         t0 = time.perf_counter()
-        rec = self.store.info(snapshot_id)
-        tier = rec.tiers[0] if rec.tiers else "ram"  # no tier yet = committed, still in memory
-        tensors, meta = self.store.load(snapshot_id)
-        live = self.engine.inject(from_payload(tensors, meta, self.engine.spec))
+        (tensors, meta), came_from = self.store.load_from(snapshot_id)
+        # every way into the store checked the values (a capture's to_payload, an import's from_payload);
+        # only a file read now gets a second look
+        state = from_payload(tensors, meta, self.engine.spec, check_values=came_from == "disk")
+        live = self.engine.inject(state)
+        tier = "ram" if came_from == "pending" else came_from  # saved, not yet written: in memory
         ms = round((time.perf_counter() - t0) * 1000, 2)
         return live, Origin(tier, len(live.token_ids), ms, snapshot_id)
 

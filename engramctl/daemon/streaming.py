@@ -11,6 +11,7 @@ HTTP status instead of a 200 that fails half-way.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -22,6 +23,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from engramctl.daemon.errors import Cancelled, body_for
 from engramctl.daemon.service import ChatResult, TurnStart
 from engramctl.daemon.worker import Job
+from engramctl.protocol import TurnInfo
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -72,33 +74,42 @@ async def job_result(job: Job, request: Request) -> Any:
         watch.stop()
 
 
-def engram_start(s: TurnStart) -> dict[str, Any]:
-    """The `engram` extension object of a stream's first chunk; engram_json adds the outcome."""
+def turn_info(s: TurnStart, r: ChatResult | None = None) -> TurnInfo:
+    """A turn's `engram` extension: its origin, and with `r` its outcome (finish_reason is the engine's:
+    it says "cancelled")."""
     o, p = s.origin, s.prompt
-    return {
-        "session": s.session,
-        "resumed": o.restored_tokens > 0,
-        "restored_tokens": o.restored_tokens,
-        "tier": o.tier,
-        "restore_ms": o.restore_ms,
-        "snapshot_id": None,
-        "prompt_tokens": p.prompt_tokens,
-        "cached_tokens": p.cached_tokens,
-        "computed_tokens": p.computed_tokens,
-        "prefill_ms": round(p.prefill_ms, 2),
-    }
+    info = TurnInfo(
+        session=s.session,
+        resumed=o.restored_tokens > 0,
+        restored_tokens=o.restored_tokens,
+        tier=o.tier,
+        restore_ms=o.restore_ms,
+        prompt_tokens=p.prompt_tokens,
+        cached_tokens=p.cached_tokens,
+        computed_tokens=p.computed_tokens,
+        prefill_ms=round(p.prefill_ms, 2),
+    )
+    if r is None:
+        return info
+    return dataclasses.replace(
+        info,
+        snapshot_id=r.snapshot_id,
+        snapshot_error=r.recorded.error,
+        finish_reason=r.finish.reason,
+        completion_tokens=len(r.finish.token_ids),
+        ttft_ms=None if r.ttft_ms is None else round(r.ttft_ms, 2),
+        decode_ms=round(r.done.decode_ms, 2),
+    )
+
+
+def engram_start(s: TurnStart) -> dict[str, Any]:
+    """The `engram` object of a stream's first chunk: the origin (the outcome's fields are null)."""
+    return turn_info(s).to_json()
 
 
 def engram_json(r: ChatResult) -> dict[str, Any]:
-    """The `engram` extension object of a finished turn (finish_reason is the engine's: it says "cancelled")."""
-    return {
-        **engram_start(r.start),
-        "snapshot_id": r.snapshot_id,
-        "finish_reason": r.finish.reason,
-        "completion_tokens": len(r.finish.token_ids),
-        "ttft_ms": None if r.ttft_ms is None else round(r.ttft_ms, 2),
-        "decode_ms": round(r.done.decode_ms, 2),
-    }
+    """The `engram` object of a finished turn."""
+    return turn_info(r.start, r).to_json()
 
 
 def usage_json(r: ChatResult) -> dict[str, Any]:

@@ -55,8 +55,23 @@ def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
             raise SnapshotCorrupt(f"{what} holds NaN or Inf values in {name}; refusing it.")
 
 
-def from_payload(tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: StateSpec) -> SessionState:
-    """Rebuild a SessionState, raising SnapshotMismatch/SnapshotCorrupt naming what does not match `spec`."""
+def _layout(text: str) -> tuple:
+    """The layer kinds a snapshot's metadata records; SnapshotCorrupt when it is not a JSON list of strings."""
+    try:
+        kinds = json.loads(text)
+    except (ValueError, RecursionError):
+        kinds = None
+    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+        raise SnapshotCorrupt("snapshot metadata 'layout' is not a JSON list of layer kinds.")
+    return tuple(kinds)
+
+
+def from_payload(
+    tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: StateSpec, *, check_values: bool = True
+) -> SessionState:
+    """Rebuild a SessionState, raising SnapshotMismatch/SnapshotCorrupt naming what does not match `spec`.
+    check_values=False skips only the scan for NaN/Inf (a pass over every byte: as long as the restore's
+    own copy) for a payload this process already checked: one to_payload made, or read back earlier."""
     backend = meta.get(BACKEND) or "transformers"
     if backend != spec.backend:
         raise SnapshotMismatch(
@@ -86,9 +101,11 @@ def from_payload(tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: S
             f"snapshot belongs to model {meta.get('model_id')!r} (fingerprint {meta.get('fingerprint')}); "
             f"the loaded model {spec.model_id!r} has fingerprint {spec.fingerprint} (different config or weights)."
         )
-    layout = tuple(json.loads(meta.get("layout", "[]")))
+    layout = _layout(meta.get("layout", "[]"))
     if layout != spec.layout:
-        raise SnapshotMismatch(f"snapshot layer layout {list(layout)} differs from the model's {list(spec.layout)}.")
+        shown = str(list(layout))
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        raise SnapshotMismatch(f"snapshot layer layout {shown} differs from the model's {list(spec.layout)}.")
     try:
         n_tokens = int(meta["n_tokens"])
     except (KeyError, ValueError):
@@ -96,6 +113,13 @@ def from_payload(tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: S
     ids = tensors.get(TOKEN_IDS)
     if ids is None or ids.dtype != torch.int64 or tuple(ids.shape) != (n_tokens,):
         raise SnapshotCorrupt(f"snapshot token ids do not match its token count {n_tokens}.")
+    # The ids are compared with prompts and decoded as text later: one outside the vocabulary would
+    # fail there, in the middle of a turn, instead of here where the session can fall back.
+    if n_tokens and (int(ids.min()) < 0 or int(ids.max()) >= spec.vocab_size):
+        raise SnapshotCorrupt(
+            f"snapshot token ids run from {int(ids.min())} to {int(ids.max())}, "
+            f"outside the model's vocabulary of {spec.vocab_size}."
+        )
     logits = tensors.get(LAST_LOGITS)
     if logits is None or tuple(logits.shape) != (spec.vocab_size,) or logits.dtype != torch.float32:
         raise SnapshotMismatch(f"snapshot last logits do not match the model's vocabulary of {spec.vocab_size}.")
@@ -119,7 +143,8 @@ def from_payload(tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: S
     extra = set(tensors) - expected_names
     if extra:
         raise SnapshotMismatch(f"snapshot has tensors the model does not use: {sorted(extra)[:4]}.")
-    _check_finite(tensors, "snapshot")
+    if check_values:
+        _check_finite(tensors, "snapshot")
     return SessionState(
         layers=tuple(layers), token_ids=tuple(ids.tolist()), last_logits=logits, text=meta.get("text", "")
     )

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 from engramctl.errors import NotFound
 from engramctl.settings import Settings
+from engramctl.store.crashpoints import crash_point
 from engramctl.store.errors import StoreClosed
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
@@ -123,6 +124,8 @@ class StoreCore:
             freed += self._files.size(sid) or 0
             self._files.unlink(sid)
             self._touched.pop(sid, None)
+        if ids:
+            crash_point("remove.unlinked")
         moved = self._index.remove_snapshots(ids)
         if moved:
             log.info("session heads moved after deleting snapshots: %s", moved)

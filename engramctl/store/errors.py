@@ -24,3 +24,15 @@ class StoreLocked(EngramError):
 
 class StoreClosed(EngramError):
     kind = "store_closed"
+
+
+class DiskFull(EngramError):
+    """The file system holding the snapshots has no room for one more: the snapshot is not taken."""
+
+    kind = "disk_full"
+
+
+class DataDirUnusable(EngramError):
+    """The data directory cannot be used: read-only, not ours, or not a directory."""
+
+    kind = "data_dir_unusable"

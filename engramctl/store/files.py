@@ -21,7 +21,7 @@ from pathlib import Path
 
 from engramctl.pidlock import try_lock
 from engramctl.store import snapshot_file
-from engramctl.store.errors import StoreLocked
+from engramctl.store.errors import DataDirUnusable, StoreLocked
 from engramctl.store.names import id_from_filename, snapshot_filename
 from engramctl.store.records import TOKEN_IDS, Payload
 
@@ -34,8 +34,7 @@ class SnapshotFiles:
         self.snapshots = self.root / "snapshots"
         self.quarantine_dir = self.root / "quarantine"
         for d in (self.root, self.snapshots, self.quarantine_dir):
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(d, 0o700)
+            _usable_dir(d)
         self.index_path = self.root / "index.db"
         self._lock_fd: int | None = None
 
@@ -78,6 +77,14 @@ class SnapshotFiles:
         except Exception:  # missing, truncated or garbled: no candidate; load() will quarantine it
             return None
         return t.tolist() if t.dtype == torch.int64 and t.dim() == 1 else None
+
+    def free_bytes(self) -> int | None:
+        """Bytes an unprivileged writer may still use on the snapshots' file system (None: unknown)."""
+        try:
+            st = os.statvfs(self.snapshots)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
 
     def size(self, snapshot_id: str) -> int | None:
         try:
@@ -132,3 +139,25 @@ class SnapshotFiles:
 
     def quarantined(self) -> list[Path]:
         return sorted(p for p in self.quarantine_dir.iterdir() if p.name != "quarantine.jsonl")
+
+
+def _usable_dir(d: Path) -> None:
+    """Create `d` (0700) or check it: ours and writable. Anything else is a DataDirUnusable that says
+    which directory and why, at start, instead of a traceback on the first write."""
+    hint = "point ENGRAM_HOME at a writable directory you own, or fix this one's owner and mode"
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = d.stat()
+    except OSError as e:
+        raise DataDirUnusable(f"cannot use the data directory {d}: {e.strerror or e}.", hint=hint) from None
+    if st.st_uid != os.geteuid():
+        # another user could read or replace the snapshots (conversations); refuse even as root
+        raise DataDirUnusable(
+            f"the data directory {d} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}).", hint=hint
+        )
+    try:
+        os.chmod(d, 0o700)
+    except OSError as e:
+        raise DataDirUnusable(f"cannot use the data directory {d}: {e.strerror or e}.", hint=hint) from None
+    if not os.access(d, os.W_OK | os.X_OK) or os.statvfs(d).f_flag & os.ST_RDONLY:
+        raise DataDirUnusable(f"the data directory {d} is read-only.", hint=hint)

@@ -12,13 +12,19 @@ from typing import Any
 
 from engramctl.store import retention, snapshot_file
 from engramctl.store.core import StoreCore
+from engramctl.store.crashpoints import crash_point
 from engramctl.store.reconcile import checksum_of, verify_file
-from engramctl.store.records import GcReport
+from engramctl.store.errors import DiskFull
+from engramctl.store.records import GcReport, payload_nbytes
 from engramctl.tiers.hardware import Hardware, detect_hardware
 from engramctl.tiers.placement import HotTier
 from engramctl.tiers.plan import TierPlan, plan, plan_json
 
 log = logging.getLogger("engramctl.store")
+
+# Over a snapshot's tensor bytes: its header and the file system's rounding, and room kept for the index's
+# transcript writes, so that a disk full of snapshots still records the conversation.
+FILE_SLACK_BYTES = 256 * 1024
 
 
 class PersistMixin(StoreCore):
@@ -87,6 +93,23 @@ class PersistMixin(StoreCore):
         return bad
 
     # -- write path ----------------------------------------------------------------------------------
+    def _check_disk_room(self, nbytes: int) -> None:
+        """Refuse a commit whose file cannot fit on the file system, counting the writes already queued:
+        a full disk then fails the turn's snapshot at once, in its result, instead of after the reply
+        (the writer's ENOSPC path, `_abandon`, still catches what a racing writer fills)."""
+        free = self._files.free_bytes()
+        if free is None:
+            return
+        queued = sum(payload_nbytes(p) for p in self._pending.values())
+        need = nbytes + FILE_SLACK_BYTES
+        if free - queued < need:
+            msg = (
+                f"the snapshot could not be saved: the file system of {self._files.snapshots} has "
+                f"{free} bytes free ({queued} of them promised to queued writes) and it needs about {need}."
+            )
+            self.write_errors.append(msg)
+            raise DiskFull(msg, hint="free some disk space (or lower keep_last); snapshots resume by themselves")
+
     def _enforce_disk(self, report: GcReport) -> None:
         used = self._index.durable_bytes()[0] + self._disk_reserved
         protected = self._busy() | self._index.referenced_ids()
@@ -126,6 +149,7 @@ class PersistMixin(StoreCore):
             buf = snapshot_file.encode(*payload)
         except Exception as e:
             return self._abandon(sid, f"could not encode it ({e})")
+        crash_point("write.encoded")
         need = len(buf)
         with self._lock:
             if sid not in self._pending:
@@ -144,6 +168,7 @@ class PersistMixin(StoreCore):
             with self._lock:
                 self._disk_reserved -= need
             return self._abandon(sid, f"writing the file failed ({e})")
+        crash_point("write.renamed")
         with self._lock:
             self._disk_reserved -= need
             if sid not in self._pending or self._index.snapshot(sid) is None:
@@ -152,6 +177,7 @@ class PersistMixin(StoreCore):
             self._index.update_snapshot(sid, durable=1, nbytes=need, checksum=checksum_of(buf))
             del self._pending[sid]
             self._placement.release(sid)
+            crash_point("write.indexed")
             owner = self._index.snapshot(sid).session  # type: ignore[union-attr]
             protected = self._busy() | self._index.referenced_ids()
             self._remove(retention.keep_last_victims(self._index.snapshots(owner), self.settings.keep_last, protected))

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from engramctl.errors import NotFound, UsageError
 from engramctl.store.core import StoreCore
+from engramctl.store.crashpoints import crash_point
 from engramctl.store.errors import AlreadyExists
 from engramctl.store.names import is_snapshot_id, validate_session_name
 from engramctl.store.records import SessionInfo, SnapshotRecord
@@ -112,6 +113,7 @@ class SessionsMixin(StoreCore):
                 created=now,
                 last_used=now,
             )
+            crash_point("branch.indexed")
             return self._index.session(new_session)  # type: ignore[return-value]
 
     def set_head(self, session: str, snapshot_id: str | None, *, rewind_transcript: bool = True) -> SessionInfo:

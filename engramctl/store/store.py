@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 from engramctl.errors import NotFound, SnapshotCorrupt, UsageError
 from engramctl.settings import Settings
 from engramctl.store.aliases import AliasesMixin
+from engramctl.store.crashpoints import crash_point
 from engramctl.store.errors import SnapshotInUse
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
@@ -138,6 +139,7 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
         nbytes = payload_nbytes(payload)
         with self._lock:
             self._check_open()
+            self._check_disk_room(nbytes)
             now = self.clock()
             with self._index.tx():
                 sess = self._ensure_session(session, now)
@@ -186,6 +188,7 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
             hot = self._placement.get(sid, touch=False)  # the writer uses the tier's copy: no second one
             self._pending[sid] = hot[0] if hot else (tensors, meta)
             record = self._with_tiers(self._index.snapshot(sid))  # type: ignore[arg-type]
+        crash_point("commit.indexed")
         self._writer.submit(partial(self._write, sid))
         return record
 
@@ -193,15 +196,22 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
         """The snapshot's payload from the hottest tier holding it, else from disk (checksum
         verified), promoting it. A corrupt file is quarantined and SnapshotCorrupt raised (the
         session's head falls back; its transcript is intact)."""
+        return self.load_from(snapshot_id, copy=copy)[0]
+
+    def load_from(self, snapshot_id: str, *, copy: bool = False) -> tuple[Payload, str]:
+        """load(), and where the payload came from: a memory tier's name ("vram", "ram"), "pending"
+        (saved, not yet written) or "disk" (read from its file now). A payload from memory is the one
+        this process saved or already read back, so it needs no second look at its values."""
         with self._lock:
             rec = self._row(snapshot_id)
             sid = rec.id
             self._touched[sid] = self.clock()
             if self._placement.where(sid) is not None:
                 self._placement.promote(sid)
-                return _maybe_copy(self._placement.get(sid, touch=False)[0], copy)  # type: ignore[index]
+                payload, tier = self._placement.get(sid, touch=False)  # type: ignore[misc]
+                return _maybe_copy(payload, copy), tier
             if sid in self._pending:
-                return _maybe_copy(self._pending[sid], copy)
+                return _maybe_copy(self._pending[sid], copy), "pending"
             self._reading[sid] += 1
             self._placement.hold(sid)
         try:
@@ -224,7 +234,7 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
                 self._placement.put(sid, payload, payload_nbytes(payload))
                 hit = self._placement.get(sid, touch=False)
                 payload = hit[0] if hit else payload
-        return _maybe_copy(payload, copy)
+        return _maybe_copy(payload, copy), "disk"
 
     def token_ids(self, snapshot_id: str) -> list[int] | None:
         """The token ids the snapshot's state has consumed (None when its payload does not record them);

@@ -124,3 +124,34 @@ def test_a_captured_state_restores_from_its_own_blob_and_a_copy_by_reserializing
     assert granite._original_blob(from_disk) is None  # other tensors: serialized again
     more = _ids(4, 9)
     assert torch.equal(granite.prefill(granite.inject(state), more), granite.prefill(granite.inject(from_disk), more))
+
+
+def test_a_state_in_the_ram_tier_restores_from_its_captured_blob(granite, tmp_path, monkeypatch):
+    """The daemon's restore path (store -> from_payload -> inject): a snapshot still in the RAM tier
+    reaches inject as the very tensors capture made, so the restore is one copy into llama.cpp."""
+    from engramctl.settings import load_settings
+    from engramctl.state.codec import from_payload, to_payload
+    from engramctl.store.store import Store
+
+    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
+    store = Store.open(load_settings({"tier_ram_bytes": 64 << 20, "tier_disk_bytes": 256 << 20}))
+    try:
+        live = granite.new_live()
+        granite.prefill(live, _ids(30, 10))
+        rec = store.commit("s", to_payload(granite.capture(live), granite.spec, {}))
+        payload, came_from = store.load_from(rec.id)
+        assert came_from in ("ram", "pending")
+        state = from_payload(*payload, granite.spec, check_values=False)
+        assert granite._original_blob(state) is not None
+        store.flush()
+        store.close()
+        store = Store.open(load_settings({"tier_ram_bytes": 64 << 20, "tier_disk_bytes": 256 << 20}))
+        payload, came_from = store.load_from(rec.id)  # a fresh process's view: read from the file
+        assert came_from == "disk"
+        from_disk = from_payload(*payload, granite.spec)
+        more = _ids(3, 11)
+        assert torch.equal(
+            granite.prefill(granite.inject(state), more), granite.prefill(granite.inject(from_disk), more)
+        )
+    finally:
+        store.close()

@@ -6,8 +6,9 @@ Per run (after one warm-up run at the first L that is not counted):
    ttft_prefill = prefill(L) + prefill(32) + first token (the capture in between is not counted).
 2. the state after L is captured, committed to the store (RAM tier + write-through) and flushed:
    snapshot_bytes is the file size; commit_ms / write_ms are the save costs.
-3. restore from RAM: Store.load (RAM-tier hit) + from_payload (all checks) + Engine.inject into a
-   fresh cache; ttft_restored adds prefill(32) + first token.
+3. restore from RAM: Store.load (RAM-tier hit) + from_payload (the daemon's checks: metadata, every
+   shape and dtype; the NaN/Inf scan only for a file read now, as the payload in RAM was scanned when
+   it was saved) + Engine.inject into a fresh cache; ttft_restored adds prefill(32) + first token.
 4. restore from disk: the store is closed and reopened (a fresh process's view: RAM tier empty), the
    file is evicted from the page cache (posix_fadvise DONTNEED; mincore says whether it worked), then
    the same load path reads, checksums and decodes it.
@@ -101,9 +102,9 @@ def _restore_and_answer(engine, store, sid: str, msg: list[int], r: _Run, restor
 
 def _restore(engine, store, sid: str):
     with Clock() as c1:
-        tensors, meta = store.load(sid)
-    with Clock() as c2:
-        state = from_payload(tensors, meta, engine.spec)
+        (tensors, meta), came_from = store.load_from(sid)
+    with Clock() as c2:  # the checks the daemon makes (sources.StateSources.load)
+        state = from_payload(tensors, meta, engine.spec, check_values=came_from == "disk")
     with Clock() as c3:
         live = engine.inject(state)
     return live, {

@@ -1,0 +1,49 @@
+"""Kill points for the crash tests: `crash_point("write.renamed")` SIGKILLs this process there, but only
+when the test harness asked for it through ENGRAM_TEST_CRASH_AT; otherwise it is one comparison.
+
+    ENGRAM_TEST_CRASH_AT="write.renamed,remove.unlinked:0.3"   names (or *), then the chance per pass
+
+The variable is read once, at import, into an immutable value: a daemon started without it pays a
+`None` check per point and nothing else. SIGKILL (not an exception) because that is what the tests
+model: the process stops between two instructions, no finally block, no flush.
+
+The points (where they sit says what state a kill there leaves):
+  commit.indexed   the snapshot row and transcript are committed, the write not yet queued
+  write.encoded    the file's bytes are built, nothing is on disk yet
+  write.renamed    the file is complete and renamed, the row still says not durable
+  write.indexed    the row says durable, keep-last retention has not run yet
+  remove.unlinked  a deletion (eviction, retention, gc, delete) removed files, its rows still exist
+  branch.indexed   a branch's session row is in its (uncommitted) transaction
+  stream.piece     a reply is half streamed
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+ENV = "ENGRAM_TEST_CRASH_AT"
+
+
+def _parse(value: str | None) -> tuple[frozenset[str], float] | None:
+    if not value:
+        return None
+    names, _, chance = value.partition(":")
+    try:
+        p = float(chance) if chance else 1.0
+    except ValueError:
+        p = 1.0
+    return frozenset(n.strip() for n in names.split(",") if n.strip()), p
+
+
+_ARMED = _parse(os.environ.get(ENV))
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process here if the harness armed this point (and the dice say so)."""
+    if _ARMED is None:
+        return
+    names, chance = _ARMED
+    if (name in names or "*" in names) and random.random() < chance:
+        os.kill(os.getpid(), signal.SIGKILL)
