@@ -44,3 +44,20 @@ def token_delta(tokenizer: ChatTokenizer, history: list[dict], new: list[dict]) 
 def is_prefix_stable(tokenizer: ChatTokenizer) -> bool:
     """Probe the template once: does a two-turn render extend the one-turn render?"""
     return token_delta(tokenizer, _PROBE[:2], _PROBE[2:]) is not None
+
+
+def turn_end_id(tokenizer: ChatTokenizer) -> int | None:
+    """The end-of-turn id the template writes after an assistant message (ChatML's <|im_end|>), when it
+    is one of the tokenizer's EOS ids; None when the template writes none of them there."""
+    before = tokenizer.render(_PROBE[:1], add_generation_prompt=True)
+    after = tokenizer.render(_PROBE[:2], add_generation_prompt=False)
+    content = _PROBE[1]["content"]
+    at = after.find(content, len(before)) if after.startswith(before) else -1
+    if at < 0:
+        return None
+    tail = after[at + len(content) :]
+    for eos in sorted(tokenizer.eos_ids):
+        text = tokenizer.decode([eos], skip_special=False)
+        if text and tail.startswith(text):
+            return eos
+    return None

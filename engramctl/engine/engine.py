@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 
 from engramctl.engine.backend import Backend, Live
-from engramctl.engine.chat import is_prefix_stable
+from engramctl.engine.chat import is_prefix_stable, turn_end_id
 from engramctl.engine.generate import Generation
 from engramctl.engine.sampling import SamplingParams
 from engramctl.engine.tokenizer import ChatTokenizer
@@ -24,6 +24,7 @@ class Engine:
         self.info = backend.info
         self.spec = backend.spec
         self.prefix_stable = tokenizer.has_chat_template and is_prefix_stable(tokenizer)
+        self.turn_end_id = turn_end_id(tokenizer) if self.prefix_stable else None
         self.notices: list[str] = []  # what loading it had to tell the user (e.g. a fallback model)
 
     def new_live(self) -> Live:

@@ -180,7 +180,7 @@ class Turn:
                 if on_piece is not None:
                     on_piece(piece)
             last_token_at = time.perf_counter()
-            finish: Finish = gen.finish  # type: ignore[assignment]
+            finish: Finish = _closed(engine, gen.finish)  # type: ignore[arg-type]
             # The last token is on its way to the client; from here on nothing delays it.
             settle(engine.backend, live, finish)
             # The state keeps the generated tokens as generated. Its text is what the transcript will
@@ -207,8 +207,20 @@ class Turn:
         )
 
 
+def _closed(engine: Engine, finish: Finish) -> Finish:
+    """A reply that stopped on an EOS id the template does not write after a reply (a model's
+    <|endoftext|> where ChatML closes a turn with <|im_end|>) is closed in the state with the template's
+    own end-of-turn id, which is what the next turn's render shows there: the conversation then goes
+    on from the state instead of re-prefilling, and the state holds what a stateless server re-rendering
+    the transcript would feed. The reply's generated ids (usage, the client's view) stay as sampled."""
+    end = engine.turn_end_id
+    if finish.reason == "stop" and end is not None and finish.pending in engine.tokenizer.eos_ids:
+        return dataclasses.replace(finish, pending=end)
+    return finish
+
+
 def _eos_text(engine: Engine, finish: Finish) -> str:
     tok = engine.tokenizer
-    if finish.reason == "stop" and finish.token_ids and finish.token_ids[-1] in tok.eos_ids:
-        return tok.decode([finish.token_ids[-1]], skip_special=False)
+    if finish.reason == "stop" and finish.pending is not None and finish.pending in tok.eos_ids:
+        return tok.decode([finish.pending], skip_special=False)
     return ""

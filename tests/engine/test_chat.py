@@ -12,6 +12,7 @@ from engramctl.engine.engine import Engine
 from engramctl.engine.sampling import SamplingParams
 from engramctl.engine.turn import Turn
 from engramctl.errors import Cancelled, ContextOverflow, EngramError
+from tests.backends import both_backends
 
 HISTORY = [
     {"role": "system", "content": "Be brief."},
@@ -185,3 +186,28 @@ def test_a_cancelled_prefill_releases_the_state_and_raises(engine):
     with pytest.raises(Cancelled):
         Turn.for_messages(engine, live, NEW, _greedy()).run(cancel)
     assert live.cache is None  # released: a llama.cpp backend would have freed its sequence
+
+
+@both_backends
+def test_a_reply_stopped_by_an_eos_the_template_does_not_write_goes_on_without_a_re_prefill(backend, tiny_engine):
+    engine = tiny_engine(backend)
+    tok = engine.tokenizer
+    end = engine.turn_end_id
+    assert end is not None and tok.decode([end], skip_special=False) == "<|im_end|>"
+    others = sorted(tok.eos_ids - {end})
+    if not others:
+        pytest.skip("this tokenizer has one EOS id")  # transformers' tiny one; the GGUF adds <|endoftext|>
+
+    def choose_the_other_eos(prompt):  # the model's first choice after the prompt: <|endoftext|>, say
+        live.last_logits = torch.full_like(live.last_logits, -1e9)
+        live.last_logits[others[0]] = 0.0
+
+    live = engine.new_live()
+    done = Turn.for_messages(engine, live, HISTORY[:2], SamplingParams(temperature=0, max_tokens=4)).run(
+        on_prompt=choose_the_other_eos
+    )
+    assert (done.finish.reason, done.finish.token_ids) == ("stop", (others[0],))  # the client's view: as sampled
+    assert done.live.token_ids[-1] == end and done.live.text.endswith("<|im_end|>")
+    conversation = HISTORY[:2] + [{"role": "assistant", "content": done.finish.text}] + NEW
+    nxt = Turn.for_messages(engine, done.live, conversation, SamplingParams(temperature=0, max_tokens=2))
+    assert not nxt.reset and nxt.feed == tok.encode(tok.render(conversation)[len(done.live.text) :])
