@@ -15,14 +15,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.routing import Match
 
 from engramctl import __version__
 from engramctl.daemon import engram, routes_agent, routes_openai, routes_snapshots, routes_status
-from engramctl.daemon.auth import AuthMiddleware
+from engramctl.daemon.auth import PUBLIC_PATHS, AuthMiddleware
 from engramctl.daemon.context import Daemon
 from engramctl.daemon.errors import body_for, error_body, validation_problem
-from engramctl.daemon.limits import MAX_BODY_BYTES, BodyLimitMiddleware, JsonContentTypeMiddleware
+from engramctl.daemon.limits import MAX_BODY_BYTES, BodyLimitMiddleware, JsonContentTypeMiddleware, RetryAfterMiddleware
 from engramctl.daemon.model import load_model
+from engramctl.daemon.schemas import ERROR_BODY_SCHEMA
 from engramctl.engine.engine import Engine
 from engramctl.errors import EngramError, UsageError
 from engramctl.settings import Settings
@@ -34,7 +36,7 @@ log = logging.getLogger("engramctl.daemon")
 def _load(settings: Settings) -> tuple[Engine, Store]:
     store = Store.open(settings)
     try:
-        engine = load_model(settings)
+        engine = load_model(settings, place_tables=store.claim_tables)  # the store's budgets hold its tables
         store.replan(model_bytes=0, model_on_cpu=engine.info.device == "cpu")
     except BaseException:
         store.close()
@@ -71,10 +73,12 @@ def create_app(
     app.include_router(routes_snapshots.router)
     app.include_router(routes_agent.router)
     _install_error_handlers(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     # add_middleware wraps: the last added runs first. On the way in: size cap, auth, content type.
     app.add_middleware(JsonContentTypeMiddleware)
     app.add_middleware(AuthMiddleware, token=daemon.token)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    app.add_middleware(RetryAfterMiddleware)  # outermost: a 429 from anywhere says when to retry
     return app
 
 
@@ -103,12 +107,65 @@ def _install_error_handlers(app: FastAPI) -> None:
             detail = f"no route {request.method} {request.url.path}."
         elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI read a body that is not UTF-8
             detail, code = "the request body is not valid JSON: it is not UTF-8 text.", "invalid_request"
-        return answer(
-            request, exc.status_code, error_body(detail, exc.status_code, code), getattr(exc, "headers", None)
-        )
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            # Starlette's Allow names only the first route of the path; a path may have one route per method
+            allowed = _allowed_methods(request)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+            detail = f"{request.method} is not allowed on {request.url.path}; use {' or '.join(allowed)}."
+        return answer(request, exc.status_code, error_body(detail, exc.status_code, code), headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error")
         status, body = body_for(exc)
         return answer(request, status, body)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    # Asked of the routes themselves (route.matches): included routers hide their routes' paths and methods
+    allowed = []
+    for method in ("DELETE", "GET", "PATCH", "POST", "PUT"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.routes):
+            allowed.append(method)
+    return allowed
+
+
+_OPENAPI_DESCRIPTION = """engramctl's daemon: OpenAI-compatible chat, the Engram snapshot routes, sessions, agent tools.
+Every route but GET /health needs `Authorization: Bearer <token>`. Every failure answers a non-2xx status
+with the ErrorBody JSON. Not in this document (OpenAPI cannot describe it): the WebSocket `/v1/agent/ws`,
+whose messages are documented in engramctl/daemon/routes_agent.py."""
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's document, corrected where it would not say what the daemon does: validation failures are
+    400 ErrorBody (never 422 HTTPValidationError), every route may fail with an ErrorBody (auth, size cap,
+    queue, store), and the bearer token is required everywhere but /health."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    doc = get_openapi(title=app.title, version=app.version, description=_OPENAPI_DESCRIPTION, routes=app.routes)
+    components = doc.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    schemas["ErrorBody"] = ERROR_BODY_SCHEMA
+    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    doc["security"] = [{"bearer": []}]
+    failure = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    for path, operations in doc.get("paths", {}).items():
+        for op in operations.values():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            if path in PUBLIC_PATHS:
+                op["security"] = []
+                continue
+            responses["4XX"] = {
+                "description": "Refused: bad input, missing token, not found, conflict, busy.",
+                **failure,
+            }
+            responses["5XX"] = {"description": "The daemon could not do it (store closed, shutting down).", **failure}
+    app.openapi_schema = doc
+    return doc

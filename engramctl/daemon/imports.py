@@ -8,6 +8,7 @@ thread, so it cannot interleave with a turn creating the same session.
 
 from __future__ import annotations
 
+from engramctl.daemon.schemas import ROLES
 from engramctl.engine.engine import Engine
 from engramctl.errors import SnapshotMismatch, UsageError
 from engramctl.state.codec import BACKEND, from_payload
@@ -31,6 +32,7 @@ def import_file(
     if not buf:
         raise UsageError("the request body must be the bytes of a snapshot file written by `snapshots export`.")
     payload, messages, recorded = unpack(buf, source="the uploaded snapshot file")
+    _check_transcript(messages)
     name = session or recorded
     if not name:
         raise UsageError("the snapshot file does not record a session name; give one (session=NAME).")
@@ -71,3 +73,23 @@ def import_file(
         store.delete_session(name)
         raise
     return store.wait_durable(rec.id, timeout=DURABLE_WAIT_S), len(messages)
+
+
+def _check_transcript(messages: list[dict]) -> None:
+    """The file's transcript becomes the session's and is rendered through the chat template on its next
+    turn: a message that is not {role, content} text would fail there, in the middle of a turn, so it is
+    refused here, before anything is stored."""
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise UsageError(
+                f"the uploaded snapshot file's transcript message {i} has role {str(role)[:40]!r}; "
+                f"a role is one of {', '.join(ROLES)}."
+            )
+        if not isinstance(content, str):
+            raise UsageError(f"the uploaded snapshot file's transcript message {i} has no text content.")
+        odd = next((k for k, v in m.items() if v is not None and not isinstance(v, str)), None)
+        if odd is not None:
+            raise UsageError(
+                f"the uploaded snapshot file's transcript message {i} has a field {str(odd)[:40]!r} that is not text."
+            )

@@ -169,6 +169,11 @@ class AgentSocket:
                 mid = None
                 raise _Bad("id: must be a string or an integer.", "id")
             kind = msg.get("type")
+            if not isinstance(kind, str):  # a list or object here is unhashable: it must not reach the dict lookup
+                raise _Bad(
+                    f"type: must be a string naming the message (chat, call, cancel or ping), not {_json_kind(kind)}.",
+                    "type",
+                )
             handler = {
                 "chat": self.on_chat,
                 "call": self.on_call,
@@ -183,6 +188,9 @@ class AgentSocket:
             await self.error(mid, e.message, e.code, e.param)
         except EngramError as e:
             await self.fail(mid, e)
+        except Exception as e:  # noqa: BLE001 - a defect in one message's handling must not drop the connection
+            log.exception("agent WebSocket message failed")
+            await self.error(mid, f"internal error: {type(e).__name__}: {e}", "internal_error")
 
     async def on_ping(self, mid: Any, msg: dict) -> None:
         await self.send({"type": "pong", "id": mid})
@@ -277,6 +285,10 @@ class AgentSocket:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
+
+
+def _json_kind(value: Any) -> str:
+    return {type(None): "null", bool: "a boolean", list: "a list", dict: "an object"}.get(type(value), "a number")
 
 
 def _decode(message: dict) -> dict:

@@ -271,9 +271,22 @@ async def gc_snapshots(request: Request):
     return engram.ok(**report.to_json())
 
 
-@router.post("/import_snapshot")
+# The body is read raw (request.body()), so FastAPI cannot see it: the document says what it is.
+_IMPORT_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The bytes of a file written by `engramctl snapshots export`.",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.post("/import_snapshot", openapi_extra=_IMPORT_BODY)
 async def import_snapshot(
-    request: Request, session: str | None = None, conversation_id: str | None = None, label: str | None = None
+    request: Request,
+    session: Annotated[str | None, Query(json_schema_extra={"pattern": "^[A-Za-z0-9._-]{1,64}$"})] = None,
+    conversation_id: Annotated[str | None, Query(json_schema_extra={"pattern": "^[A-Za-z0-9._-]{1,255}$"})] = None,
+    label: Annotated[str | None, Query(json_schema_extra={"pattern": "^[^\\x00-\\x1f\\x7f]{1,128}$"})] = None,
 ):
     """Body: the raw bytes of a file written by `snapshots export`. Query: session (default: the one the
     file records), label. Verified like a restore, then stored as the head of a new session."""

@@ -3,7 +3,9 @@ delete, reset), /v1/tiers."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
 
 from engramctl import __version__
 from engramctl.daemon.context import daemon_of
@@ -12,6 +14,8 @@ from engramctl.protocol import Session
 from engramctl.store.names import validate_session_name
 
 router = APIRouter()
+# documentation only: validate_session_name checks it, with a message that names the rule
+SessionName = Annotated[str, Path(json_schema_extra={"pattern": "^[A-Za-z0-9._-]{1,64}$"})]
 
 
 @router.get("/health")
@@ -60,14 +64,14 @@ async def sessions(request: Request):
 
 
 @router.get("/v1/sessions/{name}")
-async def session(name: str, request: Request):
+async def session(name: SessionName, request: Request):
     d = daemon_of(request)
     info = d.store.get_session(validate_session_name(name))
     return {**Session.from_info(info).to_json(), "messages": d.store.transcript(name)}
 
 
 @router.delete("/v1/sessions/{name}")
-async def delete_session(name: str, request: Request):
+async def delete_session(name: SessionName, request: Request):
     d = daemon_of(request)
     deleted = d.store.delete_session(validate_session_name(name))
     d.service.invalidate(name)
@@ -75,7 +79,7 @@ async def delete_session(name: str, request: Request):
 
 
 @router.post("/v1/sessions/{name}/reset")
-async def reset_session(name: str, request: Request):
+async def reset_session(name: SessionName, request: Request):
     """Start the session over (the REPL's /clear, `chat --new`): no state, an empty transcript. Nothing
     is deleted: its snapshots stay listed, each with the transcript it was taken at."""
     d = daemon_of(request)

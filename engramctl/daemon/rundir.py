@@ -108,7 +108,11 @@ def running_pid(settings: Settings) -> int | None:
 def write_state(settings: Settings, state: dict[str, Any]) -> None:
     path = state_path(settings)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
+    # 0600 like every file engramctl writes (the run dir is 0700 too): it says where the daemon listens
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a .tmp left by an older version keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(state, indent=1))
     os.replace(tmp, path)
 
 

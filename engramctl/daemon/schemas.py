@@ -24,6 +24,21 @@ from engramctl.store.names import is_snapshot_id, session_for_conversation, vali
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+# What /openapi.json says a name or id looks like. Documentation only (json_schema_extra): the checks
+# themselves are store.names' validators, whose messages say which rule a value broke.
+_SESSION_DOC = {"pattern": "^[A-Za-z0-9._-]{1,64}$"}
+_ENGRAM_NAME_DOC = {"pattern": "^[A-Za-z0-9._-]{1,255}$"}
+_SNAPSHOT_REF_DOC = {
+    "pattern": "^[A-Za-z0-9._-]{1,255}$",
+    "description": "A snapshot id (32 hex digits), a unique prefix of one (4+ hex digits), or a name a save gave it.",
+}
+_LABEL_DOC = {"pattern": "^[^\\x00-\\x1f\\x7f]{1,128}$"}
+
+
+def _doc(default: Any, extra: dict) -> Any:
+    return Field(default, json_schema_extra=extra)
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
@@ -32,7 +47,7 @@ class TextPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... are accepted and not used
-    role: str
+    role: str = Field(json_schema_extra={"enum": list(ROLES)})
     content: str | list[TextPart] | None = None
 
     @field_validator("role")
@@ -117,8 +132,8 @@ class ChatCompletionRequest(Sampling):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    session: str | None = None
-    conversation_id: str | None = None  # the original Engram server's name for `session`
+    session: str | None = _doc(None, _SESSION_DOC)
+    conversation_id: str | None = _doc(None, _ENGRAM_NAME_DOC)  # the original Engram server's name for `session`
     tools: list[Any] | None = None
     tool_choice: Any = None  # "auto" (None), "none", "required" or a function: routes_agent.chat_with_tools
     logprobs: bool | None = None
@@ -142,9 +157,11 @@ class SessionRef(BaseModel):
     its `rid` where no conversation_id is given)."""
 
     model_config = ConfigDict(extra="ignore")
-    session: str | None = None
-    conversation_id: str | None = None
-    rid: str | None = None  # the Engram server's request id: here only its fallback use as the conversation key
+    session: str | None = _doc(None, _SESSION_DOC)
+    conversation_id: str | None = _doc(None, _ENGRAM_NAME_DOC)
+    rid: str | None = _doc(
+        None, _ENGRAM_NAME_DOC
+    )  # the Engram server's request id: here only its fallback use as the conversation key
 
     @model_validator(mode="after")
     def _one_name(self):
@@ -182,7 +199,9 @@ ENGRAM_FIELDS = (
     "request_id",
 )
 _TURN = Field(None, ge=0, description="The Engram server's turn selector: turn 1 is the state after the first reply.")
-_BRANCH = Field(None, description="The Engram server's branch selector (its own session here).")
+_BRANCH = Field(
+    None, description="The Engram server's branch selector (its own session here).", json_schema_extra=_ENGRAM_NAME_DOC
+)
 
 
 class _Selectors(SessionRef):
@@ -210,9 +229,11 @@ class _Selectors(SessionRef):
 
 
 class SaveSnapshotRequest(_Selectors):
-    label: str | None = None
+    label: str | None = _doc(None, _LABEL_DOC)
     pin: bool = True
-    snapshot_id: str | None = None  # the Engram server's custom id: the name the snapshot is saved under
+    snapshot_id: str | None = _doc(
+        None, _ENGRAM_NAME_DOC
+    )  # the Engram server's custom id: the name the snapshot is saved under
 
     @field_validator("snapshot_id")
     @classmethod
@@ -231,7 +252,7 @@ class SaveSnapshotRequest(_Selectors):
 
 
 class RestoreSnapshotRequest(_Selectors, Sampling):
-    snapshot_id: str | None = None
+    snapshot_id: str | None = _doc(None, _SNAPSHOT_REF_DOC)
     continuation: str | ChatMessage | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -287,7 +308,7 @@ class ListSnapshotsRequest(SessionRef):
 
 
 class SnapshotInfoRequest(_Selectors):
-    snapshot_id: str | None = None
+    snapshot_id: str | None = _doc(None, _SNAPSHOT_REF_DOC)
 
     @model_validator(mode="after")
     def _target(self):
@@ -298,7 +319,7 @@ class SnapshotInfoRequest(_Selectors):
 
 
 class DeleteSnapshotRequest(_Selectors):
-    snapshot_id: str | None = None
+    snapshot_id: str | None = _doc(None, _SNAPSHOT_REF_DOC)
     force: bool | None = None  # default: false for a snapshot_id, true for the Engram selectors (their delete)
 
     @model_validator(mode="after")
@@ -313,21 +334,21 @@ class SnapshotRef(BaseModel):
     """One snapshot by id or unique id prefix (/unpin_snapshot, /get_snapshot_transcript)."""
 
     model_config = ConfigDict(extra="ignore")
-    snapshot_id: str
+    snapshot_id: str = Field(json_schema_extra=_SNAPSHOT_REF_DOC)
 
 
 class PinSnapshotRequest(SnapshotRef):
-    label: str | None = None  # also set this label
+    label: str | None = _doc(None, _LABEL_DOC)  # also set this label
 
 
 class LabelSnapshotRequest(SnapshotRef):
-    label: str | None = Field(...)  # null clears it
+    label: str | None = Field(..., json_schema_extra=_LABEL_DOC)  # null clears it
 
 
 class BranchSnapshotRequest(SessionRef):
-    snapshot_id: str | None = None
-    source: str | None = None  # a session name or snapshot id
-    new_session: str
+    snapshot_id: str | None = _doc(None, _SNAPSHOT_REF_DOC)
+    source: str | None = _doc(None, _ENGRAM_NAME_DOC)  # a session name or snapshot id
+    new_session: str = Field(json_schema_extra=_SESSION_DOC)
 
     @model_validator(mode="after")
     def _source(self):
@@ -340,3 +361,26 @@ class BranchSnapshotRequest(SessionRef):
     @property
     def source_ref(self) -> str:
         return next(x for x in (self.snapshot_id, self.source, self.session_name) if x is not None)
+
+
+# protocol.ErrorBody on the wire, as /openapi.json documents it for every failure (the Engram routes add
+# their `success: false` and `message`: engram.failure).
+ERROR_BODY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code", "param"],
+            "properties": {
+                "message": {"type": "string", "description": "What is wrong, as a sentence."},
+                "type": {"type": "string", "description": "OpenAI's coarse class (invalid_request_error, ...)."},
+                "code": {"type": ["string", "null"], "description": "The precise reason (EngramError.kind)."},
+                "param": {"type": ["string", "null"], "description": "The request field at fault, if one is."},
+                "hint": {"type": "string", "description": "The next thing to try, when there is one."},
+            },
+        },
+        "success": {"type": "boolean", "const": False, "description": "Engram snapshot routes only."},
+        "message": {"type": "string", "description": "Engram snapshot routes only: error.message again."},
+    },
+}

@@ -13,7 +13,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """logits: (vocab,) float32."""
     if params.temperature == 0:
         return int(torch.argmax(logits))
-    scores = logits.float().cpu() / params.temperature
+    logits = logits.double().cpu()
+    # Shifted so the best score is 0, and in float64, before dividing: a tiny temperature (5e-324 is > 0, so
+    # allowed) then sends the other scores to -inf instead of every score to +-inf or NaN (float32 rounds such
+    # a temperature to 0), whose softmax is NaN. The distribution is the same.
+    scores = ((logits - logits.max()) / params.temperature).float()
     ids = None  # (kept,) token ids of `scores`, most likely first; None: scores is the whole vocabulary
     if params.top_k and params.top_k < scores.numel():
         # the k best only, sorted: top-p below then sorts k scores, not the vocabulary (~2 ms a token at 49k)
@@ -24,6 +28,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         probs = torch.softmax(scores, dim=-1)
         # keep a token while the tokens before it cover less than top_p; the first one always stays
         keep = (torch.cumsum(probs, dim=-1) - probs) < params.top_p
+        keep[0] = True  # said, not derived: a top_p under float32's smallest (5e-324) compares as 0 < 0
         scores, ids = scores[keep], ids[keep]
     pick = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
     return pick if ids is None else int(ids[pick])

@@ -65,32 +65,154 @@ def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     return b"".join((struct.pack("<Q", len(head)), head, data))  # one copy of the tensor bytes, not two
 
 
+# safetensors' dtype names -> bytes per element (the ones safetensors.torch loads)
+_DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E4M3FNUZ": 1,
+    "F8_E5M2": 1,
+    "F8_E5M2FNUZ": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
+}
+_MAX_DIM = 2**31 - 1  # no state tensor has a longer dimension; a larger one is a damaged or hostile header
+_MAX_RANK = 8
+_SHOWN = 60  # characters of a hostile value quoted in an error message
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    # json.loads keeps the last of two equal keys: a second tensor (or metadata entry) under a name
+    # already given would silently replace the first, so the file is refused instead.
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _HeaderError(f"names {_show(key)} twice")
+        out[key] = value
+    return out
+
+
+class _HeaderError(ValueError):
+    """What is wrong with a header, as the end of a sentence ("... has a bad header: <this>.")."""
+
+
+def _parse_header(raw: bytes | memoryview) -> dict:
+    """The header JSON, checked to be what safetensors and this module expect: an object of tensor
+    entries {dtype, shape, data_offsets} and a __metadata__ object of strings. Raises _HeaderError."""
+    try:
+        header = json.loads(bytes(raw), object_pairs_hook=_no_duplicates)
+    except _HeaderError:
+        raise
+    except RecursionError:
+        raise _HeaderError("its JSON nests deeper than any header does") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of 4,300+ digits
+        raise _HeaderError(f"it is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise _HeaderError(f"it is not a JSON object but {_show(header)}")
+    # safetensors makes __metadata__ optional: a file without one is some other program's (decode says so)
+    meta = header.setdefault("__metadata__", {})
+    if not isinstance(meta, dict):
+        raise _HeaderError(f"__metadata__ is not an object of strings but {_show(meta)}")
+    for key, value in meta.items():
+        if not isinstance(value, str):
+            raise _HeaderError(f"metadata {_show(key)} is not a string but {_show(value)}")
+    for name, entry in header.items():
+        if name != "__metadata__":
+            _check_entry(name, entry)
+    return header
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_entry(name: str, entry: object) -> None:
+    where = f"tensor {_show(name)}"
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise _HeaderError(f"{where} is not an entry of dtype, shape and data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
+        raise _HeaderError(f"{where} has unknown dtype {_show(dtype)}")
+    if not isinstance(shape, list) or len(shape) > _MAX_RANK:
+        raise _HeaderError(f"{where} has shape {_show(shape)}, not a list of at most {_MAX_RANK} sizes")
+    if not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in shape):
+        raise _HeaderError(f"{where} has shape {_show(shape)}: each size must be an integer in 0..{_MAX_DIM}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+        raise _HeaderError(f"{where} has data_offsets {_show(offsets)}, not two integers")
+    begin, end = offsets
+    if not 0 <= begin <= end:
+        raise _HeaderError(f"{where} has data_offsets {_show(offsets)} that do not form a range")
+    need = _DTYPE_BYTES[dtype]
+    for d in shape:
+        need *= d  # Python integers: a shape that claims terabytes is a large number here, never an overflow
+    if need != end - begin:
+        raise _HeaderError(f"{where} is {dtype}{shape} ({need} bytes) but its data_offsets span {end - begin} bytes")
+
+
+def _check_layout(header: dict, n_data: int) -> None:
+    """The tensors' byte ranges must tile the data section exactly: no gap, no overlap, nothing past its end."""
+    spans = sorted((e["data_offsets"][0], e["data_offsets"][1], k) for k, e in header.items() if k != "__metadata__")
+    for _begin, end, name in spans:
+        if end > n_data:  # said first: a size claimed past the end is the clearest description of such a file
+            raise _HeaderError(f"tensor {_show(name)} claims data up to byte {end}; the file holds {n_data} data bytes")
+    at = 0
+    for begin, end, name in spans:
+        if begin != at:
+            what = "overlaps the tensor before it" if begin < at else f"leaves {begin - at} bytes unaccounted before it"
+            raise _HeaderError(f"tensor {_show(name)} starts at byte {begin}: it {what}")
+        at = end
+    if at != n_data:
+        raise _HeaderError(f"its tensors need {at} data bytes and the file holds {n_data} (truncated or padded)")
+
+
 def decode(buf: bytes, source: str = "snapshot") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Verify and parse snapshot bytes. Raises SnapshotCorrupt / SnapshotMismatch with what is wrong."""
+    """Verify and parse snapshot bytes. Raises SnapshotCorrupt / SnapshotMismatch with what is wrong.
+
+    Every header field is checked before anything is allocated from it, so a damaged or hostile file
+    costs at most a copy of its own size: sizes are compared with the bytes actually present."""
     if len(buf) < _HEADER_LEN_BYTES:
         raise SnapshotCorrupt(f"{source} is truncated ({len(buf)} bytes).")
     (n,) = struct.unpack("<Q", buf[:_HEADER_LEN_BYTES])
     if n > len(buf) - _HEADER_LEN_BYTES:
         raise SnapshotCorrupt(f"{source} is truncated: header says {n} bytes, file has {len(buf)}.")
+    data = memoryview(buf)[_HEADER_LEN_BYTES + n :]
     try:
-        header = json.loads(buf[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + n])
-        meta = header["__metadata__"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise SnapshotCorrupt(f"{source} has an unreadable header ({e}).") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise SnapshotMismatch(f"{source} is not an engramctl snapshot (format={meta.get('format')!r}).")
+        header = _parse_header(memoryview(buf)[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + n])
+        _check_layout(header, len(data))
+    except _HeaderError as e:
+        raise SnapshotCorrupt(f"{source} has a bad header: {e}.") from None
+    meta = header["__metadata__"]
+    ours = meta.get("format") == FORMAT
+    algo = meta.get("checksum", "").partition(":")[0]
+    # The checksum is verified before the format is believed: a flipped bit in "format" or
+    # "format_version" is damage (quarantined), not a file of another kind (left alone).
+    if algo in _HASHES:
+        if meta["checksum"] != _checksum(header, data, algo):
+            raise SnapshotCorrupt(f"{source} failed its checksum: the file was modified or damaged.")
+    elif ours and meta.get("format_version") == FORMAT_VERSION:
+        raise SnapshotCorrupt(f"{source} has no valid checksum (checksum={_show(meta.get('checksum'))}).")
+    if not ours:
+        raise SnapshotMismatch(f"{source} is not an engramctl snapshot (format={_show(meta.get('format'))}).")
     if meta.get("format_version") != FORMAT_VERSION:
         raise SnapshotMismatch(
-            f"{source} has snapshot format version {meta.get('format_version')!r}; "
+            f"{source} has snapshot format version {_show(meta.get('format_version'))}; "
             f"this engramctl reads version {FORMAT_VERSION}."
         )
-    data = memoryview(buf)[_HEADER_LEN_BYTES + n :]
-    expected_len = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-    if len(data) != expected_len:
-        raise SnapshotCorrupt(f"{source} is truncated or padded: {len(data)} data bytes, header needs {expected_len}.")
-    algo = str(meta.get("checksum", "")).partition(":")[0]
-    if algo not in _HASHES or meta.get("checksum") != _checksum(header, data, algo):
-        raise SnapshotCorrupt(f"{source} failed its checksum: the file was modified or damaged.")
     from safetensors.torch import load as st_load
 
     try:
@@ -107,10 +229,13 @@ def read_metadata(path: Path) -> dict[str, str]:
         if len(head) < _HEADER_LEN_BYTES:
             raise SnapshotCorrupt(f"{path.name} is truncated.")
         (n,) = struct.unpack("<Q", head)
+        size = os.fstat(f.fileno()).st_size
+        if n > size - _HEADER_LEN_BYTES:
+            raise SnapshotCorrupt(f"{path.name} is truncated: header says {n} bytes, file has {size}.")
         try:
-            return dict(json.loads(f.read(n))["__metadata__"])
-        except (ValueError, KeyError) as e:
-            raise SnapshotCorrupt(f"{path.name} has an unreadable header ({e}).") from None
+            return dict(_parse_header(f.read(n))["__metadata__"])
+        except _HeaderError as e:
+            raise SnapshotCorrupt(f"{path.name} has a bad header: {e}.") from None
 
 
 def write_atomic(path: Path, buf: bytes, mode: int = 0o600) -> None:

@@ -43,3 +43,21 @@ def test_top_k_and_top_p_sample_only_within_both():
     allowed = set(best[:covered].tolist())
     seen = {sample(logits, SamplingParams(temperature=1.0, top_k=40, top_p=0.9), g) for _ in range(500)}
     assert seen <= allowed and len(seen) > 1
+
+
+def test_a_tiny_temperature_or_top_p_samples_the_best_token():
+    """Regression (issue 12 API fuzz): temperature or top_p 5e-324 is > 0, so the API allows it; float32 rounded
+    it to 0 (NaN scores; no token kept) and the daemon answered 500 (multinomial on NaN or on nothing)."""
+    import torch
+
+    from engramctl.engine.sampling import SamplingParams, sample
+
+    logits = torch.randn(512, generator=torch.Generator().manual_seed(3))
+    for temperature in (5e-324, 1e-300, 1e-40):
+        for cut in ({}, {"top_p": 0.5}, {"top_k": 3}, {"top_k": 3, "top_p": 0.1}):
+            params = SamplingParams(temperature=temperature, **cut)
+            assert sample(logits, params, torch.Generator().manual_seed(0)) == int(logits.argmax())
+    for top_p in (5e-324, 1e-300):  # the same for a top_p float32 rounds to 0: the best token always stays
+        for temperature in (0.7, 5e-324):
+            params = SamplingParams(temperature=temperature, top_p=top_p)
+            assert sample(logits, params, torch.Generator().manual_seed(0)) == int(logits.argmax())
