@@ -174,6 +174,11 @@ class Settings:
         metavar="N",
         bounds=(2, 2**31 - 1),
     )
+    ngram_table_tier: str = setting(
+        "auto",
+        "where the Engram tables live; auto: RAM if they fit its budget, else disk (read with prefetch)",
+        choices=("auto", "ram", "disk"),
+    )
     keep_last: int = setting(8, "snapshots kept per session besides pinned and labelled ones", metavar="N")
     session_ttl_s: float | None = setting(
         None, "drop unpinned snapshots of sessions idle this many seconds", metavar="SECONDS", shown_default="off"

@@ -51,7 +51,7 @@ def render(r: dict[str, Any]) -> str:
         )
     lines += _table(["VARIANT", "TOK/S", "PREFILL", "DECODE", "VS A", "VS B", "WAIT MS", "CPU/WALL"], rows)
     ex = r["exact"]
-    lines += ["", f"exact: C == B {ex['c_equals_b']}, D == B {ex['d_equals_b']} (final hidden states, bitwise)", ""]
+    lines += ["", f"exact: C == B {ex['c_equals_b']}, D == B {ex['d_equals_b']} (final outputs, bitwise)", ""]
     size_rows = []
     for s in r["sizes"]:
         if s.get("skipped"):

@@ -343,8 +343,16 @@ def ngram(
     decode_tokens: Optional[int] = typer.Option(
         None, "--decode-tokens", min=1, help="Decode steps of one token per sequence (default 32; --quick 8)."
     ),
-    hidden: int = typer.Option(512, "--hidden", min=8, help="Backbone width."),
-    layers: int = typer.Option(8, "--layers", min=2, help="Backbone blocks."),
+    preset: Optional[str] = typer.Option(
+        None,
+        "--preset",
+        help="The bench preset model the engine serves (default granite-4.0-h-350m; --quick tiny).",
+    ),
+    stand_in: bool = typer.Option(
+        False, "--stand-in", help="Run the bench's stand-in MLP backbone instead of the engine (--hidden, --layers)."
+    ),
+    hidden: int = typer.Option(512, "--hidden", min=8, help="Stand-in backbone width."),
+    layers: int = typer.Option(8, "--layers", min=2, help="Stand-in backbone blocks."),
     engram_layer: int = typer.Option(1, "--engram-layer", min=0, help="Block index of the Engram layer (0-based)."),
     read: str = typer.Option(
         "pread", "--read", metavar="pread|direct", help="Disk reads: pread after posix_fadvise eviction, or O_DIRECT."
@@ -361,7 +369,8 @@ def ngram(
     device: str = typer.Option("cpu", "--device", metavar="cpu|cuda", help="Where the backbone runs."),
     keep_data: bool = typer.Option(False, "--keep-data", help="Keep the bench's tables (a bench-ngram-* dir)."),
 ) -> None:
-    """N-gram memory (Engram) tables in the RAM and disk tiers: tokens/s of (A) a backbone alone, (B) with an
+    """N-gram memory (Engram) tables in the RAM and disk tiers, on the engine serving a bench preset model
+    (random weights) or the --stand-in backbone: tokens/s of (A) the backbone alone, (B) with an
     Engram layer whose table is in RAM, (C) the table on disk read at the layer, (D) on disk and prefetched
     while the earlier blocks compute, (E) D across table sizes, and (F) on real text, the hit rate of an LRU
     RAM cache of disk rows per n-gram order and the unique rows per step. Tables on stdout, progress on
@@ -378,7 +387,14 @@ def ngram(
     d = NGRAM_QUICK if quick else NGRAM_FULL
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be cpu or cuda; got {device!r}.")
+    if stand_in and preset:
+        raise UsageError("--preset names the model the engine serves; --stand-in runs no engine: give one.")
+    if not stand_in:
+        from engramctl.bench.presets import preset_name
+
+        preset = preset_name(preset or ("tiny" if quick else "granite-4.0-h-350m"))
     cfg = NgramBenchConfig(
+        preset=None if stand_in else preset,
         hidden=hidden,
         layers=layers,
         engram_layer=engram_layer,
@@ -401,7 +417,8 @@ def ngram(
     parts = ["engramctl", "bench", "ngram", "--runs", str(cfg.runs), "--table-bytes", str(cfg.table_bytes)]
     parts += ["--sizes", ",".join(str(x) for x in cfg.sizes), "--batch", str(batch)]
     parts += ["--prefill-tokens", str(cfg.prefill_tokens), "--chunk", str(chunk)]
-    parts += ["--decode-tokens", str(cfg.decode_tokens), "--hidden", str(hidden), "--layers", str(layers)]
+    parts += ["--decode-tokens", str(cfg.decode_tokens)]
+    parts += ["--stand-in", "--hidden", str(hidden), "--layers", str(layers)] if stand_in else ["--preset", preset]
     parts += ["--engram-layer", str(engram_layer), "--read", read, "--io-threads", str(io_threads)]
     parts += [x for c in cfg.corpus for x in ("--corpus", c)] + ["--corpus-tokens", str(cfg.corpus_tokens)]
     parts += ["--seed", str(seed), "--device", device] + (["--threads", str(threads)] if threads else [])

@@ -73,7 +73,7 @@ class LocalCatalog:
     def tiers(self) -> dict:
         """The store's plan, with the N-gram tables written under the data dir's ngram/ claimed on it
         (no daemon: the tables a model would load; the planner decides RAM or disk the same way)."""
-        from engramctl.ngram.table import installed_tables
+        from engramctl.ngram.table_spec import installed_tables
         from engramctl.tiers.plan import claim_tables, plan_json
 
         tables = installed_tables(self.store.settings.paths.data_dir / "ngram", recursive=True)

@@ -14,12 +14,15 @@ from engramctl.settings import Settings
 log = logging.getLogger("engramctl.daemon")
 
 
-def load_model(settings: Settings):
+def load_model(settings: Settings, place_tables=None):
     """Load settings.model (or the default model) on settings.device/dtype; logs progress. What the
     user should know about the choice (the SmolLM2 fallback) is logged as a warning and kept in
-    engine.notices, which /v1/status reports and the CLI prints once after starting the daemon."""
+    engine.notices, which /v1/status reports and the CLI prints once after starting the daemon.
+    `place_tables` is the tier planner's claim for the Engram tables (the daemon's Store.claim_tables);
+    without it they are placed on a plan of this machine's tiers."""
     from engramctl.engine.engram import ngram_config
     from engramctl.engine.loading import load_engine
+    from engramctl.ngram.tableset import TableSetup
 
     notices: list[str] = []
 
@@ -45,8 +48,15 @@ def load_model(settings: Settings):
     log.info("loading model %s (backend %s, device %s, dtype %s)", ref, st.backend, st.device, st.dtype)
     t0 = time.perf_counter()
     ngram = ngram_config(st.ngram_layers, st.ngram_table_rows)
+    tables = TableSetup(
+        data_dir=st.paths.data_dir,
+        cache_dir=st.paths.cache_dir,
+        tier=st.ngram_table_tier,
+        place=place_tables or _planner(settings),
+        progress=log.info,
+    )
     engine = load_engine(
-        ref, st.paths.cache_dir, st.device, st.dtype, backend=st.backend, progress=log.info, ngram=ngram
+        ref, st.paths.cache_dir, st.device, st.dtype, backend=st.backend, progress=log.info, ngram=ngram, tables=tables
     )
     i = engine.info
     log.info(
@@ -61,3 +71,16 @@ def load_model(settings: Settings):
     )
     engine.notices.extend(notices)
     return engine
+
+
+def _planner(settings: Settings):
+    """claim_tables on a fresh plan of this machine's tiers: the placement when no store claims them."""
+
+    def place(tables, tier):
+        from engramctl.tiers.hardware import detect_hardware
+        from engramctl.tiers.plan import claim_tables, plan
+
+        claimed = claim_tables(plan(detect_hardware(settings.paths.data_dir), settings), tables, tier)
+        return {c.name: c.tier for c in claimed.tables}
+
+    return place

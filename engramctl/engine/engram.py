@@ -2,25 +2,32 @@
 Engram output to the residual stream before the block runs (spec §2.8), without editing transformers.
 
 Per forward the backend opens a `step`: the new tokens are compressed and hashed for every Engram layer
-(with the sequence's lookback) before the backbone runs, which is the point a prefetcher hooks into; the
-hooks then read their rows and carry each layer's conv state. The per-sequence part (conv windows,
-lookback ids) lives in Live.ngram as NgramState objects, so snapshots hold it like any layer state.
+(with the sequence's lookback) before the backbone runs, and the tables start reading those rows then (a
+disk table's prefetcher gathers them while the blocks before the Engram layer compute); each hook takes its
+rows (waiting only for what is not there) and carries its layer's conv state. The tables are table files
+under the data dir, placed in RAM or on disk by the tier planner (ngram/tableset.py, TableSetup). The
+per-sequence part (conv windows, lookback ids) lives in Live.ngram as NgramState objects, so snapshots
+hold it like any layer state.
 """
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from engramctl.errors import EngramError, UnsupportedModel, UsageError
+from engramctl.errors import EngramError, SnapshotCorrupt, UnsupportedModel, UsageError
 from engramctl.ngram.compression import TokenMap, build_from_decoder
 from engramctl.ngram.hashing import NgramConfig, NgramHasher
 from engramctl.ngram.layer import EngramStack
+from engramctl.ngram.table_spec import config_hash
+from engramctl.ngram.tableset import TableSet, TableSetup
 from engramctl.state import NgramState
 
 MODULE_NAME = "engram"  # where the stack hangs on the model: its weights join the fingerprint and n_params
@@ -61,13 +68,16 @@ class EngramHooks:
     """The Engram layers of one loaded model and the hooks that run them. A forward runs inside one
     `step` at a time (the backend's single worker thread), which is what the hooks read."""
 
-    def __init__(self, model: nn.Module, hf_tokenizer, config: NgramConfig, n_blocks: int):
+    def __init__(
+        self, model: nn.Module, hf_tokenizer, config: NgramConfig, n_blocks: int, setup: TableSetup | None = None
+    ):
         blocks = decoder_blocks(model, n_blocks)
         too_deep = [i for i in config.layer_ids if i >= len(blocks)]
         if too_deep:
             raise UsageError(f"Engram layers {too_deep} are past this model's {len(blocks)} decoder blocks.")
+        setup = setup or TableSetup()
         self.config = config
-        self.token_map = tokenizer_map(hf_tokenizer)
+        self.token_map = cached_tokenizer_map(hf_tokenizer, setup.cache_dir)
         # The tokenizer's own pad plays the demo's pad_id (DeepSeek-V3's pad token); without one, EOS.
         pad = next((i for i in (hf_tokenizer.pad_token_id, hf_tokenizer.eos_token_id) if i is not None), 0)
         self.pad_raw = int(pad)
@@ -76,19 +86,42 @@ class EngramHooks:
         )
         hidden = int(model.config.hidden_size)
         param = next(model.parameters())
-        self.stack = EngramStack(config, self.hasher, hidden).to(device=param.device, dtype=param.dtype)
+        self.dtype, self.device = param.dtype, param.device
+        self.stack = EngramStack(config, self.hasher, hidden, with_tables=False).to(
+            device=param.device, dtype=param.dtype
+        )
+        dtype_name = str(param.dtype).removeprefix("torch.")
+        key = config_hash(config, self.token_map.compressed_vocab_size, self.hasher.pad_id, dtype_name)
+        self.table_key, self.table_dtype = key, dtype_name
+        self.tables = TableSet.open(config, self.hasher, key, dtype_name, setup)
+        for layer_id, checksum in self.tables.checksums.items():
+            # the table's bytes are part of the model's identity (the fingerprint samples every buffer)
+            digest = torch.tensor(list(bytes.fromhex(checksum)), dtype=torch.uint8, device=param.device)
+            self.stack.layer(layer_id).register_buffer("table_checksum", digest)
         model.add_module(MODULE_NAME, self.stack)
         self._step: _Step | None = None
         for layer_id in config.layer_ids:
             blocks[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
+
+    def open_tables(self, setup: TableSetup) -> TableSet:
+        """The same tables held another way (RAM, disk read at the layer, disk prefetched): the benchmark
+        swaps `self.tables` between these. The same data dir and init give the same bytes (the sidecar's
+        checksum is checked against the model's), hence the same outputs."""
+        tables = TableSet.open(self.config, self.hasher, self.table_key, self.table_dtype, setup)
+        if tables.checksums != self.tables.checksums:
+            tables.close()
+            raise UsageError("these tables hold other bytes than the model's (another data dir or init).")
+        return tables
+
+    def close(self) -> None:
+        self.tables.close()
 
     def fresh(self) -> tuple[NgramState, ...]:
         """A sequence that consumed nothing: zero conv windows, a lookback of pads."""
         width = self.config.max_ngram_size - 1
         out = []
         for layer_id in self.config.layer_ids:
-            weight = self.stack.layer(layer_id).table.weight
-            conv = self.stack.layer(layer_id).fusion.short_conv.initial_state(1, weight.dtype, weight.device)
+            conv = self.stack.layer(layer_id).fusion.short_conv.initial_state(1, self.dtype, self.device)
             out.append(NgramState(conv=conv, lookback=torch.full((1, width), self.hasher.pad_id, dtype=torch.int64)))
         return tuple(out)
 
@@ -103,6 +136,7 @@ class EngramHooks:
         compressed = self.token_map.compress([list(token_ids)], self.pad_raw)  # (1, T)
         lookback = states[0].lookback.cpu().numpy()  # the same token history for every layer
         local = self.hasher.hash_continuation(lookback, compressed)
+        self.tables.begin(local)  # before the backbone runs: a disk table starts gathering now
         self._step = _Step(local, {lid: st.conv for lid, st in zip(self.config.layer_ids, states)}, set())
         result: list[NgramState] = []
         try:
@@ -128,13 +162,38 @@ class EngramHooks:
                 raise EngramError(f"the Engram layer at block {layer_id} ran twice in one forward.")
             in_kwargs = "hidden_states" in kwargs
             hidden = kwargs["hidden_states"] if in_kwargs else args[0]  # (1, T, d) residual stream
-            out, step.conv[layer_id] = self.stack.layer(layer_id)(hidden, step.local_ids[layer_id], step.conv[layer_id])
+            rows = self.tables.take(layer_id)  # waits only for the rows not gathered yet
+            rows = torch.from_numpy(rows).view(self.dtype) if rows.dtype == np.uint16 else torch.from_numpy(rows)
+            layer = self.stack.layer(layer_id)
+            out, step.conv[layer_id] = layer(hidden, step.local_ids[layer_id], step.conv[layer_id], rows=rows)
             step.ran.add(layer_id)
             if in_kwargs:
                 return args, {**kwargs, "hidden_states": out}
             return (out, *args[1:]), kwargs
 
         return pre_hook
+
+
+def cached_tokenizer_map(tokenizer, cache_dir: Path | None) -> TokenMap:
+    """tokenizer_map, kept under <cache dir>/ngram/ by a hash of the tokenizer's vocabulary: building it
+    decodes every token (about a second), which a load should not pay every time."""
+    if cache_dir is None:
+        return tokenizer_map(tokenizer)
+    hf = getattr(tokenizer, "hf", tokenizer)
+    vocab = hf.get_vocab() if hasattr(hf, "get_vocab") else {}
+    key = hashlib.sha256(repr((len(hf), sorted(vocab.items()), hf.all_special_tokens)).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / "ngram" / f"tokenmap-{key}.safetensors"
+    if path.is_file():
+        try:
+            return TokenMap.load(path)
+        except SnapshotCorrupt:
+            pass  # torn by a crash mid-write: built again below
+    token_map = tokenizer_map(tokenizer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    token_map.save(tmp)
+    tmp.replace(path)
+    return token_map
 
 
 def tokenizer_map(tokenizer) -> TokenMap:

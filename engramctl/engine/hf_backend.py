@@ -30,6 +30,7 @@ from engramctl.engine.scan_chunk import ScanChunks
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import Cancelled, EngramError, SnapshotMismatch, UnsupportedModel
 from engramctl.ngram.hashing import NgramConfig
+from engramctl.ngram.tableset import TableSetup
 from engramctl.state import AttentionState, EmptyState, HybridState, NgramState, RecurrentState, SessionState
 from engramctl.state.layers import TOKEN_DIM
 from engramctl.state.spec import TOKENS, LayerSpec, StateSpec, TensorSpec
@@ -49,6 +50,7 @@ class TransformersBackend:
         model_id: str,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         ngram: NgramConfig | None = None,
+        tables: TableSetup | None = None,
     ):
         from transformers.cache_utils import DynamicCache
 
@@ -64,11 +66,14 @@ class TransformersBackend:
         classes = [type(layer).__name__ for layer in probe_cache.layers]
         self.family: Family = family_for(model.config.model_type, classes)
         # Before the fingerprint: the Engram weights and hash constants are part of the model's identity.
-        self.engram = None if ngram is None else EngramHooks(model, tokenizer.hf, ngram, len(probe_cache.layers))
+        self.engram = (
+            None if ngram is None else EngramHooks(model, tokenizer.hf, ngram, len(probe_cache.layers), tables)
+        )
         # so a short message on a restored state does not pay for a whole padded scan chunk
         self.scan_chunks = ScanChunks.find(model, self.family.scan_mixer)
         fingerprint = model_fingerprint(model, model.config.to_dict())
         n_params = sum(p.numel() for p in model.parameters())
+        n_params += self.engram.tables.n_values if self.engram is not None else 0  # rows live in table files
         self.info = ModelInfo(
             model_id=model_id,
             family=model.config.model_type,
@@ -88,7 +93,13 @@ class TransformersBackend:
     # -- loading -------------------------------------------------------------------------------------
     @classmethod
     def load(
-        cls, model_dir: Path, model_id: str, device: str, dtype: torch.dtype, ngram: NgramConfig | None = None
+        cls,
+        model_dir: Path,
+        model_id: str,
+        device: str,
+        dtype: torch.dtype,
+        ngram: NgramConfig | None = None,
+        tables: TableSetup | None = None,
     ) -> "TransformersBackend":
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -104,7 +115,7 @@ class TransformersBackend:
         except OSError:
             gen_eos = None
         tokenizer = ChatTokenizer(hf_tok, gen_eos if gen_eos is not None else model.config.eos_token_id)
-        return cls(model, tokenizer, model_id, ngram=ngram)
+        return cls(model, tokenizer, model_id, ngram=ngram, tables=tables)
 
     def _probe_spec(self) -> StateSpec:
         """Run one token through a fresh cache to learn every state tensor's shape and dtype."""

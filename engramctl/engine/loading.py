@@ -28,6 +28,7 @@ from engramctl.errors import ModelNotFound, UnsupportedModel
 
 if TYPE_CHECKING:
     from engramctl.ngram.hashing import NgramConfig
+    from engramctl.ngram.tableset import TableSetup
 
 _FORMAT = "1"  # bump when the conversion changes, so old caches are not reused
 _EDGE = 1 << 20  # bytes hashed at each end of a GGUF file
@@ -203,11 +204,12 @@ def load_engine(
     backend: str = "auto",
     progress: Callable[[str], None] | None = None,
     ngram: "NgramConfig | None" = None,
+    tables: "TableSetup | None" = None,
 ):
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
     weight type (never converted to float32); `dtype` applies to transformers only. `ngram` gives the
-    transformers model Engram layers (engine/engram.py)."""
+    transformers model Engram layers (engine/engram.py), their tables held as `tables` says."""
     from engramctl.engine.engine import Engine
     from engramctl.errors import BackendUnavailable
 
@@ -244,5 +246,7 @@ def load_engine(
 
     resolved = resolve_model(ref, cache_dir, progress=progress)
     dev = pick_device(device)
-    tb = TransformersBackend.load(resolved.model_dir, resolved.model_id, dev, pick_dtype(dtype, dev), ngram=ngram)
+    tb = TransformersBackend.load(
+        resolved.model_dir, resolved.model_id, dev, pick_dtype(dtype, dev), ngram=ngram, tables=tables
+    )
     return Engine(tb, tb.tokenizer)

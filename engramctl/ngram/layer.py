@@ -1,8 +1,9 @@
 """An Engram layer in one piece: its flat table, its frozen hash constants and its fusion, initialised
 from a seed as the official demo initialises them (tables N(0,1), projections nn.Linear's default).
 
-Rows are read through `gather_rows` only, so the table tiers (table files, prefetched staging buffers)
-can take the in-memory embedding's place without touching the layer.
+Rows are read through `gather_rows` only when the layer holds its table as an nn.Embedding (tests, the
+reference); the engine builds the layer without one (`with_table=False`) and hands each forward the rows
+its TableSet read (ngram/tableset.py: RAM, or disk through the prefetcher).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ def gather_rows(table: nn.Embedding, row_ids: torch.Tensor) -> torch.Tensor:
 class EngramLayer(nn.Module):
     """One Engram layer on a plain (one-branch) residual stream: out = h + Y (spec §2.8)."""
 
-    def __init__(self, config: NgramConfig, hasher: NgramHasher, layer_id: int, hidden_size: int):
+    def __init__(
+        self, config: NgramConfig, hasher: NgramHasher, layer_id: int, hidden_size: int, with_table: bool = True
+    ):
         super().__init__()
         self.layer_id = layer_id
-        self.table = nn.Embedding(hasher.rows(layer_id), config.head_dim)  # (rows, D_h), flat over (n, k)
+        # (rows, D_h), flat over (n, k); None when the rows come from a table file (TableSet)
+        self.table = nn.Embedding(hasher.rows(layer_id), config.head_dim) if with_table else None
         # The hash constants are frozen with the weights (numpy does not promise its RNG stream across
         # versions), and being buffers they are part of the model fingerprint.
         self.register_buffer("offsets", torch.from_numpy(hasher.offsets(layer_id)))  # ((N-1)*K,)
@@ -44,16 +48,26 @@ class EngramLayer(nn.Module):
         return self.fusion.short_conv.state_len
 
     def forward(
-        self, hidden: torch.Tensor, local_ids: np.ndarray, conv_state: torch.Tensor | None
+        self,
+        hidden: torch.Tensor,
+        local_ids: np.ndarray,
+        conv_state: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden (batch, T, d) residual stream at the block input; local_ids (batch, T, (N-1)*K) head-local
-        indices from NgramHasher; conv_state (batch, d, (w-1)*N) or None. Returns (h + Y, new conv state)."""
+        indices from NgramHasher; conv_state (batch, d, (w-1)*N) or None; rows (batch, T, (N-1)*K, D_h) the
+        rows of those ids when read elsewhere (required without a table). Returns (h + Y, new conv state)."""
         if tuple(local_ids.shape[:2]) != tuple(hidden.shape[:2]):
             raise UsageError(
                 f"row ids cover {tuple(local_ids.shape[:2])} positions; the hidden states {tuple(hidden.shape[:2])}."
             )
-        rows = torch.from_numpy(np.ascontiguousarray(local_ids)).to(self.offsets.device) + self.offsets
-        memory = gather_rows(self.table, rows).to(hidden.dtype)  # (batch, T, d_mem)
+        if rows is not None:
+            memory = rows.to(hidden.device, hidden.dtype).flatten(-2)  # (batch, T, d_mem)
+        elif self.table is not None:
+            ids = torch.from_numpy(np.ascontiguousarray(local_ids)).to(self.offsets.device) + self.offsets
+            memory = gather_rows(self.table, ids).to(hidden.dtype)
+        else:
+            raise UsageError(f"the Engram layer at block {self.layer_id} holds no table: pass the rows it reads.")
         out, new_state = self.fusion(hidden.unsqueeze(2), memory, conv_state)
         return out.squeeze(2), new_state
 
@@ -61,7 +75,7 @@ class EngramLayer(nn.Module):
 class EngramStack(nn.Module):
     """The Engram layers of one model, keyed by block index."""
 
-    def __init__(self, config: NgramConfig, hasher: NgramHasher, hidden_size: int):
+    def __init__(self, config: NgramConfig, hasher: NgramHasher, hidden_size: int, with_tables: bool = True):
         super().__init__()
         self.config = config
         self.hasher = hasher
@@ -71,7 +85,7 @@ class EngramStack(nn.Module):
             # resumes in the other) and the caller's global RNG stream is left as it was.
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed + _LAYER_SEED_STRIDE * layer_id)
-                layers[str(layer_id)] = EngramLayer(config, hasher, layer_id, hidden_size)
+                layers[str(layer_id)] = EngramLayer(config, hasher, layer_id, hidden_size, with_tables)
         self.layers = nn.ModuleDict(layers)
 
     def layer(self, layer_id: int) -> EngramLayer:

@@ -34,7 +34,7 @@ CHUNK_ROWS = 512  # rows one gather task reads: small enough for wait() to help,
 
 
 class RowSource(Protocol):
-    """A table: engramctl.ngram.table.ResidentTable or DiskTable."""
+    """A table: engramctl.ngram.table_read.ResidentTable or DiskTable."""
 
     resident: bool
 

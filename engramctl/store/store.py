@@ -25,7 +25,8 @@ AlreadyExists / StoreLocked):
                find_prefix(token_ids, fingerprint, session=None)
   names:       (the Engram server's, aliases.py) turns, find_turn, turn_snapshot, name_turn, turn_numbers,
                name_snapshot, named, custom_ids, is_snapshot_name, save_branch, branch_session, branches
-  tiers:       usage(), plan_json(), replan(model_bytes, model_on_cpu), plan (TierPlan)
+  tiers:       usage(), plan_json(), replan(model_bytes, model_on_cpu), plan (TierPlan),
+               claim_tables(tables, tier) (the loaded model's N-gram tables; replan keeps them)
   maintenance: gc(), verify(), reconcile_report, write_errors, pending_writes
 """
 
@@ -58,10 +59,12 @@ from engramctl.store.reconcile import reconcile
 from engramctl.store.records import GcReport, Payload, SnapshotRecord, check_payload, payload_nbytes
 from engramctl.store.sessions import SessionsMixin
 from engramctl.tiers.hardware import Hardware, detect_hardware
-from engramctl.tiers.plan import plan
+from engramctl.tiers.plan import TableClaim, TierPlan, claim_tables, keep_tables, plan
 
 
 class Store(SessionsMixin, PersistMixin, AliasesMixin):
+    _table_claims: tuple[TableClaim, ...] = ()  # the N-gram tables claim_tables placed (a tuple: immutable)
+
     @classmethod
     def open(
         cls,
@@ -117,6 +120,33 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
             if not self._closed:
                 self._flush_touches()
         return done
+
+    # -- N-gram tables ---------------------------------------------------------------------------------
+    def claim_tables(self, tables: Sequence[tuple[str, int]], tier: str | None = None) -> dict[str, str]:
+        """Place the loaded model's N-gram tables ((name, size_bytes), earliest layer first) on the tier
+        budgets (tiers.plan.claim_tables; `tier` forces one) and keep them there across replan().
+        Returns name -> "ram" | "disk"; NgramTableError when one fits nowhere."""
+        with self._lock:
+            new = claim_tables(self.plan, tables, tier)
+            self._table_claims = new.tables
+            self._apply_plan(new)
+        return {c.name: c.tier for c in new.tables}
+
+    def replan(self, model_bytes: int = 0, model_on_cpu: bool = True, hardware: Hardware | None = None) -> TierPlan:
+        """PersistMixin.replan, with the N-gram tables claimed again in the tiers they were placed in."""
+        new = super().replan(model_bytes, model_on_cpu, hardware)
+        if not self._table_claims:
+            return new
+        with self._lock:
+            kept = keep_tables(new, self._table_claims)
+            self._apply_plan(kept)
+        return kept
+
+    def _apply_plan(self, new: TierPlan) -> None:
+        for tier in self._placement.tiers:
+            self._placement.set_budget(tier.name, new.budget(tier.name))
+        self.plan = new
+        self._enforce_disk(GcReport())
 
     # -- snapshots -----------------------------------------------------------------------------------
     def commit(

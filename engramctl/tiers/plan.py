@@ -13,10 +13,11 @@ Overrides: Settings.tier_{vram,ram,disk}_bytes (defaults < config.toml < ENGRAM_
 flags, resolved by load_settings) replace the default rule; the rule text then says so and what the
 default would have been. A vram override without CUDA is ignored (there is no VRAM to use).
 
-N-gram memory tables (engramctl/ngram/table.py) are claims on these budgets: `claim_tables` places each
+N-gram memory tables (engramctl/ngram/table_spec.py) are claims on these budgets: `claim_tables` places each
 table, in the order given (earliest Engram layer first: its prefetch window is the shortest), in RAM if it
 fits what is left of the RAM budget, else on disk if it fits what is left of the disk budget. A tier's
-budget_bytes is then what is left for snapshots; table_bytes is what its tables take.
+budget_bytes is then what is left for snapshots; table_bytes is what its tables take. `keep_tables` claims
+them again, in the tiers they were given, on a new plan (Store.replan after loading the model).
 """
 
 from __future__ import annotations
@@ -161,12 +162,25 @@ def claim_tables(tier_plan: TierPlan, tables: Sequence[tuple[str, int]], tier: s
         left[where] -= size
         taken[where] += size
         claims.append(TableClaim(name, int(size), where))
+    return _with_tables(tier_plan, taken, tuple(claims))
+
+
+def keep_tables(tier_plan: TierPlan, claims: Sequence[TableClaim]) -> TierPlan:
+    """`tier_plan` (a new plan: Store.replan) with tables already placed claimed again in their tiers: a
+    loaded table does not move. A budget the tables overrun leaves 0 for snapshots rather than failing."""
+    taken = {t.name: 0 for t in tier_plan.tiers}
+    for c in claims:
+        taken[c.tier] = taken.get(c.tier, 0) + c.size_bytes
+    return _with_tables(tier_plan, taken, tuple(tier_plan.tables) + tuple(claims))
+
+
+def _with_tables(tier_plan: TierPlan, taken: Mapping[str, int], claims: tuple[TableClaim, ...]) -> TierPlan:
     new = tuple(
         t
-        if not taken[t.name]
+        if not taken.get(t.name)
         else TierBudget(
             t.name,
-            left[t.name],
+            max(0, t.budget_bytes - taken[t.name]),
             t.detected_bytes,
             f"{t.rule}; minus N-gram tables {human_bytes(taken[t.name])}",
             t.device,
@@ -174,7 +188,7 @@ def claim_tables(tier_plan: TierPlan, tables: Sequence[tuple[str, int]], tier: s
         )
         for t in tier_plan.tiers
     )
-    return TierPlan(tier_plan.hardware, new, tuple(claims))
+    return TierPlan(tier_plan.hardware, new, claims)
 
 
 def plan_json(tier_plan: TierPlan, usage: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Any]:

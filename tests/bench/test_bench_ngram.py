@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from engramctl.cli.bench import app as bench_app
 from engramctl.cli.common import EngramGroup
 
-TINY = [
+TINY = [  # --hidden/--layers shape the stand-in only
     "ngram", "--quick", "--json", "--runs", "1", "--hidden", "32", "--layers", "3", "--batch", "2",
     "--prefill-tokens", "8", "--chunk", "4", "--decode-tokens", "3", "--table-bytes", "1MiB",
     "--sizes", "1MiB,2MiB", "--corpus-tokens", "400", "--io-threads", "2", "--threads", "1",
 ]  # fmt: skip
 
 
-def test_tiny_ngram_bench_reports_every_variant_and_c_d_equal_b(tmp_path):
+@pytest.mark.parametrize("backbone", ["engine", "stand-in"])
+def test_tiny_ngram_bench_reports_every_variant_and_c_d_equal_b(tmp_path, backbone):
+    """By default the engine serves the tiny preset (--quick); --stand-in runs the bench's own backbone."""
     app = typer.Typer(cls=EngramGroup, pretty_exceptions_enable=False, rich_markup_mode=None)
     app.add_typer(bench_app, name="bench")
 
@@ -28,10 +31,12 @@ def test_tiny_ngram_bench_reports_every_variant_and_c_d_equal_b(tmp_path):
         """Test root."""
 
     env = {"ENGRAM_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "ENGRAM_NO_AUTOSTART": "1"}
-    result = CliRunner().invoke(app, ["bench", *TINY], env=env, catch_exceptions=False)
+    args = [*TINY, "--stand-in"] if backbone == "stand-in" else TINY
+    result = CliRunner().invoke(app, ["bench", *args], env=env, catch_exceptions=False)
     assert result.exit_code == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     r = json.loads(result.stdout)
     assert r["schema"] == "engramctl-bench-ngram/1" and r["command"].startswith("engramctl bench ngram")
+    assert r["backbone"].startswith(backbone) and r["config"]["preset"] == (None if backbone == "stand-in" else "tiny")
     assert set(r["variants"]) == {"A", "B", "C", "D"}
     for v in r["variants"].values():
         assert v["tokens_per_s"] > 0 and v["prefill_tokens_per_s"] > 0 and v["decode_tokens_per_s"] > 0

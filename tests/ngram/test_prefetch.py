@@ -13,7 +13,9 @@ from engramctl.errors import UsageError
 from engramctl.ngram.fusion import EngramFusion
 from engramctl.ngram.hashing import NgramConfig, NgramHasher
 from engramctl.ngram.prefetch import Prefetcher, RowCache, RowIds
-from engramctl.ngram.table import ResidentTable, TableSpec, open_table, write_table
+from engramctl.ngram.table_file import write_table
+from engramctl.ngram.table_read import ResidentTable, open_table
+from engramctl.ngram.table_spec import TableSpec
 
 CFG = NgramConfig(
     max_ngram_size=3, n_head_per_ngram=2, n_embed_per_ngram=16, engram_vocab_size=[97, 89], layer_ids=[1, 3], pad_id=0

@@ -10,18 +10,9 @@ import numpy as np
 import pytest
 
 from engramctl.errors import NgramTableCorrupt, NgramTableError, NgramTableMismatch, UsageError
-from engramctl.ngram.table import (
-    GEN_BLOCK_ROWS,
-    PAGE_BYTES,
-    ResidentTable,
-    TableSpec,
-    _probe_offsets,
-    installed_tables,
-    meta_path,
-    open_table,
-    table_path,
-    write_table,
-)
+from engramctl.ngram.table_file import _probe_offsets, write_table
+from engramctl.ngram.table_read import ResidentTable, open_table
+from engramctl.ngram.table_spec import GEN_BLOCK_ROWS, PAGE_BYTES, TableSpec, installed_tables, meta_path, table_path
 from engramctl.tiers.hardware import Hardware
 from engramctl.tiers.plan import claim_tables, plan, plan_json
 
