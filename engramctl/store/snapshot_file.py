@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are (de)serialized, so list
     import torch
 
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
+from engramctl.store.crashpoints import crash_point
 
 FORMAT = "engram-snapshot"
 FORMAT_VERSION = "1"
@@ -247,11 +248,14 @@ def write_atomic(path: Path, buf: bytes, mode: int = 0o600) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(buf)
             f.flush()
+            crash_point("write.temp_written")
             os.fsync(f.fileno())
+        crash_point("write.fsynced")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    crash_point("write.replaced")
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

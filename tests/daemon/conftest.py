@@ -65,31 +65,29 @@ class Daemon:
             return ""
 
 
-def start_daemon(model_dir: Path, home: Path, *args: str, timeout: float = 60.0, **env: str) -> Daemon:
-    """Start the daemon on port 0 and wait until daemon.json says where and /health answers."""
-    home.mkdir(parents=True, exist_ok=True)
-    log = home / f"daemon-{time.monotonic_ns()}.log"
+def launch(
+    model: Path, home: Path, *args: str, nice: int = 0, env: dict[str, str] | None = None, log_dir: Path | None = None
+) -> tuple[subprocess.Popen, Path]:
+    """Start the daemon on port 0 without waiting for it: (Popen, log path). The log goes to `log_dir`
+    (default: home)."""
+    if log_dir is None:
+        home.mkdir(parents=True, exist_ok=True)
+    log = (log_dir or home) / f"daemon-{time.monotonic_ns()}.log"
+    cmd = [sys.executable, "-m", "engramctl.daemon", "--model", str(model), "--port", "0", "--log-level", "warning"]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
     with open(log, "wb") as f:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "engramctl.daemon",
-                "--model",
-                str(model_dir),
-                "--port",
-                "0",
-                "--dtype",
-                "float32",
-                "--log-level",
-                "warning",
-                *args,
-            ],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=daemon_env(home, **env),
-            cwd=str(ROOT),
+            [*cmd, *args], stdout=f, stderr=subprocess.STDOUT, env=daemon_env(home, **(env or {})), cwd=str(ROOT)
         )
+    return proc, log
+
+
+def wait_ready(
+    proc: subprocess.Popen, log: Path, home: Path, timeout: float, token: str | None = None
+) -> tuple[str, str]:
+    """Wait until daemon.json says where and /health answers: (url, token). The token is read from the
+    home unless the caller set one (ENGRAM_API_KEY)."""
     state_file = home / "run" / "daemon.json"
     deadline = time.monotonic() + timeout
     while True:
@@ -97,6 +95,7 @@ def start_daemon(model_dir: Path, home: Path, *args: str, timeout: float = 60.0,
             raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
         try:
             state = json.loads(state_file.read_text())
+            # `nice` execs the daemon, so the pid is the daemon's either way
             if state.get("pid") == proc.pid and state.get("state") == "ready":
                 if httpx.get(state["url"] + "/health", timeout=2).status_code == 200:
                     break
@@ -106,8 +105,14 @@ def start_daemon(model_dir: Path, home: Path, *args: str, timeout: float = 60.0,
             proc.kill()
             raise RuntimeError(f"daemon not ready in {timeout} s:\n{log.read_text(errors='replace')}")
         time.sleep(0.05)
-    token = env.get("ENGRAM_API_KEY") or (home / "config" / "token").read_text().strip()
-    return Daemon(proc, home, state["url"], token, log)
+    return state["url"], token or (home / "config" / "token").read_text().strip()
+
+
+def start_daemon(model_dir: Path, home: Path, *args: str, timeout: float = 60.0, **env: str) -> Daemon:
+    """Start the daemon in float32 on port 0 and wait until daemon.json says where and /health answers."""
+    proc, log = launch(model_dir, home, "--dtype", "float32", *args, env=env)
+    url, token = wait_ready(proc, log, home, timeout, env.get("ENGRAM_API_KEY"))
+    return Daemon(proc, home, url, token, log)
 
 
 @pytest.fixture(scope="module")

@@ -11,51 +11,26 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
+# the daemon is started as conftest starts it; launch also stays harness.launch for test_full_disk
+from tests.daemon.conftest import Daemon, launch, wait_ready
 
 
-def daemon_env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
-    env.update(
-        ENGRAM_HOME=str(home),
-        ENGRAM_NO_AUTOSTART="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_VERBOSITY="error",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=str(ROOT),
-        **extra,
-    )
-    return env
-
-
-@dataclass
-class Proc:
-    """A daemon process (`python -m engramctl.daemon`) on a free loopback port."""
-
-    proc: subprocess.Popen
-    home: Path
-    url: str
-    token: str
-    log: Path
+class Proc(Daemon):
+    """A daemon process (`python -m engramctl.daemon`) on a free loopback port, with the reliability
+    runs' longer timeouts (their scripts run niced beside other work) and a SIGKILL."""
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
-
     def http(self, timeout: float = 120.0) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
+        return super().http(timeout)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -63,37 +38,7 @@ class Proc:
         self.proc.wait(30)
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
-
-    def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-
-
-def launch(
-    model: Path, home: Path, *args: str, nice: int = 0, env: dict[str, str] | None = None, log_dir: Path | None = None
-):
-    """Start the daemon without waiting for it: (Popen, log path). The log goes to `log_dir` (default: home)."""
-    if log_dir is None:
-        home.mkdir(parents=True, exist_ok=True)
-    log = (log_dir or home) / f"daemon-{time.monotonic_ns()}.log"
-    cmd = [sys.executable, "-m", "engramctl.daemon", "--model", str(model), "--port", "0", "--log-level", "warning"]
-    if nice:
-        cmd = ["nice", "-n", str(nice), *cmd]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(
-            [*cmd, *args], stdout=f, stderr=subprocess.STDOUT, env=daemon_env(home, **(env or {})), cwd=str(ROOT)
-        )
-    return proc, log
+        return super().stop(timeout=timeout)
 
 
 def start(
@@ -107,25 +52,8 @@ def start(
 ) -> Proc:
     """Start the daemon and wait until daemon.json says where and /health answers."""
     proc, log = launch(model, home, *args, nice=nice, env=env, log_dir=log_dir)
-    state_file = home / "run" / "daemon.json"
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-        try:
-            state = json.loads(state_file.read_text())
-            if state.get("state") == "ready" and httpx.get(state["url"] + "/health", timeout=2).status_code == 200:
-                # `nice` execs the daemon, so the pid is the daemon's either way
-                if state.get("pid") == proc.pid:
-                    break
-        except (OSError, ValueError, httpx.HTTPError):
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"daemon not ready in {timeout} s:\n{log.read_text(errors='replace')}")
-        time.sleep(0.05)
-    token = (home / "config" / "token").read_text().strip()
-    return Proc(proc, home, state["url"], token, log)
+    url, token = wait_ready(proc, log, home, timeout)
+    return Proc(proc, home, url, token, log)
 
 
 def chat(h: httpx.Client, session: str | None, messages: list[dict], max_tokens: int = 8, **extra) -> dict:
@@ -271,6 +199,9 @@ def cpu_seconds() -> float:
 CRASH_POINTS = (
     "commit.indexed",
     "write.encoded",
+    "write.temp_written",
+    "write.fsynced",
+    "write.replaced",
     "write.renamed",
     "write.indexed",
     "remove.unlinked",

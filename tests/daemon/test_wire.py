@@ -11,6 +11,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from engramctl.agent.tools import TOOLS, ToolArgumentError, validate_arguments
+from engramctl.daemon import engram
 from engramctl.daemon.app import create_app
 from engramctl.engine.engine import Engine
 from engramctl.engine.hf_backend import TransformersBackend
@@ -20,20 +21,8 @@ from engramctl.store.names import MIN_ID_PREFIX
 from engramctl.store.store import Store
 
 TOKEN = "wire-token"
-JSON_ROUTES = (
-    "/v1/chat/completions",
-    "/save_snapshot",
-    "/restore_snapshot",
-    "/list_snapshots",
-    "/get_snapshot_info",
-    "/delete_snapshot",
-    "/branch_snapshot",
-    "/pin_snapshot",
-    "/unpin_snapshot",
-    "/label_snapshot",
-    "/get_snapshot_transcript",
-    "/v1/agent/call",
-)
+# The routes that parse a JSON body: /gc_snapshots reads none and /import_snapshot reads raw file bytes.
+JSON_ROUTES = ("/v1/chat/completions", *sorted(engram.ROUTES - {"/gc_snapshots", "/import_snapshot"}), "/v1/agent/call")
 ENGRAM_ROUTES = {"/save_snapshot", "/restore_snapshot", "/list_snapshots", "/get_snapshot_info", "/delete_snapshot"}
 
 

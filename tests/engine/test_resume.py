@@ -22,6 +22,41 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def _snapshot(backend, ids: list[int], path: Path):
+    """Prefill `ids[:N_TOKENS]` and write the captured state to `path`; returns the state."""
+    live = backend.new_live()
+    backend.prefill(live, ids[:N_TOKENS])
+    state = backend.capture(live)
+    write_state(path, state, backend.spec)
+    return state
+
+
+def _greedy(backend, ids: list[int]) -> list[int]:
+    """The GREEDY tokens an uninterrupted run picks after `ids`: what the restored child must pick too."""
+    straight = backend.new_live()
+    logits = backend.prefill(straight, ids)
+    greedy = []
+    for _ in range(GREEDY):
+        greedy.append(int(torch.argmax(logits)))
+        logits = backend.decode(straight, greedy[-1])
+    return greedy
+
+
+def _run_child(work: Path, jobs: list[dict]) -> dict[str, torch.Tensor]:
+    """One fresh process (tests/engine/_resume_child.py) restores every job's snapshot; its tensors."""
+    (work / "jobs.json").write_text(json.dumps(jobs))
+    out = work / "out.safetensors"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.engine._resume_child", str(work / "jobs.json"), str(out)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_file(out)
+
+
 @pytest.fixture(scope="module")
 def resume_run(zoo, load_backend, tmp_path_factory):
     """Parent: prefill N, write snapshot, compute references. Child (one fresh process for all
@@ -32,19 +67,11 @@ def resume_run(zoo, load_backend, tmp_path_factory):
     for fam in FAMILIES:
         model_dir = zoo.path(fam)
         backend = load_backend(model_dir)
-        live = backend.new_live()
-        backend.prefill(live, ids[:N_TOKENS])
         snap = work / f"{fam}.safetensors"
-        write_state(snap, backend.capture(live), backend.spec)
+        _snapshot(backend, ids, snap)
         with torch.no_grad():
             full = backend.model(input_ids=torch.tensor([ids])).logits[0].float()  # no cache at all
-        straight = backend.new_live()
-        logits = backend.prefill(straight, ids)
-        greedy = []
-        for _ in range(GREEDY):
-            greedy.append(int(torch.argmax(logits)))
-            logits = backend.decode(straight, greedy[-1])
-        refs[fam] = {"full": full, "greedy": greedy}
+        refs[fam] = {"full": full, "greedy": _greedy(backend, ids)}
         jobs.append(
             {
                 "family": fam,
@@ -54,18 +81,7 @@ def resume_run(zoo, load_backend, tmp_path_factory):
                 "greedy": GREEDY,
             }
         )
-    (work / "jobs.json").write_text(json.dumps(jobs))
-    out = work / "out.safetensors"
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.engine._resume_child", str(work / "jobs.json"), str(out)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return refs, load_file(out)
+    return refs, _run_child(work, jobs)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -8,22 +8,17 @@ Falcon-H1's parallel hybrid); ENGRAM_TEST_ALL_FAMILIES=1 runs all of tests/facto
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from engramctl.engine.hf_backend import TransformersBackend
 from engramctl.ngram.hashing import NgramConfig
 from engramctl.state import NgramState
-from tests.engine.test_resume import GREEDY, MORE_TOKENS, N_TOKENS, TOL, _ids
+from tests.engine.test_resume import GREEDY, MORE_TOKENS, N_TOKENS, TOL, _greedy, _ids, _run_child, _snapshot
 from tests.factory import FAMILIES
-from tests.snapshot_io import write_state
 
 CI_FAMILIES = ("granitemoehybrid", "mamba2", "nemotron_h", "falcon_h1")
 SWEPT = FAMILIES if os.environ.get("ENGRAM_TEST_ALL_FAMILIES") == "1" else CI_FAMILIES
@@ -53,34 +48,15 @@ def resume_run(zoo, load_backend, tmp_path_factory):
     for fam in SWEPT:
         model_dir = zoo.path(fam)
         backend = _load(model_dir)
-        live = backend.new_live()
-        backend.prefill(live, ids[:N_TOKENS])
-        state = backend.capture(live)
         snap = work / f"{fam}.safetensors"
-        write_state(snap, state, backend.spec)
+        state = _snapshot(backend, ids, snap)
         full = _no_cache_logits(backend, ids)
         with torch.no_grad():
             plain = load_backend(model_dir).model(input_ids=torch.tensor([ids])).logits[0].float()
-        straight = backend.new_live()
-        logits = backend.prefill(straight, ids)
-        greedy = []
-        for _ in range(GREEDY):
-            greedy.append(int(torch.argmax(logits)))
-            logits = backend.decode(straight, greedy[-1])
-        refs[fam] = {"full": full, "plain": plain, "greedy": greedy, "state": state}
+        refs[fam] = {"full": full, "plain": plain, "greedy": _greedy(backend, ids), "state": state}
         job = {"family": fam, "model_dir": str(model_dir), "snapshot": str(snap), "more_ids": ids[N_TOKENS:]}
         jobs.append({**job, "greedy": GREEDY, "ngram": dataclasses.asdict(NGRAM)})
-    (work / "jobs.json").write_text(json.dumps(jobs))
-    out = work / "out.safetensors"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.engine._resume_child", str(work / "jobs.json"), str(out)],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return refs, load_file(out)
+    return refs, _run_child(work, jobs)
 
 
 @pytest.mark.parametrize("family", SWEPT)
