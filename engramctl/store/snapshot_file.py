@@ -112,6 +112,11 @@ class _HeaderError(ValueError):
     """What is wrong with a header, as the end of a sentence ("... has a bad header: <this>.")."""
 
 
+class _Truncated(_HeaderError):
+    """The header is well formed but the data section ends before the bytes it describes: a file cut short
+    (or a header that lies about its sizes, which a checksum then also catches)."""
+
+
 def _parse_header(raw: bytes | memoryview) -> dict:
     """The header JSON, checked to be what safetensors and this module expect: an object of tensor
     entries {dtype, shape, data_offsets} and a __metadata__ object of strings. Raises _HeaderError."""
@@ -170,7 +175,7 @@ def _check_layout(header: dict, n_data: int) -> None:
     spans = sorted((e["data_offsets"][0], e["data_offsets"][1], k) for k, e in header.items() if k != "__metadata__")
     for _begin, end, name in spans:
         if end > n_data:  # said first: a size claimed past the end is the clearest description of such a file
-            raise _HeaderError(f"tensor {_show(name)} claims data up to byte {end}; the file holds {n_data} data bytes")
+            raise _Truncated(f"tensor {_show(name)} claims data up to byte {end}; the file holds {n_data} data bytes")
     at = 0
     for begin, end, name in spans:
         if begin != at:
@@ -195,6 +200,8 @@ def decode(buf: bytes, source: str = "snapshot") -> tuple[dict[str, torch.Tensor
     try:
         header = _parse_header(memoryview(buf)[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + n])
         _check_layout(header, len(data))
+    except _Truncated as e:
+        raise SnapshotCorrupt(f"{source} is truncated: {e}.") from None
     except _HeaderError as e:
         raise SnapshotCorrupt(f"{source} has a bad header: {e}.") from None
     meta = header["__metadata__"]

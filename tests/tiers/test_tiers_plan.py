@@ -60,7 +60,7 @@ def test_plan_json_shape():
     p = plan(hw(), None)
     j = plan_json(p, {"ram": (123, 2), "disk": (456, 3)})
     json.dumps(j)
-    assert set(j) == {"hardware", "tiers"}
+    assert set(j) == {"hardware", "tiers", "tables"} and j["tables"] == []  # N-gram tables claimed: none here
     assert set(j["hardware"]) == {
         "ram_total_bytes",
         "ram_available_bytes",
