@@ -297,6 +297,9 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
             during["contexts"] = m.result
             for row in rows:
                 _efficiency(row, bw)
+            at = next((r for r in rows if r["tokens"] == 2048), None)
+            if at is not None:
+                bw["one_memcpy_at_2048_ms"] = round(bandwidth.one_memcpy_ms(at["state_bytes"], cfg.runs), 3)
         mt: dict[str, Any] | None = None
         save_summary: dict[str, Any] = {"snapshots": 0}
         if cfg.turns and multiturn_skip is None:
@@ -496,5 +499,10 @@ def targets(
             round(at["restore_ram_ms"] / floor_ms, 3),
             floor_ms=round(floor_ms, 3),
             state_bytes=at["state_bytes"],
+            # the same restore against one single-threaded memcpy of the state (bandwidth.one_memcpy_ms)
+            one_memcpy_ms=bw.get("one_memcpy_at_2048_ms"),
+            vs_one_memcpy=round(at["restore_ram_ms"] / bw["one_memcpy_at_2048_ms"], 3)
+            if bw.get("one_memcpy_at_2048_ms")
+            else None,
         )
     return out

@@ -30,6 +30,24 @@ def memcpy_bandwidth(nbytes: int, runs: int) -> dict[str, Any]:
     return {"bytes": nbytes, "bytes_per_s": nbytes / med, "time": series.summary()}
 
 
+def one_memcpy_ms(nbytes: int, runs: int) -> float:
+    """Median ms of ONE single-threaded memcpy of `nbytes` between two touched buffers: what a copy of a
+    state of that size costs here through an API that copies it once (llama_state_seq_set_data does).
+    Not the same as nbytes / memcpy bandwidth: glibc switches to non-temporal stores above a size tied to
+    the L3 cache, so a 256 MiB copy runs faster per byte than a state-sized one (measured here: 9.4 GB/s
+    at 256 MiB, 6.5 GB/s at 31 MiB; torch's copy_ above uses 2 threads)."""
+    import ctypes
+
+    import torch
+
+    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
+    ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)  # warm-up: both paged in
+    series = Series()
+    for _ in range(max(runs, 5)):
+        series.add(timed(lambda: ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes))[1])
+    return series.median_ms()
+
+
 def disk_read_bandwidth(directory: Path, nbytes: int, runs: int) -> dict[str, Any]:
     path = Path(directory) / "bandwidth-probe.bin"
     block = os.urandom(1 << 20)  # incompressible, in case the storage compresses
