@@ -75,3 +75,16 @@ def engram_config(cfg: NgramBenchConfig, table_bytes: int, row_bytes: int | None
         pad_id=0,
         seed=cfg.seed,
     )
+
+
+def rates(cfg: NgramBenchConfig, wall: dict[str, float], cpu_s: float) -> dict[str, float | None]:
+    """A variant's throughput from its timed prefill and decode (wall seconds by phase), either backbone."""
+    prefill_tok, decode_tok = cfg.batch * cfg.prefill_tokens, cfg.batch * cfg.decode_tokens
+    total = wall["prefill"] + wall["decode"]
+    return {
+        "tokens_per_s": (prefill_tok + decode_tok) / total if total > 0 else None,
+        "prefill_tokens_per_s": prefill_tok / wall["prefill"] if wall["prefill"] > 0 else None,
+        "decode_tokens_per_s": decode_tok / wall["decode"] if wall["decode"] > 0 else None,
+        "wall_s": total,
+        "cpu_per_wall": cpu_s / total if total > 0 else None,
+    }

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from engramctl.bench.timing import Clock
-from engramctl.bench.workloads.ngram_config import NgramBenchConfig, engram_config
+from engramctl.bench.workloads.ngram_config import NgramBenchConfig, engram_config, rates
 
 
 def _dtype(cfg: NgramBenchConfig) -> str:
@@ -102,14 +102,8 @@ class EngineVariants:
                 wall[phase] += c.sample.wall_s
                 cpu += c.sample.cpu_s
             backend.release(live)
-        prefill_tok, decode_tok = cfg.batch * cfg.prefill_tokens, cfg.batch * cfg.decode_tokens
-        total = wall["prefill"] + wall["decode"]
         return {
-            "tokens_per_s": (prefill_tok + decode_tok) / total if total > 0 else None,
-            "prefill_tokens_per_s": prefill_tok / wall["prefill"] if wall["prefill"] > 0 else None,
-            "decode_tokens_per_s": decode_tok / wall["decode"] if wall["decode"] > 0 else None,
-            "wall_s": total,
-            "cpu_per_wall": cpu / total if total > 0 else None,
+            **rates(cfg, wall, cpu),
             "wait_ms": sum(r.waited_ms for r in readers) if readers else None,
             "unique_rows_per_step": None,
             "final": None if logits is None else logits.detach().cpu(),

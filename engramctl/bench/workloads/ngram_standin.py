@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from engramctl.bench.timing import Clock
-from engramctl.bench.workloads.ngram_config import NgramBenchConfig, engram_config
+from engramctl.bench.workloads.ngram_config import NgramBenchConfig, engram_config, rates
 
 
 def build_model(cfg: NgramBenchConfig, memory_dim: int):
@@ -101,15 +101,8 @@ class Runner:
                         torch.cuda.synchronize()
                 wall[phase] += c.sample.wall_s
                 cpu += c.sample.cpu_s
-        prefill_tok = cfg.batch * cfg.prefill_tokens
-        decode_tok = cfg.batch * cfg.decode_tokens
-        total = wall["prefill"] + wall["decode"]
         return {
-            "tokens_per_s": (prefill_tok + decode_tok) / total if total > 0 else None,
-            "prefill_tokens_per_s": prefill_tok / wall["prefill"] if wall["prefill"] > 0 else None,
-            "decode_tokens_per_s": decode_tok / wall["decode"] if wall["decode"] > 0 else None,
-            "wall_s": total,
-            "cpu_per_wall": cpu / total if total > 0 else None,
+            **rates(cfg, wall, cpu),
             "wait_ms": sum(waits_ms),
             "unique_rows_per_step": statistics.mean(unique_rows) if unique_rows else None,
             "final": None if last is None else last.detach().cpu(),
