@@ -284,6 +284,7 @@ def chat(
     temperature: Optional[float] = typer.Option(None, "--temperature", "-t", **_sampling("temperature")),
     top_p: Optional[float] = typer.Option(None, "--top-p", **_sampling("top_p")),
     top_k: Optional[int] = typer.Option(None, "--top-k", **_sampling("top_k")),
+    repeat_penalty: Optional[float] = typer.Option(None, "--repeat-penalty", **_sampling("repeat_penalty")),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", **_sampling("max_tokens")),
     seed: Optional[int] = typer.Option(None, "--seed", **_sampling("seed")),
     interactive: bool = typer.Option(
@@ -315,7 +316,14 @@ def chat(
         text = sys.stdin.read().rstrip("\n")
         if not text.strip():
             raise UsageError("nothing to send: stdin was empty.", hint='engramctl chat -s NAME "your message"')
-    given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_tokens": max_tokens, "seed": seed}
+    given = {
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "repeat_penalty": repeat_penalty,
+        "max_tokens": max_tokens,
+        "seed": seed,
+    }
     sampling = {**CHAT_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
     link = remote.connect_chat(st, out, requested_model=model)
     try:

@@ -14,6 +14,7 @@ from typing import Iterator
 
 from engramctl.engine.backend import Backend, Live
 from engramctl.engine.sampling import SamplingParams, sample
+from engramctl.engine.sampling_params import REPEAT_WINDOW
 from engramctl.engine.textstream import IncrementalDetokenizer, StopMatcher
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import EngramError
@@ -48,6 +49,13 @@ class Generation:
         self._cancel = cancel or threading.Event()
         self.finish: Finish | None = None
 
+    def _recent(self) -> list[int]:
+        """What repeat_penalty looks at: the state's last tokens (prompt and reply so far), never an
+        end-of-turn id (the prompt has one: penalising it would keep a reply from ending)."""
+        if self._params.repeat_penalty == 1.0:
+            return []
+        return [t for t in self._live.token_ids[-REPEAT_WINDOW:] if t not in self._tok.eos_ids]
+
     def __iter__(self) -> Iterator[str]:
         start = time.perf_counter()
         first_at = None
@@ -62,7 +70,7 @@ class Generation:
             if self._cancel.is_set():
                 reason = "cancelled"
                 break
-            token = sample(logits, self._params, rng)
+            token = sample(logits, self._params, rng, self._recent())
             first_at = first_at or time.perf_counter()
             generated.append(token)
             if token in self._tok.eos_ids:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from engramctl.engine.sampling_params import SamplingParams
@@ -9,8 +11,14 @@ from engramctl.engine.sampling_params import SamplingParams
 __all__ = ["SamplingParams", "sample"]  # SamplingParams is defined (torch-free) in sampling_params.py
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """logits: (vocab,) float32."""
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, recent: Sequence[int] = ()) -> int:
+    """logits: (vocab,) float32; `recent`: the token ids repeat_penalty applies to."""
+    if params.repeat_penalty != 1.0 and recent:
+        # llama.cpp's rule: a positive logit is divided by the penalty, a negative one multiplied
+        ids = torch.tensor(sorted(set(recent)), dtype=torch.long)
+        logits = logits.float().clone()
+        seen = logits[ids]
+        logits[ids] = torch.where(seen > 0, seen / params.repeat_penalty, seen * params.repeat_penalty)
     if params.temperature == 0:
         return int(torch.argmax(logits))
     logits = logits.double().cpu()

@@ -17,7 +17,8 @@ DEFAULT_MAX_TOKENS = 4096  # a reply's budget when max_tokens is not given: this
 # What `engramctl chat` sends when its user sets nothing: Ollama's defaults, because at OpenAI's
 # temperature 1.0 with no cut-off small models ramble. The API keeps OpenAI's defaults (a client that
 # leaves a field out expects them); --temperature 0 is greedy.
-CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.9, "top_k": 40}
+CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "repeat_penalty": 1.1}
+REPEAT_WINDOW = 64  # tokens repeat_penalty looks back over (Ollama's repeat_last_n)
 
 
 def _option(default: Any, schema: dict, help: str) -> Any:
@@ -39,6 +40,11 @@ class SamplingParams:
         "Nucleus sampling: only the most likely tokens covering this probability.",
     )
     top_k: int = _option(0, {"type": "integer", "minimum": 0}, "Sample from the k most likely tokens; 0 = off.")
+    repeat_penalty: float = _option(
+        1.0,
+        {"type": "number", "exclusiveMinimum": 0, "maximum": 2},
+        f"Make the last {REPEAT_WINDOW} tokens less likely (llama.cpp's repeat_penalty); 1 = off.",
+    )
     seed: int | None = _option(None, {"type": "integer"}, "Sampling seed (reproducible replies).")
     max_tokens: int | None = _option(
         None,

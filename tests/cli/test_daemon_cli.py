@@ -120,7 +120,8 @@ def test_one_shot_modes(cli, live):
     assert events[-1]["event"] == "done" and all(e["event"] == "token" for e in events[:-1])
     done = events[-1]
     assert done["resumed"] is True and done["session"] == "shot" and len(done["snapshot_id"]) == 32
-    assert done["completion_tokens"] == 6 and done["finish_reason"] == "length"
+    # sampled (chat's defaults): the tiny model may pick its EOS before the 6-token budget runs out
+    assert (done["finish_reason"], done["completion_tokens"]) in {("length", 6)} | {("stop", n) for n in range(1, 6)}
     assert "".join(e["text"] for e in events[:-1]) == done["text"]
 
     quiet = chat(cli, "-s", "shot", "-q", "quiet please")

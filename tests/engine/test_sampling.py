@@ -61,3 +61,16 @@ def test_a_tiny_temperature_or_top_p_samples_the_best_token():
         for temperature in (0.7, 5e-324):
             params = SamplingParams(temperature=temperature, top_p=top_p)
             assert sample(logits, params, torch.Generator().manual_seed(0)) == int(logits.argmax())
+
+
+def test_repeat_penalty_follows_llama_cpps_rule_and_only_touches_recent_tokens():
+    logits = torch.tensor([2.0, 1.9, -1.0, -1.1])
+    off = SamplingParams(temperature=0)
+    on = SamplingParams(temperature=0, repeat_penalty=1.5)
+    g = torch.Generator()
+    assert sample(logits, off, g, recent=[0]) == 0  # 1.0: no penalty whatever the history
+    assert sample(logits, on, g, recent=[0]) == 1  # 2.0 / 1.5 < 1.9
+    assert sample(logits, on, g, recent=[3]) == 0  # a token not in the window keeps its logit
+    neg = torch.tensor([-1.0, -1.2])
+    assert sample(neg, on, g, recent=[0]) == 1  # negative: multiplied, -1.5 < -1.2
+    assert torch.equal(logits, torch.tensor([2.0, 1.9, -1.0, -1.1]))  # the caller's logits untouched
