@@ -49,31 +49,11 @@ def build_model(shape: str, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, GraniteMoeHybridConfig
 
+    from engramctl.bench.presets import _granite_kwargs
+
+    # the 350M preset's shape (bench/presets.py), with this script's small vocabulary
     cfg = GraniteMoeHybridConfig(
-        vocab_size=512,
-        hidden_size=768,
-        intermediate_size=2048,
-        shared_intermediate_size=2048,
-        num_hidden_layers=32,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-        layer_types=["full_attention" if i in {7, 15, 23, 31} else "linear_attention" for i in range(32)],
-        mamba_n_heads=48,
-        mamba_d_head=32,
-        mamba_d_state=128,
-        mamba_n_groups=1,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        mamba_chunk_size=256,
-        num_local_experts=0,
-        num_experts_per_tok=0,
-        position_embedding_type="nope",
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-        embedding_multiplier=12.0,
-        logits_scaling=3.0,
-        residual_multiplier=0.246,
-        attention_multiplier=0.015625,
+        **{**_granite_kwargs("granite-4.0-h-350m"), "vocab_size": 512},
         pad_token_id=PAD_ID,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,

@@ -14,14 +14,15 @@ __all__ = ["SamplingParams", "sample"]  # SamplingParams is defined (torch-free)
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, recent: Sequence[int] = ()) -> int:
     """logits: (vocab,) float32; `recent`: the token ids repeat_penalty applies to."""
     if params.repeat_penalty != 1.0 and recent:
-        # llama.cpp's rule: a positive logit is divided by the penalty, a negative one multiplied
+        # llama.cpp's rule: a positive logit is divided by the penalty, a negative one multiplied. On a
+        # float64 copy: the caller's logits stay as they are, and the scaling below needs float64 anyway.
         ids = torch.tensor(sorted(set(recent)), dtype=torch.long)
-        logits = logits.float().clone()
+        logits = logits.to("cpu", torch.float64, copy=True)
         seen = logits[ids]
         logits[ids] = torch.where(seen > 0, seen / params.repeat_penalty, seen * params.repeat_penalty)
     if params.temperature == 0:
         return int(torch.argmax(logits))
-    logits = logits.double().cpu()
+    logits = logits.double().cpu()  # no copy when the penalty above already made one
     # Shifted so the best score is 0, and in float64, before dividing: a tiny temperature (5e-324 is > 0, so
     # allowed) then sends the other scores to -inf instead of every score to +-inf or NaN (float32 rounds such
     # a temperature to 0), whose softmax is NaN. The distribution is the same.

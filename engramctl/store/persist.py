@@ -18,7 +18,7 @@ from engramctl.store.errors import DiskFull
 from engramctl.store.records import GcReport, payload_nbytes
 from engramctl.tiers.hardware import Hardware, detect_hardware
 from engramctl.tiers.placement import HotTier
-from engramctl.tiers.plan import TierPlan, plan, plan_json
+from engramctl.tiers.plan import TableClaim, TierPlan, keep_tables, plan, plan_json
 
 log = logging.getLogger("engramctl.store")
 
@@ -28,6 +28,8 @@ FILE_SLACK_BYTES = 256 * 1024
 
 
 class PersistMixin(StoreCore):
+    _table_claims: tuple[TableClaim, ...] = ()  # the N-gram tables Store.claim_tables placed (immutable)
+
     def usage(self) -> dict[str, tuple[int, int]]:
         """tier name -> (bytes used, snapshot count)."""
         with self._lock:
@@ -44,14 +46,20 @@ class PersistMixin(StoreCore):
         hw = hardware or detect_hardware(self.settings.paths.data_dir)
         with self._lock:
             new = plan(hw, self.settings, model_bytes, model_on_cpu, stored_disk_bytes=self._index.durable_bytes()[0])
+            if self._table_claims:  # a loaded N-gram table does not move: claimed again where it is
+                new = keep_tables(new, self._table_claims)
             if new.tier("vram").enabled and self._placement.tiers[0].name != "vram":
                 # CUDA seen only now (opened before torch was imported): the hottest tier joins, empty
                 self._placement.tiers.insert(0, HotTier("vram", 0, new.tier("vram").device or "cuda"))
-            for tier in self._placement.tiers:
-                self._placement.set_budget(tier.name, new.budget(tier.name))
-            self.plan = new
-            self._enforce_disk(GcReport())
+            self._apply_plan(new)
         return new
+
+    def _apply_plan(self, new: TierPlan) -> None:
+        """Make `new` the plan: budgets set (shrinking tiers evict at once), the disk budget enforced."""
+        for tier in self._placement.tiers:
+            self._placement.set_budget(tier.name, new.budget(tier.name))
+        self.plan = new
+        self._enforce_disk(GcReport())
 
     def gc(self) -> GcReport:
         """Apply retention now (keep-last-N, TTL, disk budget) and drop unreachable messages."""

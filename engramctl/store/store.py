@@ -59,12 +59,10 @@ from engramctl.store.reconcile import reconcile
 from engramctl.store.records import GcReport, Payload, SnapshotRecord, check_payload, payload_nbytes
 from engramctl.store.sessions import SessionsMixin
 from engramctl.tiers.hardware import Hardware, detect_hardware
-from engramctl.tiers.plan import TableClaim, TierPlan, claim_tables, keep_tables, plan
+from engramctl.tiers.plan import claim_tables, plan
 
 
 class Store(SessionsMixin, PersistMixin, AliasesMixin):
-    _table_claims: tuple[TableClaim, ...] = ()  # the N-gram tables claim_tables placed (a tuple: immutable)
-
     @classmethod
     def open(
         cls,
@@ -131,22 +129,6 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
             self._table_claims = new.tables
             self._apply_plan(new)
         return {c.name: c.tier for c in new.tables}
-
-    def replan(self, model_bytes: int = 0, model_on_cpu: bool = True, hardware: Hardware | None = None) -> TierPlan:
-        """PersistMixin.replan, with the N-gram tables claimed again in the tiers they were placed in."""
-        new = super().replan(model_bytes, model_on_cpu, hardware)
-        if not self._table_claims:
-            return new
-        with self._lock:
-            kept = keep_tables(new, self._table_claims)
-            self._apply_plan(kept)
-        return kept
-
-    def _apply_plan(self, new: TierPlan) -> None:
-        for tier in self._placement.tiers:
-            self._placement.set_budget(tier.name, new.budget(tier.name))
-        self.plan = new
-        self._enforce_disk(GcReport())
 
     # -- snapshots -----------------------------------------------------------------------------------
     def commit(

@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from payloads import make_payload  # noqa: E402
 
+from engramctl.errors import NotFound  # noqa: E402
 from engramctl.settings import load_settings  # noqa: E402
 from engramctl.store.store import Store  # noqa: E402
 
@@ -35,7 +36,10 @@ def main(seed: int, start: int, saves: int = 50) -> None:
         elif r < 0.36:
             store.flush()
         elif r < 0.40 and store.list(name):
-            store.load(store.list(name)[0].id)
+            try:
+                store.load(store.list(name)[0].id)
+            except NotFound:  # the writer thread's keep-last retention retired it between list and load
+                pass
         print(i, flush=True)
     store.flush()
     print("done", flush=True)
