@@ -100,6 +100,7 @@ def info(ref: str = IdArg, json_: bool = JsonOpt, quiet: bool = QuietOpt) -> Non
     st = common.settings()
     with _open(st) as cat:
         snap = cat.snapshot(cat.resolve(ref))
+    snap.update(_written_by(snap.get("path")))
     fields = [
         ("id", snap["id"]),
         ("session", snap["session"]),
@@ -115,12 +116,37 @@ def info(ref: str = IdArg, json_: bool = JsonOpt, quiet: bool = QuietOpt) -> Non
         ("branched by", ", ".join(snap.get("branch_point_of") or [])),
         ("model", snap.get("model_id")),
         ("fingerprint", snap.get("fingerprint")),
+        ("backend", _backend_text(snap)),
+        ("state format", snap.get("state_format")),
+        ("dtype", snap.get("dtype")),
         ("created", f"{timestamp(snap.get('created'))} ({ago(snap.get('created'))})"),
         ("last used", f"{timestamp(snap.get('last_access'))} ({ago(snap.get('last_access'))})"),
         ("checksum", snap.get("checksum")),
         ("path", snap.get("path")),
     ]
     out.fields(fields, json_obj=snap, quiet_value=snap["id"])
+
+
+def _written_by(path: str | None) -> dict[str, Any]:
+    """What wrote the snapshot, from its file's header (the index does not record it). Empty while the
+    file is not written yet or cannot be read; a restore re-reads and checks it anyway."""
+    from engramctl.errors import SnapshotCorrupt
+    from engramctl.state.codec import written_by
+    from engramctl.store.snapshot_file import read_metadata
+
+    if not path:
+        return {}
+    try:
+        return written_by(read_metadata(Path(path)))
+    except (OSError, SnapshotCorrupt):
+        return {}
+
+
+def _backend_text(snap: dict) -> str | None:
+    if not snap.get("backend"):
+        return None
+    version = snap.get("backend_version")
+    return f"{snap['backend']} {version}" if version else snap["backend"]
 
 
 # -- rm -----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from engramctl.daemon.schemas import ROLES
 from engramctl.engine.engine import Engine
 from engramctl.errors import SnapshotMismatch, UsageError
-from engramctl.state.codec import BACKEND, from_payload
+from engramctl.state.codec import from_payload, written_by
 from engramctl.store.errors import AlreadyExists
 from engramctl.store.exchange import unpack
 from engramctl.store.names import validate_label, validate_session_name
@@ -39,17 +39,17 @@ def import_file(
     validate_session_name(name)
     tensors, meta = payload
     spec = engine.spec
-    written_by = meta.get(BACKEND) or "transformers"
+    writer = written_by(meta)["backend"]
     # Another model, or the same one on another backend (a fingerprint is the backend's own: a GGUF's
     # header on llama.cpp, the converted weights on transformers), is said first: a dtype hint would mislead.
-    if meta.get("fingerprint") != spec.fingerprint or written_by != spec.backend:
+    if meta.get("fingerprint") != spec.fingerprint or writer != spec.backend:
         model = meta.get("model_id") or "the model that wrote it"
-        if written_by != spec.backend:
+        if writer != spec.backend:
             raise SnapshotMismatch(
-                f"cannot import: the snapshot belongs to model {model!r} on the {written_by} backend; this daemon "
+                f"cannot import: the snapshot belongs to model {model!r} on the {writer} backend; this daemon "
                 f"serves {spec.model_id!r} on {spec.backend}, whose state is not interchangeable with it.",
                 hint=f"import it into a daemon serving that model: engramctl daemon stop && engramctl daemon start "
-                f"--model {model} --backend {written_by}",
+                f"--model {model} --backend {writer}",
             )
         raise SnapshotMismatch(
             f"cannot import: the snapshot belongs to model {model!r} (fingerprint {meta.get('fingerprint')}); "

@@ -18,6 +18,16 @@ BACKEND = "backend"  # metadata keys; a snapshot without them was written by the
 STATE_FORMAT = "state_format"
 
 
+def written_by(meta: dict[str, str]) -> dict[str, str | None]:
+    """Which backend, backend version, state format and dtype wrote a snapshot, from its metadata."""
+    return {
+        "backend": meta.get(BACKEND) or "transformers",  # files from before the key existed
+        "backend_version": meta.get("backend_version") or None,
+        "state_format": meta.get(STATE_FORMAT) or None,
+        "dtype": meta.get("dtype") or None,
+    }
+
+
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -72,7 +82,7 @@ def from_payload(
     """Rebuild a SessionState, raising SnapshotMismatch/SnapshotCorrupt naming what does not match `spec`.
     check_values=False skips only the scan for NaN/Inf (a pass over every byte: as long as the restore's
     own copy) for a payload this process already checked: one to_payload made, or read back earlier."""
-    backend = meta.get(BACKEND) or "transformers"
+    backend = written_by(meta)["backend"]
     if backend != spec.backend:
         raise SnapshotMismatch(
             f"snapshot was written by the {backend} backend; the loaded model runs on {spec.backend}, "

@@ -143,7 +143,7 @@ def _transcript(live, session: str) -> list[dict]:
         return c.session(session)["messages"]
 
 
-def test_snapshots_through_the_daemon(cli, live, tmp_path):
+def test_snapshots_through_the_daemon(cli, live, backend, tmp_path):
     chat(cli, "-s", "snap", "one")
     chat(cli, "-s", "snap", "two")
     rows = cli.json("snapshots", "ls", "--session", "snap")
@@ -154,6 +154,13 @@ def test_snapshots_through_the_daemon(cli, live, tmp_path):
     first = rows[0]["id"]
     info = cli.json("snapshots", "info", first[:14])
     assert info["id"] == first and info["session"] == "snap"
+    deadline = time.monotonic() + 30
+    while not info["durable"] and time.monotonic() < deadline:  # written off the turn's critical path
+        time.sleep(0.1)
+        info = cli.json("snapshots", "info", first)
+    # read from the file's header; only llama.cpp states carry a format version (of llama.cpp's blob)
+    assert info["backend"] == backend and info["dtype"] and bool(info["state_format"]) == (backend == "llama.cpp")
+    assert f"BACKEND       {backend}" in cli("snapshots", "info", first).stdout
     assert cli("snapshots", "info", first, "-q").stdout.strip() == first
 
     b = cli.json("snapshots", "branch", first[:14], "snap-old")

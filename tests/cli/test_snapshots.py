@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -50,10 +51,13 @@ def test_json_and_quiet_conflict(cli):
 def test_info_modes_and_prefixes(cli, seeded):
     sid = seeded.sessions["demo"][0]
     human = cli("snapshots", "info", sid)
-    assert f"ID           {sid}" in human.stdout
-    assert "SESSION      demo" in human.stdout and "CHECKSUM" in human.stdout
+    shown = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in human.stdout.splitlines())
+    assert shown["ID"] == sid and shown["SESSION"] == "demo" and shown["CHECKSUM"].startswith("xxh3_128:")
     info = cli.json("snapshots", "info", sid[:20])
     assert info["id"] == sid and info["n_tokens"] == 8 and info["path"].endswith(f"{sid}.safetensors")
+    # from the file's header; a file without a backend key was written by the transformers backend
+    assert (info["backend"], info["dtype"], info["state_format"]) == ("transformers", "float32", None)
+    assert shown["BACKEND"] == "transformers" and shown["DTYPE"] == "float32" and shown["STATE FORMAT"] == "-"
     assert cli("snapshots", "info", sid, "-q").stdout.strip() == sid
     # ids start with a millisecond timestamp: a short prefix shared by several ids is ambiguous
     ambiguous = cli("snapshots", "info", sid[:6], code=2)
