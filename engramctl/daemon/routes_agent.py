@@ -23,7 +23,8 @@ WebSocket protocol (JSON text frames; every client message may carry an "id", ec
     ping    -> {"type": "pong", "id"}
     error   {"type": "error", "id", "error": {"message", "code", "param"?, "hint"?}}: a malformed message
             gets one and the connection stays up, its session and any reply in flight untouched.
-The session is `?session=NAME` (or "session" in the auth message), else a new `ws-<hex>` one.
+The session is `?session=NAME` (or `?conversation_id=`, or "session" in the auth message), else a new
+`ws-<hex>` one.
 A wrong token in the header is refused with HTTP 401; a wrong or missing auth message closes with 1008.
 """
 
@@ -49,7 +50,7 @@ from engramctl.daemon.schemas import ChatMessage, Sampling
 from engramctl.daemon.service import ChatRequest, ChatResult
 from engramctl.daemon.streaming import SSE_HEADERS, Completion, engram_json, job_result, sse, usage_json
 from engramctl.errors import EngramError, InvalidName, NotFound, UsageError
-from engramctl.store.names import validate_session_name
+from engramctl.store.names import named_session, validate_session_name
 
 log = logging.getLogger("engramctl.daemon")
 router = APIRouter()
@@ -349,11 +350,10 @@ async def agent_ws(ws: WebSocket):
     header = ws.headers.get("authorization")
     if header is not None and not token_matches(header, d.token):
         return await _deny(ws, 401, "invalid API token: send 'Authorization: Bearer <token>'.", "authentication_error")
-    session = ws.query_params.get("session")
     try:
-        session = None if session is None else validate_session_name(session)
-    except InvalidName as e:
-        return await _deny(ws, 400, f"session: {e.message}", "invalid_name")
+        session = named_session(ws.query_params.get("session"), ws.query_params.get("conversation_id"))
+    except UsageError as e:
+        return await _deny(ws, 400, f"session: {e.message}", e.kind)
     await ws.accept()
     if header is None:
         session, ok = await _first_message_auth(ws, d.token, session)

@@ -34,7 +34,7 @@ from engramctl.daemon.service import Restored as RestoredState
 from engramctl.daemon.streaming import Completion, answer_turn, engram_json, finish_reason, job_result, usage_json
 from engramctl.errors import NotFound, UsageError
 from engramctl.protocol import Restored, Session, Snapshot
-from engramctl.store.names import is_id_prefix, is_snapshot_id
+from engramctl.store.names import is_id_prefix, is_snapshot_id, named_session
 
 router = APIRouter()
 SAVE_DURABLE_S = 60.0  # how long a save waits for its snapshot's file before answering (durable: false)
@@ -293,9 +293,7 @@ async def import_snapshot(
     from engramctl.daemon.imports import import_file
 
     d = daemon_of(request)
-    if session is not None and conversation_id is not None and session != conversation_id:
-        raise UsageError("session and conversation_id name the same thing; give one.")
-    name = session if session is not None else conversation_id
+    name = named_session(session, conversation_id)
     buf = await request.body()
     job = d.worker.submit(lambda job: import_file(d.engine, d.store, buf, name, label), name="import_snapshot")
     rec, n_messages = await job_result(job, request)

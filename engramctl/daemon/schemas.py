@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from engramctl.engine.sampling_params import MAX_STOP, OPTIONS, SamplingParams
 from engramctl.errors import UsageError
-from engramctl.store.names import is_snapshot_id, session_for_conversation, validate_engram_name, validate_session_name
+from engramctl.store.names import is_snapshot_id, named_session, validate_engram_name, validate_session_name
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -115,16 +115,6 @@ Sampling = create_model(
 )
 
 
-def _conversation(session: str | None, conversation_id: str | None) -> str | None:
-    """The session that `session` or `conversation_id` names (they name the same thing; a conversation_id
-    may be up to 255 characters: store.names.session_for_conversation)."""
-    if session is not None and conversation_id is not None and session != conversation_id:
-        raise ValueError("session and conversation_id name the same thing; give one")
-    if session is not None:
-        return validate_session_name(session)
-    return None if conversation_id is None else session_for_conversation(conversation_id)
-
-
 class ChatCompletionRequest(Sampling):
     model_config = ConfigDict(extra="ignore")
     model: str = "default"
@@ -144,12 +134,12 @@ class ChatCompletionRequest(Sampling):
             raise ValueError("only n=1 is supported")
         if self.logprobs:
             raise ValueError("logprobs are not supported by this server")
-        _conversation(self.session, self.conversation_id)
+        named_session(self.session, self.conversation_id)
         return self
 
     @property
     def session_name(self) -> str | None:
-        return _conversation(self.session, self.conversation_id)
+        return named_session(self.session, self.conversation_id)
 
 
 class SessionRef(BaseModel):
@@ -165,7 +155,7 @@ class SessionRef(BaseModel):
 
     @model_validator(mode="after")
     def _one_name(self):
-        _conversation(self.session, self.conversation_key)
+        named_session(self.session, self.conversation_key)
         return self
 
     @property
@@ -175,7 +165,7 @@ class SessionRef(BaseModel):
 
     @property
     def session_name(self) -> str | None:
-        return _conversation(self.session, self.conversation_key)
+        return named_session(self.session, self.conversation_key)
 
     @property
     def conversation(self) -> str | None:

@@ -70,6 +70,16 @@ def session_for_conversation(conversation_id: object) -> str:
     return f"{cid[:47]}-{_digest(cid)}"
 
 
+def named_session(session: object, conversation_id: object) -> str | None:
+    """The session a request names by `session` or by `conversation_id` (the original Engram server's
+    name for the same thing), or None when it names none; UsageError when it names two."""
+    if session is not None and conversation_id is not None and session != conversation_id:
+        raise UsageError("session and conversation_id name the same thing; give one.")
+    if session is not None:
+        return validate_session_name(session)
+    return None if conversation_id is None else session_for_conversation(conversation_id)
+
+
 def branch_session_name(session: str, branch: str, taken: bool = False) -> str:
     """The session name for branch `branch` of `session`: "<session>.<branch>" when that is a valid session
     name not `taken` by another session, else a shortened form with 16 hex digits of a SHA-256 of both."""

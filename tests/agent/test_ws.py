@@ -11,6 +11,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from engramctl.store.names import session_for_conversation
 from tests.agent.conftest import greedy_reference, start_daemon
 from tests.backends import both_backends
 
@@ -197,6 +198,14 @@ def test_auth_by_header_or_first_message(daemon):
     with pytest.raises(InvalidStatus) as e:
         connect(url + "?session=../x", additional_headers=daemon.headers, proxy=None)
     assert e.value.response.status_code == 400
+    assert json.loads(e.value.response.body)["error"]["code"] == "invalid_name"
+    with pytest.raises(InvalidStatus) as e:  # the original Engram server's name for a session, but not two names
+        connect(url + "?session=a&conversation_id=b", additional_headers=daemon.headers, proxy=None)
+    assert e.value.response.status_code == 400 and "give one" in e.value.response.body.decode()
+    long_id = "c" * 200  # an Engram conversation_id may be longer than a session name: the store's own mapping
+    with connect(url + f"?conversation_id={long_id}", additional_headers=daemon.headers, proxy=None) as ws:
+        ready = json.loads(ws.recv(10))
+        assert ready["type"] == "ready" and ready["session"] == session_for_conversation(long_id) != long_id
     for first in ({"type": "auth", "token": "wrong"}, {"type": "chat", "content": "hi"}):
         with connect(url, proxy=None) as ws:
             ws.send(json.dumps(first))
