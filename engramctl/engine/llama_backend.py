@@ -1,9 +1,9 @@
 """The llama.cpp backend (llama-cpp-python's C API): a GGUF model memory-mapped and kept in its own
 weight type, one context, and typed per-layer state moved in and out through the per-sequence state calls.
 
-One context holds one sequence; conversations take turns in it (llama_slot.py), so any number of them
-are held without llama.cpp allocating more. Llama.save_state is never used: it copies llama-cpp-python's
-whole logits array (5-35 ms); the per-sequence calls move only the state.
+One context: conversations take turns in its sequence 0, and a few more sequences keep recently captured
+states resident so that restoring one copies nothing (llama_slot.py). Llama.save_state is never used: it
+copies llama-cpp-python's whole logits array (5-35 ms); the per-sequence calls move only the state.
 
 Chunks: n_batch = n_ubatch = chunk_tokens with flash attention measured ~1.2x faster at prefill than the
 library defaults (llama-cpp-notes.md); cancellation is checked between chunks, as on transformers.
@@ -12,6 +12,8 @@ library defaults (llama-cpp-notes.md); cancellation is checked between chunks, a
 from __future__ import annotations
 
 import ctypes
+import itertools
+import math
 import threading
 import weakref
 from pathlib import Path
@@ -42,6 +44,10 @@ from engramctl.state.spec import TOKENS, LayerSpec, StateSpec, TensorSpec
 DEFAULT_CHUNK_TOKENS = 512
 DEFAULT_CONTEXT_TOKENS = 32768
 KV_BUDGET_BYTES = 512 << 20  # the KV cache is allocated (and zeroed) up front: cap it, whatever n_ctx_train says
+# Kept states (llama_slot.py): each takes one recurrent cell, allocated up front with the context (23 MB
+# on Granite-4.0-H-350M), and shares sequence 0's KV cells; a model whose cell exceeds the budget keeps none.
+KEPT_STATES_MAX = 4
+KEPT_STATES_BYTES = 128 << 20
 BACKEND = "llama.cpp"
 STATE_FORMAT = "llama.cpp-seq3-typed1"  # LLAMA_STATE_SEQ_VERSION 3, as llama_state.py (layout 1) parses it
 
@@ -70,6 +76,7 @@ class LlamaCppBackend:
         self._lock = threading.RLock()
         # first tensor of a captured state -> (its blob, tokens, where each tensor lives): see _original_blob
         self._blob_of: dict[int, tuple] = {}
+        self._serials = itertools.count(1)  # capture serials: what a kept state is known by
         self._model = self._ctx = None
         self._batch = None
 
@@ -98,7 +105,9 @@ class LlamaCppBackend:
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = chunk_tokens
-        cparams.n_seq_max = 1
+        kept_max = _kept_max(layout)
+        cparams.n_seq_max = 1 + kept_max
+        cparams.kv_unified = True  # one KV cache all sequences share cells of (else each gets n_ctx / n_seq_max)
         cparams.n_threads = cparams.n_threads_batch = threads or n_cpu_threads()
         cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
         cparams.no_perf = True
@@ -108,7 +117,7 @@ class LlamaCppBackend:
             raise UnsupportedModel(
                 f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}"
             )
-        self._slot = SequenceSlot(lib, self._ctx, n_ctx)
+        self._slot = SequenceSlot(lib, self._ctx, n_ctx, kept_max)
         self._batch = lib.llama_batch_init(chunk_tokens, 0, 1)
         self.n_ctx = n_ctx
         # The model is freed after the last of this backend and its tokenizer (which reads its vocabulary)
@@ -235,6 +244,7 @@ class LlamaCppBackend:
                 f"llama.cpp could not run {len(ids)} tokens (status {rc}): {take_errors() or 'see the log'}"
             )
         live.token_ids.extend(ids)
+        live.cache.kept = None  # moved past any kept state
         ptr = self._lib.llama_get_logits_ith(self._ctx, -1)
         live.last_logits = torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
         return live.last_logits
@@ -260,29 +270,39 @@ class LlamaCppBackend:
     def capture(self, live: Live) -> SessionState:
         if not live.token_ids or live.last_logits is None:
             raise EngramError("cannot capture a state that has consumed no tokens.")
+        n = len(live.token_ids)
         with self._lock:
-            blob = self._slot.get_blob() if self._slot.holds(live) else live.cache.blob
-        layers = llama_state.parse(blob, self.layout, len(live.token_ids))  # views of `blob`, never modified again
-        state = SessionState(
-            layers=tuple(layers), token_ids=tuple(live.token_ids), last_logits=live.last_logits.clone(), text=live.text
-        )
-        tensors = _tensors(state)
-        if tensors:  # keyed by id, dropped with the tensor (a WeakKeyDictionary would compare tensors with ==)
-            self._blob_of[id(tensors[0])] = (blob, state.n_tokens, [_where(t) for t in tensors])
-            weakref.finalize(tensors[0], self._blob_of.pop, id(tensors[0]), None)
+            resident = self._slot.holds(live)
+            blob = self._slot.get_blob() if resident else live.cache.blob
+            layers = llama_state.parse(blob, self.layout, n)  # views of `blob`, never modified again
+            state = SessionState(
+                layers=tuple(layers), token_ids=tuple(live.token_ids), last_logits=live.last_logits.clone(), text=live.text
+            )
+            tensors = _tensors(state)
+            if tensors:  # keyed by id, dropped with the tensor (a WeakKeyDictionary would compare tensors with ==)
+                serial = next(self._serials)
+                self._blob_of[id(tensors[0])] = (blob, n, [_where(t) for t in tensors], serial)
+                weakref.finalize(tensors[0], _forget, self._blob_of, id(tensors[0]), self._slot.collected, serial)
+                if resident and self._slot.keep(serial, blob, n):
+                    live.cache.kept = serial
         return state
 
-    def _original_blob(self, state: SessionState) -> bytearray | None:
-        """The blob `state` was parsed from, when its tensors are still exactly those views (a state
-        captured here and kept in RAM): restoring it then costs one copy (set_data), not two."""
+    def _original(self, state: SessionState) -> tuple[bytearray, int] | None:
+        """The blob `state` was parsed from and its capture serial, when its tensors are still exactly
+        those views (a state captured here and kept in RAM): restoring it then costs one copy (set_data)
+        rather than two, or none while its kept sequence is resident."""
         tensors = _tensors(state)
         found = self._blob_of.get(id(tensors[0])) if tensors else None
         if found is None:
             return None
-        blob, n_tokens, where = found
+        blob, n_tokens, where, serial = found
         if n_tokens != state.n_tokens or [_where(t) for t in tensors] != where:
             return None
-        return blob
+        return blob, serial
+
+    def _original_blob(self, state: SessionState) -> bytearray | None:
+        found = self._original(state)
+        return None if found is None else found[0]
 
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here)."""
@@ -290,9 +310,9 @@ class LlamaCppBackend:
             raise SnapshotMismatch(
                 f"state layout {list(state.layout)} does not fit this model's {list(self.spec.layout)}."
             )
-        blob = self._original_blob(state) or llama_state.serialize(state.layers, self.layout, state.n_tokens)
+        blob, serial = self._original(state) or (llama_state.serialize(state.layers, self.layout, state.n_tokens), None)
         live = Live(
-            cache=ParkedState(blob),
+            cache=ParkedState(blob, kept=serial),
             token_ids=list(state.token_ids),
             last_logits=state.last_logits.float(),
             text=state.text,
@@ -300,6 +320,18 @@ class LlamaCppBackend:
         with self._lock:
             self._slot.hold(live)
         return live
+
+
+def _kept_max(layout: llama_state.BlobLayout) -> int:
+    cell_bytes = 4 * sum(math.prod(lay.conv_shape) + math.prod(lay.ssm_shape) for lay in layout.layers)  # f32
+    return KEPT_STATES_MAX if not cell_bytes else min(KEPT_STATES_MAX, KEPT_STATES_BYTES // cell_bytes)
+
+
+def _forget(blob_of: dict, key: int, collected, serial: int) -> None:
+    """A captured state's tensors were collected: forget its blob, and drop its kept sequence (queued:
+    a finalizer runs on whatever thread the collector does, without the backend's lock)."""
+    blob_of.pop(key, None)
+    collected.append(serial)
 
 
 def _tensors(state: SessionState) -> list[torch.Tensor]:

@@ -35,7 +35,7 @@ from engramctl.state import AttentionState, EmptyState, HybridState, RecurrentSt
 from engramctl.state.layers import LayerState
 
 MAGIC = 0xAF143CD8
-SEQ_ID = 0  # the backend keeps every conversation in sequence 0 of its one context
+SEQ_ID = 0  # the backend runs every conversation in sequence 0 of its one context (llama_slot.py)
 GGML_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 _GGML_IDS = {v: k for k, v in GGML_TYPES.items()}
 
