@@ -504,5 +504,10 @@ def targets(
             vs_one_memcpy=round(at["restore_ram_ms"] / bw["one_memcpy_at_2048_ms"], 3)
             if bw.get("one_memcpy_at_2048_ms")
             else None,
+            # the same restore after another conversation used the engine (llama.cpp: one copy in)
+            after_other_ms=at.get("restore_ram_after_other_ms"),
+            after_other_vs_floor=round(at["restore_ram_after_other_ms"] / floor_ms, 3)
+            if at.get("restore_ram_after_other_ms")
+            else None,
         )
     return out
