@@ -402,9 +402,13 @@ def targets_text(t: dict[str, Any]) -> str:
     rows = [[names[k][0], names[k][1](v["measured"]), "met" if v["met"] else "NOT met"] for k, v in t.items()]
     restore = t.get("restore_ram_vs_memcpy_at_2048", {})
     if restore.get("after_other_vs_floor") is not None:  # context for the line above
-        rows.append(["  same, after another conversation ran", fmt_ratio(restore["after_other_vs_floor"]), "(reference)"])
+        rows.append(
+            ["  same, after another conversation ran", fmt_ratio(restore["after_other_vs_floor"]), "(reference)"]
+        )
     if restore.get("vs_one_memcpy") is not None:  # what one plain memcpy of the same state costs here
-        rows.append(["  same / one single-threaded memcpy of the state", fmt_ratio(restore["vs_one_memcpy"]), "(reference)"])
+        rows.append(
+            ["  same / one single-threaded memcpy of the state", fmt_ratio(restore["vs_one_memcpy"]), "(reference)"]
+        )
     if not rows:
         return "no target applies to this run"
     return table(["target (reported, not asserted)", "measured", ""], rows, [False, True, False])

@@ -276,7 +276,10 @@ class LlamaCppBackend:
             blob = self._slot.get_blob() if resident else live.cache.blob
             layers = llama_state.parse(blob, self.layout, n)  # views of `blob`, never modified again
             state = SessionState(
-                layers=tuple(layers), token_ids=tuple(live.token_ids), last_logits=live.last_logits.clone(), text=live.text
+                layers=tuple(layers),
+                token_ids=tuple(live.token_ids),
+                last_logits=live.last_logits.clone(),
+                text=live.text,
             )
             tensors = _tensors(state)
             if tensors:  # keyed by id, dropped with the tensor (a WeakKeyDictionary would compare tensors with ==)
