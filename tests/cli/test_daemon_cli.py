@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -274,6 +275,9 @@ def test_ctrl_c_during_a_reply_in_a_terminal(live):
     pid, fd = pty.fork()
     if pid == 0:  # the child: a session leader with the pty as its controlling terminal
         os.chdir(ROOT)
+        # as in a user's shell: a test runner started in the background (`cmd &` without job control)
+        # ignores SIGINT, the child would inherit that and Python would then ignore Ctrl-C too
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execve(sys.executable, args, env)
     buf = bytearray()
 
