@@ -74,7 +74,8 @@ class LlamaCppBackend:
         layout = blob_layout(header, v_trans=False)  # refuses unknown recurrent architectures early
         self.chunk_tokens = chunk_tokens
         self._lock = threading.RLock()
-        # first tensor of a captured state -> (its blob, tokens, where each tensor lives): see _original_blob
+        # first tensor of a captured state -> (its blob, tokens, where each tensor lives, capture serial):
+        # see _original
         self._blob_of: dict[int, tuple] = {}
         self._serials = itertools.count(1)  # capture serials: what a kept state is known by
         self._model = self._ctx = None
@@ -302,10 +303,6 @@ class LlamaCppBackend:
         if n_tokens != state.n_tokens or [_where(t) for t in tensors] != where:
             return None
         return blob, serial
-
-    def _original_blob(self, state: SessionState) -> bytearray | None:
-        found = self._original(state)
-        return None if found is None else found[0]
 
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here)."""

@@ -128,12 +128,11 @@ class SequenceSlot:
             kept = self._kept.get(current.cache.kept)
             current.cache.blob = kept.blob if kept is not None else self.get_blob()
         self._clear()
-        serial = parked.kept
-        kept = self._kept.get(serial) if serial is not None else None
+        kept = self._kept.get(parked.kept)
         if kept is not None:
             self._lib.llama_memory_seq_cp(self._mem, kept.seq, SEQ_ID, -1, -1)
             self._drop_longer(kept.n_tokens)
-            self._kept.move_to_end(serial)
+            self._kept.move_to_end(parked.kept)
             self.restores["kept"] += 1
         else:
             self._drop_longer(-1)  # another path: none of them is a prefix of it

@@ -120,8 +120,8 @@ def test_a_captured_state_restores_from_its_own_blob_and_a_copy_by_reserializing
     state = granite.capture(live)
     write_state(tmp_path / "s.safetensors", state, granite.spec)
     from_disk = read_state(tmp_path / "s.safetensors", granite.spec)
-    assert granite._original_blob(state) is not None  # kept in RAM as captured: one copy to restore
-    assert granite._original_blob(from_disk) is None  # other tensors: serialized again
+    assert granite._original(state) is not None  # kept in RAM as captured: one copy to restore
+    assert granite._original(from_disk) is None  # other tensors: serialized again
     more = _ids(4, 9)
     assert torch.equal(granite.prefill(granite.inject(state), more), granite.prefill(granite.inject(from_disk), more))
 
@@ -142,7 +142,7 @@ def test_a_state_in_the_ram_tier_restores_from_its_captured_blob(granite, tmp_pa
         payload, came_from = store.load_from(rec.id)
         assert came_from in ("ram", "pending")
         state = from_payload(*payload, granite.spec, check_values=False)
-        assert granite._original_blob(state) is not None
+        assert granite._original(state) is not None
         store.flush()
         store.close()
         store = Store.open(load_settings({"tier_ram_bytes": 64 << 20, "tier_disk_bytes": 256 << 20}))
