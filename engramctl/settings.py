@@ -151,6 +151,13 @@ class Settings:
     dtype: str = setting(
         "auto", "model dtype on the transformers backend", choices=("auto", "float32", "bfloat16", "float16")
     )
+    threads: int | None = setting(
+        None,
+        "CPU threads that run the model (llama.cpp's threads; torch's on transformers)",
+        metavar="N",
+        shown_default="the cores it may use",
+        bounds=(1, 4096),
+    )
     api_key: str | None = setting(
         None, "bearer token instead of the one generated in the config dir", flag=None, shown_default="generated"
     )

@@ -180,7 +180,7 @@ def load_model(cfg: BenchConfig, settings, note: Callable[[str], None]) -> Loade
         )
     from engramctl.engine.gguf_source import resolve_gguf
     from engramctl.engine.llama_lib import n_cpu_threads
-    from engramctl.engine.loading import choose_backend, load_engine
+    from engramctl.engine.loading import load_engine
 
     gguf = None
     if cfg.model is None:
@@ -189,16 +189,9 @@ def load_model(cfg: BenchConfig, settings, note: Callable[[str], None]) -> Loade
         gguf = preset_gguf(cfg.preset or "tiny", cfg.seed, cfg.gguf_type, settings.paths.cache_dir, note)
     ref, source = (str(gguf), "preset") if gguf is not None else (cfg.model, "model")
     backend = "llama.cpp" if gguf is not None else cfg.backend
-    if cfg.threads and choose_backend(ref, backend) == "llama.cpp":
-        # load_engine takes no thread count; the backend's own constructor does (same loader otherwise)
-        from engramctl.engine.engine import Engine
-        from engramctl.engine.llama_backend import LlamaCppBackend
-
-        gguf, model_id = (gguf, gguf.name) if gguf is not None else resolve_gguf(ref, note)
-        lb = LlamaCppBackend(gguf, model_id, threads=cfg.threads, device=cfg.device)
-        engine = Engine(lb, lb.tokenizer)
-    else:
-        engine = load_engine(ref, settings.paths.cache_dir, cfg.device, cfg.dtype, backend=backend, progress=note)
+    engine = load_engine(
+        ref, settings.paths.cache_dir, cfg.device, cfg.dtype, backend=backend, progress=note, threads=cfg.threads
+    )
     if engine.info.backend != "llama.cpp":
         return Loaded(engine, source, None, None)
     if gguf is None:

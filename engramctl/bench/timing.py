@@ -125,7 +125,7 @@ def machine_load(sample_s: float = 1.0) -> dict[str, Any]:
     }
 
 
-def _busy_cpu_s() -> tuple[float, float]:
+def busy_cpu_s() -> tuple[float, float]:
     """(CPU seconds this machine spent busy since boot, seconds the hypervisor gave its vCPUs to other VMs)."""
     import psutil
 
@@ -141,12 +141,12 @@ class LoadMeter:
 
     def __enter__(self) -> "LoadMeter":
         self._t0, self._own0 = time.perf_counter(), time.process_time()
-        self._busy0, self._steal0 = _busy_cpu_s()
+        self._busy0, self._steal0 = busy_cpu_s()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         wall = max(time.perf_counter() - self._t0, 1e-9)
-        busy, steal = _busy_cpu_s()
+        busy, steal = busy_cpu_s()
         others = max(0.0, (busy - self._busy0) - (time.process_time() - self._own0)) / wall
         self.result = {
             "other_processes_cores": round(others, 2),

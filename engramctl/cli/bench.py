@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import typer
 
+from engramctl.cli import bench_serve
 from engramctl.errors import UsageError
 
 QUICK = {
@@ -442,3 +443,4 @@ app = typer.Typer(
 )
 app.callback(invoke_without_command=True)(bench)
 app.command("ngram")(ngram)
+app.command("serve")(bench_serve.serve)

@@ -13,7 +13,7 @@ from engramctl.errors import BackendUnavailable
 log = logging.getLogger("engramctl.llama")
 PINNED_VERSION = "0.3.36"
 _INSTALL_HINT = (
-    f'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" .venv/bin/pip install llama-cpp-python=={PINNED_VERSION} '
+    f'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF" .venv/bin/pip install llama-cpp-python=={PINNED_VERSION} '
     "(or rerun scripts/setup.sh); the first build takes ~10 minutes on 2 cores"
 )
 # ggml_log_level (ggml.h: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5) -> logging; its INFO is load detail, kept at DEBUG
@@ -54,6 +54,20 @@ def import_llama_cpp():
     _state["callback"] = _on_log  # ctypes keeps only a raw pointer: the Python object must outlive every call
     _state["lib"] = llama_cpp
     return llama_cpp
+
+
+OPENMP_NOTICE = (
+    "llama-cpp-python was built with OpenMP: the daemon decodes on its worker thread, where an OpenMP build runs "
+    "~1.8x slower than on the thread that loaded the model (docs/llama-threads.md). Rebuild it without: "
+    'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF" pip install --force-reinstall --no-cache-dir '
+    f"llama-cpp-python=={PINNED_VERSION} (or rerun scripts/setup.sh)"
+)
+
+
+def openmp_linked() -> bool:
+    """Whether the loaded llama.cpp runs its graphs with an OpenMP team (ggml-cpu's features say OPENMP = 1).
+    Not whether libgomp is in the process: torch maps it too."""
+    return "OPENMP = 1" in import_llama_cpp().llama_print_system_info().decode("utf-8", "replace")
 
 
 def take_errors() -> str:

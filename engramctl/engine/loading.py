@@ -205,11 +205,13 @@ def load_engine(
     progress: Callable[[str], None] | None = None,
     ngram: "NgramConfig | None" = None,
     tables: "TableSetup | None" = None,
+    threads: int | None = None,
 ):
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
     weight type (never converted to float32); `dtype` applies to transformers only. `ngram` gives the
-    transformers model Engram layers (engine/engram.py), their tables held as `tables` says."""
+    transformers model Engram layers (engine/engram.py), their tables held as `tables` says. `threads`: the CPU
+    threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use."""
     from engramctl.engine.engine import Engine
     from engramctl.errors import BackendUnavailable
 
@@ -228,14 +230,19 @@ def load_engine(
         path, model_id = resolve_gguf(ref, say)
         try:
             from engramctl.engine.llama_backend import LlamaCppBackend
+            from engramctl.engine.llama_lib import OPENMP_NOTICE, openmp_linked
 
-            lb = LlamaCppBackend(path, model_id, device=device)
+            lb = LlamaCppBackend(path, model_id, device=device, threads=threads)
             if dtype != "auto":
                 say(
                     f"--dtype {dtype} applies to transformers; "
                     f"llama.cpp keeps {path.name}'s {lb.info.weight_type} weights."
                 )
-            return Engine(lb, lb.tokenizer)
+            engine = Engine(lb, lb.tokenizer)
+            if openmp_linked():
+                say(OPENMP_NOTICE)
+                engine.notices.append(OPENMP_NOTICE)
+            return engine
         except BackendUnavailable as e:
             if backend != "auto":
                 raise
@@ -244,6 +251,10 @@ def load_engine(
     from engramctl.engine.device import pick_device, pick_dtype
     from engramctl.engine.hf_backend import TransformersBackend
 
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     resolved = resolve_model(ref, cache_dir, progress=progress)
     dev = pick_device(device)
     tb = TransformersBackend.load(

@@ -1,0 +1,114 @@
+"""llama-server, the peer a user would run instead, built from the llama.cpp that llama-cpp-python vendors.
+
+    binary, why_not = find_or_build(cache_dir, say)   # (Path, None) or (None, "the reason")
+
+The pinned llama-cpp-python sdist (0.3.36: llama.cpp commit 0c1e570) carries llama.cpp's whole source,
+`tools/server` and its HTTP library included, so the peer is the very engine our llama.cpp backend runs,
+built from source on this machine (never downloaded as a binary). It is built as a user would build it:
+OpenMP on (llama-server runs every llama_decode on one thread, so OpenMP costs it nothing), the CPU's own
+SIMD, no web UI, no network features. ~13 min on 2 cores, once: the binary and its shared libraries are
+kept under <cache dir>/llama-server/<version>-<flags hash>/ and reused. The libraries there are also the
+OpenMP build of the same commit, for comparing against ours (docs/llama-threads.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from engramctl.engine.llama_lib import PINNED_VERSION
+
+CMAKE_FLAGS = (
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DCMAKE_BUILD_TYPE=Release",
+)
+BUILD_MINUTES = 13  # on 2 cores, measured (llama-cpp-notes.md)
+
+
+def install_dir(cache_dir: Path) -> Path:
+    tag = hashlib.sha256(" ".join(CMAKE_FLAGS).encode()).hexdigest()[:8]
+    return Path(cache_dir) / "llama-server" / f"{PINNED_VERSION}-{tag}"
+
+
+def find_or_build(cache_dir: Path, say: Callable[[str], None], *, build: bool = True) -> tuple[Path | None, str | None]:
+    """The cached llama-server, else build it (when `build`). Returns (binary, None) or (None, why not)."""
+    dest = install_dir(cache_dir)
+    binary = dest / "bin" / "llama-server"
+    if binary.is_file():
+        return binary, None
+    if not build:
+        return None, f"llama-server is not built yet ({binary} is missing)"
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        return None, f"cannot build llama-server: {', '.join(missing)} not found (apt-get install cmake g++)"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log_path = dest.parent / f"{dest.name}.build.log"
+    say(
+        f"building llama-server from llama-cpp-python {PINNED_VERSION}'s llama.cpp source: ~{BUILD_MINUTES} min on "
+        f"2 cores, once (cached in {dest}; log: {log_path})"
+    )
+    try:
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp, open(log_path, "w") as log:
+            src = _unpack_source(Path(tmp), log)
+            build_dir = Path(tmp) / "build"
+            jobs = str(max(1, len(os.sched_getaffinity(0))))
+            _run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_FLAGS], log)
+            _run(["cmake", "--build", str(build_dir), "-j", jobs, "--target", "llama-server"], log)
+            staged = Path(tmp) / "install"
+            (staged / "bin").mkdir(parents=True)
+            for item in (build_dir / "bin").iterdir():  # the binary and the shared libraries it loads
+                if item.name == "llama-server" or ".so" in item.name:
+                    shutil.copy2(item, staged / "bin" / item.name, follow_symlinks=False)
+            staged.rename(dest)  # complete or absent, never half there
+    except (OSError, subprocess.CalledProcessError) as e:
+        return None, f"building llama-server failed ({e}); see {log_path}"
+    say(f"llama-server built: {binary}")
+    return binary, None
+
+
+def _unpack_source(tmp: Path, log) -> Path:
+    """vendor/llama.cpp of the pinned sdist (pip download: PyPI, no binary)."""
+    _run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+        + [f"llama-cpp-python=={PINNED_VERSION}", "-d", str(tmp)],
+        log,
+    )
+    sdist = tmp / f"llama_cpp_python-{PINNED_VERSION}.tar.gz"
+    prefix = f"llama_cpp_python-{PINNED_VERSION}/vendor/llama.cpp/"
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+        tar.extractall(tmp, members=members, filter="data")
+    return tmp / prefix
+
+
+def _run(cmd: list[str], log) -> None:
+    log.write("$ " + " ".join(cmd) + "\n")
+    log.flush()
+    subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
+
+
+def main() -> int:
+    """`python -m engramctl.bench.llama_server`: build (or find) it, print its path."""
+    from engramctl.settings import load_settings
+
+    binary, why = find_or_build(load_settings().paths.cache_dir, lambda m: print(m, file=sys.stderr))
+    if binary is None:
+        print(why, file=sys.stderr)
+        return 1
+    print(binary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

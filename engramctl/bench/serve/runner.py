@@ -1,0 +1,130 @@
+"""`engramctl bench serve`: the product as a user's client sees it, against llama-server on the same GGUF.
+
+    result = run_serve(ServeConfig(gguf=..., threads=2, ...), say=print)   # one JSON-able dict
+
+The daemon (`engramctl serve`) and llama-server (built from the llama.cpp source that our llama-cpp-python
+vendors: llama_server.py) get the same file, the same threads and the same context length, and are driven
+over loopback HTTP by a streaming client (client.py) through the workloads of workloads.py. When
+llama-server cannot be built, engramctl is measured alone and the report says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+from engramctl.bench.serve import workloads
+from engramctl.bench.serve.servers import Server
+from engramctl.bench.timing import machine_load
+
+# What "as fast as llama-server" means (issue 18), checked in the report.
+STREAM_RATIO_MAX = 1.05  # ms/token, ours / theirs
+WARM_TTFT_RATIO_MAX = 1.10  # median TTFT of turns 2..8, ours / theirs
+RESTART_SPEEDUP_MIN = 5.0  # TTFT of the turn after a restart, theirs / ours
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    gguf: Path
+    model: str  # what the report calls it: a preset name + weight type, or the file
+    threads: int
+    runs: int = 3
+    stream_tokens: int = 128
+    turns: int = 8
+    turn_tokens: int = 48
+    clients: tuple[int, ...] = (1, 2, 4)
+    client_tokens: int = 96
+    seed: int = 0
+    llama_server: Path | None = None
+    why_no_peer: str | None = None
+    keep_dir: bool = False
+    command: str = ""
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 3)
+
+
+def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="bench-serve-", dir=data_dir))
+    load_before = machine_load()
+    started = time.time()
+    daemon = Server.engramctl(cfg.gguf, threads=cfg.threads, home=work / "home")
+    result: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}}
+    try:
+        say(f"starting engramctl serve on {cfg.gguf.name} ({cfg.threads} threads)")
+        with daemon, httpx.Client(timeout=600.0) as client:
+            status = client.get(daemon.url + "/v1/status", headers=daemon.headers).json()
+            ctx = int(status.get("context_length") or 8192)
+            peer = None
+            if cfg.llama_server is not None:
+                say(f"starting llama-server (-c {ctx}, -t {cfg.threads}, -np 1)")
+                peer = Server.llama_server(cfg.llama_server, cfg.gguf, threads=cfg.threads, ctx=ctx, slots=1, logs=work)
+            servers = [daemon] + ([peer] if peer else [])
+            try:
+                if peer:
+                    peer.start()
+                say(f"(a) one stream: {cfg.runs} runs x {cfg.stream_tokens} tokens, greedy and sampled")
+                result["one_stream"] = workloads.one_stream(client, servers, cfg.runs, cfg.stream_tokens, cfg.seed)
+                result["memory"] = {s.name: {"rss_bytes": s.rss_bytes()} for s in servers}
+                say(f"(b) a client resending its history: {cfg.turns} turns, a restart, one more")
+                result["multi_turn"] = workloads.multi_turn(client, servers, cfg.turns, cfg.turn_tokens, cfg.seed)
+            finally:
+                if peer:
+                    peer.stop()
+            result["concurrent"] = {}
+            for run, n in enumerate(cfg.clients):
+                say(f"(c) {n} client(s) at once, {cfg.client_tokens} tokens each")
+                peer = None
+                if cfg.llama_server is not None:
+                    peer = Server.llama_server(
+                        cfg.llama_server, cfg.gguf, threads=cfg.threads, ctx=ctx, slots=n, logs=work
+                    )
+                    peer.start()
+                try:
+                    both = [daemon] + ([peer] if peer else [])
+                    result["concurrent"][str(n)] = workloads.concurrent(
+                        client, both, n, cfg.client_tokens, cfg.seed, run
+                    )
+                finally:
+                    if peer:
+                        peer.stop()
+        result["model"] = {"name": cfg.model, "file": str(cfg.gguf), "context_length": ctx, "status": status}
+    finally:
+        if not cfg.keep_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    result["peer"] = {"binary": str(cfg.llama_server) if cfg.llama_server else None, "why_not": cfg.why_no_peer}
+    result["machine"] = {"load_before": load_before, "load_after": machine_load(), "started": started}
+    result["targets"] = targets(result)
+    result["work_dir"] = str(work) if cfg.keep_dir else None
+    return result
+
+
+def targets(result: dict) -> list[dict]:
+    """Each target with its measured value and whether it is met (None: nothing to compare with)."""
+    out = []
+    for mode, by in result.get("one_stream", {}).items():
+        ours = by.get("engramctl", {}).get("ms_per_token", {}).get("median")
+        theirs = by.get("llama-server", {}).get("ms_per_token", {}).get("median")
+        r = _ratio(ours, theirs)
+        out.append(_target(f"one stream, {mode}: ms/token vs llama-server", r, f"<= {STREAM_RATIO_MAX}x", r and r <= STREAM_RATIO_MAX))
+    mt = result.get("multi_turn")
+    if mt:
+        warm = {k: v["median"] for k, v in mt["warm_ttft_ms"].items()}
+        r = _ratio(warm.get("engramctl"), warm.get("llama-server"))
+        out.append(_target("warm multi-turn TTFT vs llama-server", r, f"<= {WARM_TTFT_RATIO_MAX}x", r and r <= WARM_TTFT_RATIO_MAX))
+        cold = mt["restart_ttft_ms"]
+        r = _ratio(cold.get("llama-server"), cold.get("engramctl"))
+        out.append(_target("TTFT after a restart: llama-server / ours", r, f">= {RESTART_SPEEDUP_MIN}x", r and r >= RESTART_SPEEDUP_MIN))
+    return out
+
+
+def _target(name: str, value: float | None, goal: str, met) -> dict:
+    return {"target": name, "value": value, "goal": goal, "met": None if value is None else bool(met)}

@@ -1,0 +1,180 @@
+"""What `engramctl bench serve` asks both servers, as a user's client would:
+
+- one_stream: one conversation, one streamed reply; ms/token after the first, greedy and sampled;
+- multi_turn: a stock client resending the whole history each turn; then both servers restart and the
+  client sends one more turn (the case engramctl exists for);
+- concurrent: N clients at once, each its own conversation.
+
+Each measurement visits the servers in ABBA order (run i: A then B when i is even, B then A when odd) so a
+load change on this shared machine hits both alike. Every figure carries the server's CPU time over the
+wall time it took, and how many cores other processes used meanwhile (`Meter`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import httpx
+
+from engramctl.bench.material import filler_text, user_message
+from engramctl.bench.serve.client import CHAT_SAMPLING, GREEDY, Reply, stream_chat
+from engramctl.bench.serve.servers import Server
+from engramctl.bench.timing import IDLE_OTHER_CORES, busy_cpu_s
+
+STREAM_PROMPT = "Count from 1 to 300, one number per line, and say nothing else."
+SAMPLINGS = {"greedy": GREEDY, "sampled": CHAT_SAMPLING}
+
+
+def abba(servers: Sequence[Server], run: int) -> list[Server]:
+    return list(servers) if run % 2 == 0 else list(reversed(servers))
+
+
+class Meter:
+    """with Meter(servers) as m: ... then m.result: wall, each server's CPU/wall, other processes' cores."""
+
+    def __init__(self, servers: Sequence[Server]):
+        self.servers = list(servers)
+
+    def __enter__(self) -> "Meter":
+        self._t0, self._own0 = time.perf_counter(), time.process_time()
+        self._busy0 = busy_cpu_s()[0]
+        self._cpu0 = {s.name: s.cpu_s() for s in self.servers}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = max(time.perf_counter() - self._t0, 1e-9)
+        servers = {s.name: s.cpu_s() - self._cpu0[s.name] for s in self.servers}
+        own = time.process_time() - self._own0
+        others = max(0.0, busy_cpu_s()[0] - self._busy0 - own - sum(servers.values())) / wall
+        self.result = {
+            "wall_s": round(wall, 2),
+            "cpu_per_wall": {name: round(cpu / wall, 2) for name, cpu in servers.items()},
+            "client_cpu_per_wall": round(own / wall, 2),
+            "other_processes_cores": round(others, 2),
+            "idle": others < IDLE_OTHER_CORES,
+        }
+
+
+def _stats(values: Sequence[float]) -> dict:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"median": None, "spread": None, "n": 0}
+    return {"median": round(statistics.median(vals), 3), "spread": [round(min(vals), 3), round(max(vals), 3)]} | {
+        "n": len(vals)
+    }
+
+
+def one_stream(client: httpx.Client, servers: Sequence[Server], runs: int, tokens: int, seed: int) -> dict:
+    """ms/token after the first token of one streamed reply, greedy and with chat's sampling."""
+    messages = [{"role": "user", "content": STREAM_PROMPT}]
+    out = {}
+    for mode, sampling in SAMPLINGS.items():
+        for s in servers:  # warm-up, not counted: first requests allocate and fill caches
+            stream_chat(client, s, messages, sampling, 8, seed)
+        per: dict[str, list[Reply]] = {s.name: [] for s in servers}
+        cpu: dict[str, list[float]] = {s.name: [] for s in servers}
+        with Meter(servers) as meter:
+            for run in range(runs):
+                for s in abba(servers, run):
+                    c0, t0 = s.cpu_s(), time.perf_counter()
+                    per[s.name].append(stream_chat(client, s, messages, sampling, tokens, seed + run))
+                    cpu[s.name].append((s.cpu_s() - c0) / (time.perf_counter() - t0))
+        out[mode] = {
+            name: {
+                "ms_per_token": _stats([r.ms_per_token for r in replies]),
+                "ttft_ms": _stats([r.ttft_s * 1000 for r in replies]),
+                "tokens": _stats([len(r.chunk_times_s) for r in replies]),
+                "cpu_per_wall": _stats(cpu[name]),
+            }
+            for name, replies in per.items()
+        } | {"load": meter.result}
+    return out
+
+
+def first_message(seed: int, label: str, chars: int = 1200) -> str:
+    """A ~300-token opening message, different per `label` so no two conversations share a prefix."""
+    return f"[{label}] Read these notes, then answer my questions.\n\n{filler_text(seed, chars)}\n\n{user_message(0)}"
+
+
+def multi_turn(client: httpx.Client, servers: Sequence[Server], turns: int, tokens: int, seed: int) -> dict:
+    """A stock client: every turn resends the whole history (its own server's replies included). After
+    `turns` turns both servers restart and the client sends turn turns+1."""
+    history = {s.name: [] for s in servers}
+    rows = []
+
+    def turn(i: int) -> None:
+        user = {"role": "user", "content": first_message(seed, "multi-turn") if i == 0 else user_message(i)}
+        for s in abba(servers, i):
+            reply = stream_chat(client, s, history[s.name] + [user], GREEDY, tokens, seed)
+            history[s.name] += [user, {"role": "assistant", "content": reply.text}]
+            rows.append(
+                {
+                    "turn": i + 1,
+                    "server": s.name,
+                    "ttft_ms": round(reply.ttft_s * 1000, 1),
+                    "prompt_tokens": reply.prompt_tokens,
+                    "cached_tokens": reply.cached_tokens,
+                    "after_restart": i == turns,
+                }
+            )
+
+    with Meter(servers) as warm:
+        for i in range(turns):
+            turn(i)
+    for s in servers:
+        s.restart()
+    with Meter(servers) as cold:
+        turn(turns)
+    warm_ttft = {
+        s.name: _stats([r["ttft_ms"] for r in rows if r["server"] == s.name and 2 <= r["turn"] <= turns])
+        for s in servers
+    }
+    restart_ttft = {r["server"]: r["ttft_ms"] for r in rows if r["after_restart"]}
+    return {"turns": rows, "warm_ttft_ms": warm_ttft, "restart_ttft_ms": restart_ttft} | {
+        "load": {"warm": warm.result, "after_restart": cold.result}
+    }
+
+
+def concurrent(client: httpx.Client, servers: Sequence[Server], n: int, tokens: int, seed: int, run: int) -> dict:
+    """`n` clients at once, each its own ~300-token conversation and a `tokens`-token greedy reply."""
+    out = {}
+    for s in abba(servers, run):
+        messages = [
+            [{"role": "user", "content": first_message(seed + i, f"{s.name} n={n} client {i}")}] for i in range(n)
+        ]
+        replies: list[Reply | BaseException | None] = [None] * n
+        barrier = threading.Barrier(n + 1)
+
+        def one(i: int) -> None:
+            barrier.wait()
+            try:
+                replies[i] = stream_chat(client, s, messages[i], GREEDY, tokens, seed)
+            except BaseException as e:  # noqa: BLE001 - reported with the figures, not raised from a thread
+                replies[i] = e
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        with Meter([s]) as meter:
+            barrier.wait()
+            t0 = time.perf_counter()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+        errors = [repr(r) for r in replies if not isinstance(r, Reply)]
+        done = [r for r in replies if isinstance(r, Reply)]
+        generated = sum(len(r.chunk_times_s) for r in done)
+        out[s.name] = {
+            "wall_s": round(wall, 2),
+            "ttft_ms": [round(r.ttft_s * 1000, 1) for r in done],
+            "median_ttft_ms": _stats([r.ttft_s * 1000 for r in done])["median"],
+            "aggregate_tok_s": round(generated / wall, 2) if wall > 0 else None,
+            "tokens": generated,
+            "errors": errors,
+            "load": meter.result,
+        }
+    return out
