@@ -111,7 +111,8 @@ def main() -> int:
     for r in rows:
         p, d, c = r["prefill_512_ms"], r["decode_ms_per_token"], r["cpu_per_wall"]
         print(
-            f"{'OpenMP' if r['openmp'] else 'no OpenMP':9}  {r['thread']:5}  prefill 512: {p['median']} ms {p['spread']}"
+            f"{'OpenMP' if r['openmp'] else 'no OpenMP':9}  {r['thread']:5}  "
+            f"prefill 512: {p['median']} ms {p['spread']}"
             f"  decode: {d['median']} ms/token {d['spread']}  cpu/wall {c['median']}  ({r['library']})"
         )
     return 0

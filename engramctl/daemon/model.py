@@ -56,7 +56,14 @@ def load_model(settings: Settings, place_tables=None):
         progress=log.info,
     )
     engine = load_engine(
-        ref, st.paths.cache_dir, st.device, st.dtype, backend=st.backend, progress=log.info, ngram=ngram, tables=tables,
+        ref,
+        st.paths.cache_dir,
+        st.device,
+        st.dtype,
+        backend=st.backend,
+        progress=log.info,
+        ngram=ngram,
+        tables=tables,
         threads=st.threads,
     )
     i = engine.info

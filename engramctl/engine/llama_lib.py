@@ -13,7 +13,8 @@ from engramctl.errors import BackendUnavailable
 log = logging.getLogger("engramctl.llama")
 PINNED_VERSION = "0.3.36"
 _INSTALL_HINT = (
-    f'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF" .venv/bin/pip install llama-cpp-python=={PINNED_VERSION} '
+    'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF" '
+    f".venv/bin/pip install llama-cpp-python=={PINNED_VERSION} "
     "(or rerun scripts/setup.sh); the first build takes ~10 minutes on 2 cores"
 )
 # ggml_log_level (ggml.h: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5) -> logging; its INFO is load detail, kept at DEBUG

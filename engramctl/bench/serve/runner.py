@@ -114,15 +114,33 @@ def targets(result: dict) -> list[dict]:
         ours = by.get("engramctl", {}).get("ms_per_token", {}).get("median")
         theirs = by.get("llama-server", {}).get("ms_per_token", {}).get("median")
         r = _ratio(ours, theirs)
-        out.append(_target(f"one stream, {mode}: ms/token vs llama-server", r, f"<= {STREAM_RATIO_MAX}x", r and r <= STREAM_RATIO_MAX))
+        out.append(
+            _target(
+                f"one stream, {mode}: ms/token vs llama-server",
+                r,
+                f"<= {STREAM_RATIO_MAX}x",
+                r and r <= STREAM_RATIO_MAX,
+            )
+        )
     mt = result.get("multi_turn")
     if mt:
         warm = {k: v["median"] for k, v in mt["warm_ttft_ms"].items()}
         r = _ratio(warm.get("engramctl"), warm.get("llama-server"))
-        out.append(_target("warm multi-turn TTFT vs llama-server", r, f"<= {WARM_TTFT_RATIO_MAX}x", r and r <= WARM_TTFT_RATIO_MAX))
+        out.append(
+            _target(
+                "warm multi-turn TTFT vs llama-server", r, f"<= {WARM_TTFT_RATIO_MAX}x", r and r <= WARM_TTFT_RATIO_MAX
+            )
+        )
         cold = mt["restart_ttft_ms"]
         r = _ratio(cold.get("llama-server"), cold.get("engramctl"))
-        out.append(_target("TTFT after a restart: llama-server / ours", r, f">= {RESTART_SPEEDUP_MIN}x", r and r >= RESTART_SPEEDUP_MIN))
+        out.append(
+            _target(
+                "TTFT after a restart: llama-server / ours",
+                r,
+                f">= {RESTART_SPEEDUP_MIN}x",
+                r and r >= RESTART_SPEEDUP_MIN,
+            )
+        )
     return out
 
 
