@@ -188,6 +188,10 @@ def speed_text(sp: dict[str, Any]) -> str:
         if sp.get("transformers")
         else f"transformers comparison: skipped, {sp.get('transformers_skipped')}",
     ]
+    notes.append(
+        "in-process: engramctl ran on the daemon's worker thread (the model was loaded on another), the raw "
+        "reference on the loading thread; no HTTP (`engramctl bench serve` measures what a client sees)"
+    )
     raw = sp.get("raw_llama_cpp") or {}
     if raw.get("settings"):
         st = raw["settings"]

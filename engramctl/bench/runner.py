@@ -389,6 +389,11 @@ def _speed(cfg: BenchConfig, loaded: Loaded, progress: Progress) -> dict[str, An
             progress.note(f"Warning: {raw_skipped}")
     else:
         raw_skipped = "the raw llama.cpp reference runs on the llama.cpp backend only"
+    from engramctl.daemon.worker import Worker
+
+    # engramctl's side runs on the daemon's own worker thread, the model having been loaded on this one:
+    # that is where the daemon decodes (an OpenMP llama.cpp build is ~1.8x slower there: docs/llama-threads.md)
+    worker = Worker(max_queue=0)
     try:
         out = speed.run(
             engine,
@@ -398,8 +403,10 @@ def _speed(cfg: BenchConfig, loaded: Loaded, progress: Progress) -> dict[str, An
             seed=cfg.seed,
             raw=raw,
             step=lambda d: progress.advance("speed", d),
+            on_worker=worker.call,
         )
     finally:
+        worker.close()
         if raw is not None:
             raw.close()
     out["raw_skipped"] = raw_skipped

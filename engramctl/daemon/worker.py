@@ -10,6 +10,7 @@ or is skipped if it has not started.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -25,8 +26,9 @@ log = logging.getLogger("engramctl.daemon")
 class Job:
     """A unit of work for the worker thread. `fn(job)` runs there and may `job.emit(...)` events."""
 
-    def __init__(self, fn: Callable[["Job"], Any], name: str, loop: asyncio.AbstractEventLoop):
+    def __init__(self, fn: Callable[["Job"], Any], name: str, loop: asyncio.AbstractEventLoop | None):
         self.fn, self.name, self.loop = fn, name, loop
+        self.future: concurrent.futures.Future | None = None  # Worker.call's: the result for a caller without a loop
         self.cancel = threading.Event()
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.submitted = time.monotonic()
@@ -34,10 +36,23 @@ class Job:
 
     def emit(self, kind: str, value: Any = None) -> None:
         """Thread-safe: hand an event to the route waiting on this job."""
+        if self.loop is None:  # Worker.call: the caller waits for the result only
+            return
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
         except RuntimeError:  # the event loop is gone (daemon stopping): nobody is listening
             pass
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        """The job's end, to whoever waits: the route (an event) or Worker.call's caller (the future)."""
+        if error is None:
+            self.emit("done", result)
+        else:
+            self.emit("error", error)
+        if self.future is not None and error is None:
+            self.future.set_result(result)
+        elif self.future is not None:
+            self.future.set_exception(error)
 
     @property
     def cancelled(self) -> bool:
@@ -80,6 +95,18 @@ class Worker:
             self._queue.put(job)
         return job
 
+    def call(self, fn: Callable[[], Any], name: str = "call") -> Any:
+        """Run `fn()` on the worker thread, after the jobs already queued, and return its result (or raise its
+        error). For callers without an event loop: the bench decodes exactly where the daemon does."""
+        job = Job(lambda _job: fn(), name, None)
+        job.future = concurrent.futures.Future()
+        with self._lock:
+            if not self._accepting:
+                raise ShuttingDown("the daemon is shutting down.")
+            self._waiting += 1
+            self._queue.put(job)
+        return job.future.result()
+
     def begin_shutdown(self) -> None:
         """Stop accepting; cancel the running job and everything queued."""
         with self._lock:
@@ -99,7 +126,7 @@ class Worker:
             current.cancel.set()
         for job in pending:
             job.cancel.set()
-            job.emit("error", ShuttingDown("the daemon is shutting down."))
+            job.finish(error=ShuttingDown("the daemon is shutting down."))
 
     def close(self, timeout: float | None = None) -> bool:
         """begin_shutdown, then wait for the running job; False if it did not finish in time."""
@@ -117,15 +144,14 @@ class Worker:
                 self.current = job
             try:
                 if job.cancelled:
-                    job.emit("error", Cancelled("the request was cancelled before it started."))
+                    job.finish(error=Cancelled("the request was cancelled before it started."))
                     continue
                 job.started = time.monotonic()
-                result = job.fn(job)
-                job.emit("done", result)
+                job.finish(job.fn(job))
             except BaseException as e:  # noqa: BLE001 - every failure goes back to its request
                 if not isinstance(e, EngramError):
                     log.exception("%s failed", job.name)
-                job.emit("error", e)
+                job.finish(error=e)
             finally:
                 with self._lock:
                     self.current = None

@@ -2,7 +2,9 @@
 
 - engramctl: a fresh state prefills N tokens of seeded filler through Engine.prefill (chunked as the
   daemon does), then Engine.generate samples M + 1 tokens greedily: M decode steps, each one sample,
-  one incremental detokenization and one backend decode, what every streamed token costs.
+  one incremental detokenization and one backend decode, what every streamed token costs. It runs on
+  the daemon's worker thread (`on_worker`: daemon.worker.Worker.call), not on the thread that loaded the
+  model, as in the daemon. What it leaves out is HTTP: `engramctl bench serve` measures that.
   decode_ms_per_token = Finish.decode_s / decode steps (the clock starts after the first token).
 - raw llama.cpp (llama.cpp backend only): the same GGUF through llama-cpp-python's C API with the same
   n_ctx, n_batch, threads and flash attention (bench/llama_ref.py): prefill N, then M greedy decodes.
@@ -100,8 +102,10 @@ def run(
     seed: int,
     raw=None,
     step: Callable[[str], None] = lambda _d: None,
+    on_worker: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
 ) -> dict[str, Any]:
-    """engramctl against raw llama.cpp (when `raw` is given). `step(description)` after every run."""
+    """engramctl against raw llama.cpp (when `raw` is given). `step(description)` after every run.
+    `on_worker(fn)` runs engramctl's side where the daemon would (the raw reference stays on this thread)."""
     ids = filler_ids(engine.tokenizer, prefill_tokens, seed + 2)
     mine, theirs = _Side(), _Side()
     for r in range(runs + 1):  # run 0 warms both up and is not counted
@@ -109,7 +113,8 @@ def run(
         order = ("engramctl", "raw") if r % 2 == 0 else ("raw", "engramctl")
         for who in order:
             if who == "engramctl":
-                _engramctl_run(engine, ids, decode_tokens, mine if count else None)
+                side = mine if count else None
+                on_worker(lambda: _engramctl_run(engine, ids, decode_tokens, side))
             elif raw is not None:
                 _raw_run(raw, ids, decode_tokens, theirs if count else None)
         step("warm-up" if r == 0 else f"run {r}/{runs}")
@@ -117,6 +122,7 @@ def run(
         "prefill_tokens": prefill_tokens,
         "decode_tokens": decode_tokens,
         "engramctl": {
+            "thread": "the daemon's worker thread (the model was loaded on another)",
             "backend": engine.info.backend,
             "weight_type": engine.info.weight_type or engine.info.dtype,
             **mine.summary(prefill_tokens),
