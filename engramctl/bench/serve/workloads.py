@@ -95,9 +95,11 @@ def one_stream(client: httpx.Client, servers: Sequence[Server], runs: int, token
     return out
 
 
-def first_message(seed: int, label: str, chars: int = 1200) -> str:
-    """A ~300-token opening message, different per `label` so no two conversations share a prefix."""
-    return f"[{label}] Read these notes, then answer my questions.\n\n{filler_text(seed, chars)}\n\n{user_message(0)}"
+def first_message(seed: int, label: str, chars: int = 800) -> str:
+    """A ~300-token opening message (SmolLM2's tokenizer), different per `label` and `seed` so no two
+    conversations share more than the template's first tokens."""
+    notes = filler_text(seed, chars)[:chars].rsplit(" ", 1)[0]
+    return f"[{label}] Read these notes, then answer my questions.\n\n{notes}\n\n{user_message(0)}"
 
 
 def multi_turn(client: httpx.Client, servers: Sequence[Server], turns: int, tokens: int, seed: int) -> dict:

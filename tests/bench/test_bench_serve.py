@@ -1,0 +1,77 @@
+"""`engramctl bench serve` drives the real daemon as a streaming client; without llama-server it measures
+engramctl alone and says why. On the tiny GGUF: every workload answers, the turn after the restart is
+served from the daemon's snapshot (cached tokens), and no target claims a verdict without a peer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from engramctl.bench.llama_server import find_or_build, install_dir
+from engramctl.bench.serve.runner import targets
+from engramctl.cli import app
+
+
+@pytest.fixture(scope="module")
+def gguf(served_model):
+    return served_model("llama.cpp")
+
+
+def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram_home):
+    args = ["bench", "serve", "--model", str(gguf), "--quick", "--no-llama-server", "--json", "--threads", "1"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["peer"]["why_not"] == "--no-llama-server was given"
+    assert "measuring engramctl alone" in r.stderr
+    for mode in ("greedy", "sampled"):
+        ours = out["one_stream"][mode]["engramctl"]
+        assert ours["ms_per_token"]["median"] > 0 and ours["tokens"]["median"] >= 2
+        assert "llama-server" not in out["one_stream"][mode]
+    assert out["memory"]["engramctl"]["rss_bytes"] > 50 * 2**20
+    turns = out["multi_turn"]["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3, 4]
+    assert [t["after_restart"] for t in turns] == [False, False, False, True]
+    assert turns[0]["cached_tokens"] == 0
+    # a stock client resending its history after a restart: the daemon restores its snapshot
+    assert turns[-1]["cached_tokens"] > turns[0]["prompt_tokens"]
+    assert set(out["concurrent"]) == {"1", "2"}
+    for n, by in out["concurrent"].items():
+        assert by["engramctl"]["errors"] == []
+        assert len(by["engramctl"]["ttft_ms"]) == int(n)
+    assert [t["met"] for t in out["targets"]] == [None, None, None, None]
+
+
+def test_targets_compare_ours_with_llama_servers():
+    def stream(ours, theirs):
+        return {"engramctl": {"ms_per_token": {"median": ours}}, "llama-server": {"ms_per_token": {"median": theirs}}}
+
+    result = {
+        "one_stream": {"greedy": stream(10.4, 10.0), "sampled": stream(11.0, 10.0)},
+        "multi_turn": {
+            "warm_ttft_ms": {"engramctl": {"median": 300.0}, "llama-server": {"median": 280.0}},
+            "restart_ttft_ms": {"engramctl": 500.0, "llama-server": 2000.0},
+        },
+    }
+    got = {t["target"]: (t["value"], t["met"]) for t in targets(result)}
+    assert got == {
+        "one stream, greedy: ms/token vs llama-server": (1.04, True),
+        "one stream, sampled: ms/token vs llama-server": (1.1, False),
+        "warm multi-turn TTFT vs llama-server": (1.071, True),
+        "TTFT after a restart: llama-server / ours": (4.0, False),
+    }
+
+
+def test_llama_server_not_built_says_why(tmp_path, monkeypatch):
+    said = []
+    missing = install_dir(tmp_path) / "bin" / "llama-server"
+    assert find_or_build(tmp_path, said.append, build=False) == (
+        None,
+        f"llama-server is not built yet ({missing} is missing)",
+    )
+    monkeypatch.setattr("shutil.which", lambda _tool: None)
+    binary, why = find_or_build(tmp_path, said.append)
+    assert binary is None and "cmake, c++ not found" in why
+    assert said == []  # nothing was started
