@@ -239,6 +239,12 @@ def load_engine(
                     f"llama.cpp keeps {path.name}'s {lb.info.weight_type} weights."
                 )
             engine = Engine(lb, lb.tokenizer)
+            if lb.info.device == "cpu":
+                # torch only samples a vector and scans states here; its own OpenMP team would spin beside
+                # llama.cpp's threads on the same cores after every op (process-wide, as torch's setting is)
+                import torch
+
+                torch.set_num_threads(1)
             if openmp_linked():
                 say(OPENMP_NOTICE)
                 engine.notices.append(OPENMP_NOTICE)
