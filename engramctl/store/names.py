@@ -70,14 +70,16 @@ def session_for_conversation(conversation_id: object) -> str:
     return f"{cid[:47]}-{_digest(cid)}"
 
 
-def named_session(session: object, conversation_id: object) -> str | None:
-    """The session a request names by `session` or by `conversation_id` (the original Engram server's
-    name for the same thing), or None when it names none; UsageError when it names two."""
-    if session is not None and conversation_id is not None and session != conversation_id:
-        raise UsageError("session and conversation_id name the same thing; give one.")
+def named_session(session: object, conversation_id: object, rid: object = None) -> str | None:
+    """The session a request names by `session`, by `conversation_id` (the original Engram server's name for
+    the same thing) or, without a conversation_id, by `rid` (its request id, which its clients use as the
+    conversation key); None when it names none, UsageError when it names two."""
+    conversation = conversation_id if conversation_id is not None else rid
+    if session is not None and conversation is not None and session != conversation:
+        raise UsageError("session and conversation_id (or rid) name the same thing; give one.")
     if session is not None:
         return validate_session_name(session)
-    return None if conversation_id is None else session_for_conversation(conversation_id)
+    return None if conversation is None else session_for_conversation(conversation)
 
 
 def branch_session_name(session: str, branch: str, taken: bool = False) -> str:

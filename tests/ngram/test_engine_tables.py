@@ -135,7 +135,7 @@ def test_the_planner_places_the_tables_and_replan_keeps_them(zoo, tmp_path):
             (f"ngram/{daemon.engine.backend.engram.table_key}/layer-{i}.table", "disk") for i in (1, 3)
         ]
         assert {r.tier for r in daemon.engine.backend.engram.tables.readers.values()} == {"disk"}
-        daemon.store.replan(model_bytes=0, model_on_cpu=True)
+        daemon.tiers.replan(model_bytes=0, model_on_cpu=True)
         after = client.get("/v1/tiers").json()
         assert after["tables"] == tiers["tables"]
         disk = next(t for t in after["tiers"] if t["name"] == "disk")
