@@ -112,3 +112,18 @@ def test_an_index_from_before_the_names_opens_and_gains_them(tmp_path):
         assert idx.rows("SELECT * FROM names") == []
     finally:
         idx.close()
+
+
+def test_the_latest_save_is_remembered_until_its_snapshot_or_session_goes(store, make_payload):
+    (_, r1), (_, r2) = _turn(store, make_payload, "c", 4, 0), _turn(store, make_payload, "c", 8, 2)
+    assert store.names.last_saved("c") is None
+    store.names.mark_saved("c", r1.id)
+    store.names.mark_saved("c", r2.id)  # a later save replaces it
+    assert store.names.last_saved("c") == r2.id
+    store.delete(r2.id, force=True)  # the name goes with the snapshot
+    assert store.names.last_saved("c") is None
+    store.names.mark_saved("c", r1.id)
+    store.delete_session("c")
+    assert store.names.last_saved("c") is None
+    with pytest.raises(NotFound):
+        store.names.mark_saved("c", "0" * 32)

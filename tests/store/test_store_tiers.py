@@ -153,3 +153,22 @@ def test_replan_adds_the_vram_tier_when_cuda_shows_up_after_open(open_store, mak
     assert s.info(sid).tiers == ("vram", "disk")
     s.tiers.replan(hardware=hw)  # idempotent: still one VRAM tier
     assert [t.name for t in s._placement.tiers] == ["vram", "ram"] and s.info(sid).tiers == ("vram", "disk")
+
+
+def test_the_planner_places_tables_and_the_store_keeps_within_what_is_left(open_store, make_payload):
+    """N-gram tables are claims on the tier plan (tiers/planner.py): the store's hot tiers shrink by them at
+    once, a replan keeps them where they are, plan_json shows them."""
+    mib = 2**20
+    s = open_store(ram=10 * mib, disk=256 * mib)
+    placed = s.tiers.claim_tables([("layer-1", 6 * mib), ("layer-2", 6 * mib)])
+    assert placed == {"layer-1": "ram", "layer-2": "disk"}  # the second no longer fits in RAM
+    ram = next(t for t in s._placement.tiers if t.name == "ram")
+    assert s.budgets.budget("ram") == ram.budget == 4 * mib and s.budgets.budget("disk") == 250 * mib
+    s.tiers.replan(hardware=s.tiers.plan.hardware)
+    assert s.budgets.tier("ram").table_bytes == 6 * mib and ram.budget == 4 * mib
+    assert s.tiers.plan_json()["tables"] == [
+        {"name": "layer-1", "size_bytes": 6 * mib, "tier": "ram"},
+        {"name": "layer-2", "size_bytes": 6 * mib, "tier": "disk"},
+    ]
+    recs = [s.commit("a", make_payload(40, i, width=200)) for i in range(4)]  # ~1.4 MiB each
+    assert sum(r.nbytes for r in recs) > 4 * mib >= s.tiers.usage()["ram"][0] > 0
