@@ -22,6 +22,7 @@ Store.resolve accepts a custom id and "<conversation_id>-t<N>" wherever it accep
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Iterable
 
 from engramctl.errors import InvalidName, NotFound
@@ -59,16 +60,8 @@ class NameTable:
     def turn_numbers(self, snapshot_ids: Iterable[str]) -> dict[str, int]:
         """The user turn each snapshot ends: the number of user messages in its transcript, for the
         snapshots whose transcript ends with a reply (the others are left out)."""
-        ids = list(dict.fromkeys(snapshot_ids))
-        out: dict[str, int] = {}
-        with self._core.lock:
-            self._core.check_open()
-            for i in range(0, len(ids), 500):
-                chunk = ids[i : i + 500]
-                for row in self._core.index.rows(_TURNS_SQL.format(marks=",".join("?" * len(chunk))), chunk):
-                    if row["last_role"] == "assistant" and row["users"]:
-                        out[row["snap"]] = int(row["users"])
-        return out
+        rows = self._rows_for(_TURNS_SQL, snapshot_ids)
+        return {r["snap"]: int(r["users"]) for r in rows if r["last_role"] == "assistant" and r["users"]}
 
     def turns(self, session: str) -> dict[int, str]:
         """turn number -> snapshot id, for every turn of the session that has one (see the module doc)."""
@@ -122,28 +115,12 @@ class NameTable:
 
     def named(self, name: str) -> str | None:
         """The snapshot a custom id names, if any."""
-        with self._core.lock:
-            self._core.check_open()
-            row = self._core.index.one(
-                "SELECT snapshot FROM names WHERE kind = 'id' AND scope = '' AND name = ?", (name,)
-            )
-        return None if row is None else row["snapshot"]
+        return self._snapshot("id", "", name)
 
     def custom_ids(self, snapshot_ids: Iterable[str]) -> dict[str, str]:
         """snapshot id -> the newest custom id naming it, for those that have one."""
-        ids = list(dict.fromkeys(snapshot_ids))
-        out: dict[str, str] = {}
-        with self._core.lock:
-            self._core.check_open()
-            for i in range(0, len(ids), 500):
-                chunk = ids[i : i + 500]
-                marks = ",".join("?" * len(chunk))
-                rows = self._core.index.rows(
-                    f"SELECT snapshot, name FROM names WHERE kind = 'id' AND snapshot IN ({marks}) ORDER BY created",
-                    chunk,
-                )
-                out.update((r["snapshot"], r["name"]) for r in rows)
-        return out
+        sql = "SELECT snapshot, name FROM names WHERE kind = 'id' AND snapshot IN ({marks}) ORDER BY created"
+        return {r["snapshot"]: r["name"] for r in self._rows_for(sql, snapshot_ids)}
 
     def is_snapshot_name(self, ref: str) -> bool:
         """Whether `ref` is a custom snapshot id, or "<conversation_id>-t<N>" of a conversation that exists
@@ -212,12 +189,7 @@ class NameTable:
 
     def last_saved(self, session: str) -> str | None:
         """What the session's latest save saved, if that snapshot still exists."""
-        with self._core.lock:
-            self._core.check_open()
-            row = self._core.index.one(
-                "SELECT snapshot FROM names WHERE kind = 'saved' AND scope = ? AND name = ''", (session,)
-            )
-        return None if row is None else row["snapshot"]
+        return self._snapshot("saved", session, "")
 
     def forget_session(self, session: str) -> None:
         """Drop the names a session holds (its turns, branches, latest save) and the branch name naming it."""
@@ -225,6 +197,26 @@ class NameTable:
             self._core.index.execute("DELETE FROM names WHERE scope = ? OR session = ?", (session, session))
 
     # -- helpers -------------------------------------------------------------------------------------
+    def _rows_for(self, sql: str, snapshot_ids: Iterable[str]) -> list[sqlite3.Row]:
+        """`sql`'s rows for these snapshots, 500 ids at a time (SQLite's limit on parameters); `{marks}` in
+        `sql` stands for the placeholders. A snapshot's rows all come from one query, in its order."""
+        ids = list(dict.fromkeys(snapshot_ids))
+        rows: list[sqlite3.Row] = []
+        with self._core.lock:
+            self._core.check_open()
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                rows += self._core.index.rows(sql.format(marks=",".join("?" * len(chunk))), chunk)
+        return rows
+
+    def _snapshot(self, kind: str, scope: str, name: str) -> str | None:
+        with self._core.lock:
+            self._core.check_open()
+            row = self._core.index.one(
+                "SELECT snapshot FROM names WHERE kind = ? AND scope = ? AND name = ?", (kind, scope, name)
+            )
+        return None if row is None else row["snapshot"]
+
     def _name(self, kind: str, scope: str, name: str, snapshot_id: str) -> None:
         with self._core.lock, self._core.index.tx():
             self._core.check_open()

@@ -13,7 +13,7 @@ and changes a session's or a snapshot's transcript through it.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from engramctl.errors import UsageError
 from engramctl.store.index import Index
@@ -126,12 +126,7 @@ class Transcripts:
 
     def append(self, session: str, messages: Sequence[dict]) -> int:
         """Append to a session's transcript (creating the session); returns its new length."""
-        c = self._core
-        self._sessions.create(session, exist_ok=True)
-        with c.lock, c.index.tx():
-            tip = c.messages.append(c.index.session_tip(session), messages)
-            c.index.update_session(session, tip=tip, last_used=c.clock())
-            return c.messages.depth(tip)
+        return self._rewrite(session, lambda tip: self._core.messages.append(tip, messages))
 
     def of_session(self, session: str, limit: int | None = None) -> list[dict]:
         c = self._core
@@ -146,12 +141,8 @@ class Transcripts:
             return c.messages.read(c.index.snapshot_tip(c.row(snapshot_id).id))
 
     def replace(self, session: str, messages: Sequence[dict]) -> int:
-        c = self._core
-        self._sessions.create(session, exist_ok=True)
-        with c.lock, c.index.tx():
-            tip = c.messages.replace(c.index.session_tip(session), messages)
-            c.index.update_session(session, tip=tip, last_used=c.clock())
-            return c.messages.depth(tip)
+        """Make a session's transcript `messages` (creating the session), sharing what it starts with."""
+        return self._rewrite(session, lambda tip: self._core.messages.replace(tip, messages))
 
     def truncate(self, session: str, n_messages: int) -> int:
         c = self._core
@@ -160,3 +151,12 @@ class Transcripts:
             tip = c.messages.ancestor(c.index.session_tip(session), n_messages)
             c.index.update_session(session, tip=tip, last_used=c.clock())
             return n_messages
+
+    def _rewrite(self, session: str, move: Callable[[int | None], int | None]) -> int:
+        """Move the session's tip to `move(tip)` in one transaction; returns the transcript's new length."""
+        c = self._core
+        self._sessions.create(session, exist_ok=True)
+        with c.lock, c.index.tx():
+            tip = move(c.index.session_tip(session))
+            c.index.update_session(session, tip=tip, last_used=c.clock())
+            return c.messages.depth(tip)
