@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from engramctl.engine.sampling_params import MAX_STOP, OPTIONS, SamplingParams
 from engramctl.errors import UsageError
-from engramctl.store.names import is_snapshot_id, named_session, validate_engram_name, validate_session_name
+from engramctl.store.names import is_snapshot_id, named_session, validate_engram_api_name, validate_session_name
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -204,7 +204,7 @@ class _Selectors(SessionRef):
     @field_validator("branch_name")
     @classmethod
     def _branch(cls, v: str | None) -> str | None:
-        return None if v is None else validate_engram_name(v, "branch_name")
+        return None if v is None else validate_engram_api_name(v, "branch_name")
 
     @property
     def selects(self) -> bool:
@@ -229,7 +229,7 @@ class SaveSnapshotRequest(_Selectors):
     @field_validator("snapshot_id")
     @classmethod
     def _custom_id(cls, v: str | None) -> str | None:
-        if v is not None and is_snapshot_id(validate_engram_name(v, "snapshot_id")):
+        if v is not None and is_snapshot_id(validate_engram_api_name(v, "snapshot_id")):
             raise ValueError("a custom snapshot_id cannot look like a snapshot's own id (32 hex digits)")
         return v
 

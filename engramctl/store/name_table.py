@@ -34,7 +34,7 @@ from engramctl.store.names import (
     is_snapshot_id,
     parse_turn_ref,
     session_for_conversation,
-    validate_engram_name,
+    validate_engram_api_name,
     validate_session_name,
 )
 from engramctl.store.records import SessionInfo
@@ -108,7 +108,7 @@ class NameTable:
     # -- custom snapshot ids -------------------------------------------------------------------------
     def name_snapshot(self, name: str, snapshot_id: str) -> None:
         """Give `snapshot_id` a custom id, usable wherever a snapshot id is (a later save moves it)."""
-        validate_engram_name(name, "snapshot_id")
+        validate_engram_api_name(name, "snapshot_id")
         if is_snapshot_id(name):
             raise InvalidName(f"a custom snapshot_id cannot look like a snapshot's own id ({name!r}).")
         self._name("id", "", name, snapshot_id)
@@ -135,7 +135,7 @@ class NameTable:
         """Make branch `branch` of `session` a session at `snapshot_id`: a new one the first time (named by
         names.branch_session_name), the same one moved there afterwards. Its transcript is the snapshot's."""
         validate_session_name(session)
-        validate_engram_name(branch, "branch_name")
+        validate_engram_api_name(branch, "branch_name")
         with self._core.lock, self._core.index.tx():
             self._core.check_open()
             snap = self._core.row(snapshot_id)
