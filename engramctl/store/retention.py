@@ -5,7 +5,7 @@ The functions are pure decisions over index records; Retention acts on them: it 
 rules below after each write and in `gc`, and refuses a commit the file system has no room for.
 
 Defaults (Settings): keep_last = 8 per session, session_ttl_s = None (off), disk budget from the tier
-plan. The rules, in the order `Store.gc` applies them:
+plan. The rules, in the order `Retention.gc` applies them:
 
 1. keep-last-N: per owning session, the N newest snapshots stay; older ones go unless protected.
 2. TTL (optional): a session unused for longer than session_ttl_s loses its unprotected snapshots,

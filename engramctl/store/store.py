@@ -56,13 +56,14 @@ class Store:
         self._core = core
         self.settings, self.clock = core.settings, core.clock
         self.reconcile_report, self.write_errors = core.reconcile_report, core.write_errors
+        # the internals the crash, tier and full-disk tests reach into
         self._index, self._files, self._placement, self._writer = core.index, core.files, core.placement, core.writer
         self.sessions = Sessions(core)
         self.transcripts = Transcripts(core, self.sessions)
         self.retention = Retention(core)
         self.snapshots = Snapshots(core, self.sessions, self.retention)
         self.names = NameTable(core, self.sessions)
-        self.tiers = TierPlanner(core.settings, self.retention)
+        self.tiers = TierPlanner(core.settings, self.retention)  # the daemon holds it (Daemon.tiers) and replans it
 
     @classmethod
     def open(
@@ -79,13 +80,16 @@ class Store:
         files (verify=True also checks every checksum), and plan the tiers from `hardware`."""
         files = SnapshotFiles(settings.paths.data_dir)
         files.lock()
-        index = None
+        index = core = None
         try:
             index = Index(files.index_path)
             report = reconcile(index, files, verify=verify)
-            store = cls(StoreCore(settings, files, index, clock, report))
+            core = StoreCore(settings, files, index, clock, report)
+            store = cls(core)
             store.tiers.replan(model_bytes, model_on_cpu, hardware)  # a lowered disk budget applies from the start
         except BaseException:
+            if core is not None:
+                core.writer.close()
             if index is not None:
                 index.close()
             files.unlock()
