@@ -9,7 +9,7 @@
 The daemon writes these with `to_json`, the client side reads them with `from_json`: one definition of
 the field names for both ends. The Engram-compatible extras (`success`, `message`, `conversation_id`,
 that server's snapshot metadata and names: turn_number, branch_name, token_count, ...) are added by the
-Engram routes' adapter (engramctl.daemon.engram) and nowhere else.
+Engram routes' adapter (engramctl.daemon.engram_api) and nowhere else.
 
 Stdlib only (no torch, httpx or pydantic): the CLI imports this for `--help`-fast commands.
 """

@@ -154,14 +154,14 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
     if torch.cuda.is_available():  # only when the engine has loaded torch with CUDA: a VRAM tier exists
         store.close()
         store = Store.open(settings)
-        if store.plan.budget("vram") > 0:
+        if store.budgets.budget("vram") > 0:
             vid = ids[0]
             store.load(vid)
             out["restore_vram"] = timed(lambda: (store.load(vid), torch.cuda.synchronize()), repeat)
 
             def demote():
                 store._placement.set_budget("vram", 0)
-                store._placement.set_budget("vram", store.plan.budget("vram"))
+                store._placement.set_budget("vram", store.budgets.budget("vram"))
 
             out["promote_ram_to_vram"] = timed(
                 lambda: (store.load(vid), torch.cuda.synchronize()), repeat, setup=demote

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from engramctl.daemon.engram import ROUTES as ENGRAM_ROUTES
+from engramctl.daemon.engram_api.answers import ROUTES as ENGRAM_ROUTES
 from engramctl.store import snapshot_file
 
 # Generation requests the fuzz sends are capped so that a case costs milliseconds on the tiny model: the

@@ -262,7 +262,7 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
     try:
         _warm_up(engine)
         resident = resident_weight_bytes(engine, loaded.gguf)  # after the warm-up touched every weight
-        plan = box.store.plan_json()
+        plan = box.store.tiers.plan_json()
         progress.phase("bandwidth", "bandwidth floor", 2)
         with LoadMeter() as m:  # the restore targets divide by this floor: a disturbed one shows here
             bw = bandwidth.measure(

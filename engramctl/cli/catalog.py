@@ -78,10 +78,10 @@ class LocalCatalog:
 
         tables = installed_tables(self.store.settings.paths.data_dir / "ngram", recursive=True)
         if not tables:
-            return self.store.plan_json()
+            return self.store.tiers.plan_json()
         root = self.store.settings.paths.data_dir
         claims = [(str(path.relative_to(root)), meta.spec.size_bytes) for path, meta in tables]
-        return plan_json(claim_tables(self.store.plan, claims), self.store.usage())
+        return plan_json(claim_tables(self.store.tiers.plan, claims), self.store.tiers.usage())
 
     def snapshot_path(self, sid: str) -> Path:
         from engramctl.store.files import SnapshotFiles

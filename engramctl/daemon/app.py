@@ -18,7 +18,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Match
 
 from engramctl import __version__
-from engramctl.daemon import engram, routes_agent, routes_openai, routes_snapshots, routes_status
+from engramctl.daemon import routes_agent, routes_openai, routes_status
+from engramctl.daemon.engram_api import answers, routes as engram_api_routes
 from engramctl.daemon.auth import PUBLIC_PATHS, AuthMiddleware
 from engramctl.daemon.context import Daemon
 from engramctl.daemon.errors import body_for, error_body, validation_problem
@@ -36,8 +37,8 @@ log = logging.getLogger("engramctl.daemon")
 def _load(settings: Settings) -> tuple[Engine, Store]:
     store = Store.open(settings)
     try:
-        engine = load_model(settings, place_tables=store.claim_tables)  # the store's budgets hold its tables
-        store.replan(model_bytes=0, model_on_cpu=engine.info.device == "cpu")
+        engine = load_model(settings, place_tables=store.tiers.claim_tables)  # the store's budgets hold its tables
+        store.tiers.replan(model_bytes=0, model_on_cpu=engine.info.device == "cpu")
     except BaseException:
         store.close()
         raise
@@ -70,7 +71,7 @@ def create_app(
     app.state.daemon = daemon
     app.include_router(routes_status.router)
     app.include_router(routes_openai.router)
-    app.include_router(routes_snapshots.router)
+    app.include_router(engram_api_routes.router)
     app.include_router(routes_agent.router)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -83,9 +84,9 @@ def create_app(
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    # Every failure is an ErrorBody; on the Engram routes it also carries their success/message (engram.py).
+    # Every failure is an ErrorBody; on the Engram routes it also carries their success/message (engram_api/answers.py).
     def answer(request: Request, status: int, body: dict, headers=None) -> JSONResponse:
-        return JSONResponse(engram.failure(request.url.path, body), status_code=status, headers=headers)
+        return JSONResponse(answers.failure(request.url.path, body), status_code=status, headers=headers)
 
     @app.exception_handler(EngramError)
     async def _engram(request: Request, exc: EngramError):

@@ -15,7 +15,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from engramctl.daemon import engram
+from engramctl.daemon.engram_api import answers
 from engramctl.daemon.errors import error_body
 from engramctl.errors import EngramError
 from engramctl.settings import Settings
@@ -98,7 +98,7 @@ class AuthMiddleware:
             return await self.app(scope, receive, send)
         msg = "missing API token" if header is None else "invalid API token"
         body = json.dumps(
-            engram.failure(
+            answers.failure(
                 scope.get("path", ""),
                 error_body(
                     f"{msg}: send 'Authorization: Bearer <token>'.",

@@ -1,5 +1,5 @@
-"""The Daemon: what every route needs (settings, engine, store, the conversation service, the worker),
-owned for the app's lifetime and reached from a request with `daemon_of(request)`.
+"""The Daemon: what every route needs (settings, engine, store, the tier plan, the conversation service,
+the worker), owned for the app's lifetime and reached from a request with `daemon_of(request)`.
 
 Kept apart from app.py, which builds the app and includes the routes: the routes import this module,
 app.py imports the routes, and nothing imports back.
@@ -34,6 +34,7 @@ class Daemon:
         self, settings: Settings, engine: Engine, store: Store, *, token: str | None = None, reuse: bool = True
     ):
         self.settings, self.engine, self.store = settings, engine, store
+        self.tiers = store.tiers  # the tier plan: replanned once the model is loaded, shown by /v1/tiers
         self.token = token or ensure_token(settings)
         self.service = ConversationService(engine, store, reuse=reuse)
         self.worker = Worker(settings.max_queue)

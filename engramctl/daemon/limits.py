@@ -8,7 +8,7 @@ import json
 
 from starlette.exceptions import HTTPException
 
-from engramctl.daemon import engram
+from engramctl.daemon.engram_api import answers
 from engramctl.daemon.errors import error_body
 
 MAX_BODY_BYTES = 8 * 2**20
@@ -63,7 +63,7 @@ class BodyLimitMiddleware:
 
     async def _refuse(self, scope, send, message: str, status: int = 413) -> None:
         code = "request_too_large" if status == 413 else "invalid_request"
-        body = json.dumps(engram.failure(scope.get("path", ""), error_body(message, status, code))).encode()
+        body = json.dumps(answers.failure(scope.get("path", ""), error_body(message, status, code))).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -48,7 +48,7 @@ async def status(request: Request):
 async def tiers(request: Request):
     """The tier plan, and the model whose weights share the memory with the hot tiers."""
     d = daemon_of(request)
-    return {**d.store.plan_json(), "model": _model(d)}
+    return {**d.tiers.plan_json(), "model": _model(d)}
 
 
 @router.get("/v1/sessions")

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from engramctl.engine.sampling_params import MAX_STOP, OPTIONS, SamplingParams
 from engramctl.errors import UsageError
-from engramctl.store.names import is_snapshot_id, named_session, validate_engram_name, validate_session_name
+from engramctl.store.names import is_snapshot_id, named_session, validate_engram_api_name, validate_session_name
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -124,6 +124,7 @@ class ChatCompletionRequest(Sampling):
     n: int = 1
     session: str | None = _doc(None, _SESSION_DOC)
     conversation_id: str | None = _doc(None, _ENGRAM_NAME_DOC)  # the original Engram server's name for `session`
+    rid: str | None = _doc(None, _ENGRAM_NAME_DOC)  # its clients' request id, their conversation key without one
     tools: list[Any] | None = None
     tool_choice: Any = None  # "auto" (None), "none", "required" or a function: routes_agent.chat_with_tools
     logprobs: bool | None = None
@@ -134,12 +135,12 @@ class ChatCompletionRequest(Sampling):
             raise ValueError("only n=1 is supported")
         if self.logprobs:
             raise ValueError("logprobs are not supported by this server")
-        named_session(self.session, self.conversation_id)
+        named_session(self.session, self.conversation_id, self.rid)
         return self
 
     @property
     def session_name(self) -> str | None:
-        return named_session(self.session, self.conversation_id)
+        return named_session(self.session, self.conversation_id, self.rid)
 
 
 class SessionRef(BaseModel):
@@ -155,7 +156,7 @@ class SessionRef(BaseModel):
 
     @model_validator(mode="after")
     def _one_name(self):
-        named_session(self.session, self.conversation_key)
+        named_session(self.session, self.conversation_id, self.rid)
         return self
 
     @property
@@ -165,7 +166,7 @@ class SessionRef(BaseModel):
 
     @property
     def session_name(self) -> str | None:
-        return named_session(self.session, self.conversation_key)
+        return named_session(self.session, self.conversation_id, self.rid)
 
     @property
     def conversation(self) -> str | None:
@@ -203,7 +204,7 @@ class _Selectors(SessionRef):
     @field_validator("branch_name")
     @classmethod
     def _branch(cls, v: str | None) -> str | None:
-        return None if v is None else validate_engram_name(v, "branch_name")
+        return None if v is None else validate_engram_api_name(v, "branch_name")
 
     @property
     def selects(self) -> bool:
@@ -228,7 +229,7 @@ class SaveSnapshotRequest(_Selectors):
     @field_validator("snapshot_id")
     @classmethod
     def _custom_id(cls, v: str | None) -> str | None:
-        if v is not None and is_snapshot_id(validate_engram_name(v, "snapshot_id")):
+        if v is not None and is_snapshot_id(validate_engram_api_name(v, "snapshot_id")):
             raise ValueError("a custom snapshot_id cannot look like a snapshot's own id (32 hex digits)")
         return v
 
@@ -354,7 +355,7 @@ class BranchSnapshotRequest(SessionRef):
 
 
 # protocol.ErrorBody on the wire, as /openapi.json documents it for every failure (the Engram routes add
-# their `success: false` and `message`: engram.failure).
+# their `success: false` and `message`: engram_api/answers.failure).
 ERROR_BODY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["error"],

@@ -7,8 +7,9 @@ Every method here but `invalidate` runs on the worker thread (one at a time). A 
 3. the record (recorder.py): the prompt and reply snapshots, the transcript; the reply state stays hot.
 
 A restore (the snapshot routes) makes a snapshot a session's state; with a continuation message it is
-such a turn from there, and with continuation token ids (the original Engram server's restore-and-
-generate) a turn whose new input is those tokens (`_tokens`: Turn.for_tokens).
+such a turn from there, and with `then` whatever turn the caller runs from there: the Engram API's
+restore-and-generate (daemon/engram_api/continuation.py) runs one whose new input is token ids, through
+`plan_turn` and `run_turn` as every turn here does.
 
 Results are domain objects (TurnStart, ChatResult, Restored); the routes turn them into JSON.
 """
@@ -103,6 +104,10 @@ class Restored:
     n_messages: int
 
 
+# A turn run from a restored state: (session, (transcript, head), before_commit, t0) -> its result.
+TurnFrom = Callable[[str, tuple[list[dict], "str | None"], "Callable[[], Any] | None", float], ChatResult]
+
+
 class ConversationService:
     def __init__(
         self, engine: Engine, store: Store, *, reuse: bool = True, default_max_tokens: int = DEFAULT_MAX_TOKENS
@@ -150,14 +155,14 @@ class ConversationService:
         conversation = [plain(m) for m in transcript] + new
         live, origin = self.sources.for_session(name, head, transcript, follow_head=base is None)
         budget = self.default_max_tokens
-        turn = self._plan(
+        turn = self.plan_turn(
             live, origin, lambda: Turn.for_messages(self.engine, live, conversation, params, default_max_tokens=budget)
         )
         if turn.reset:
             log.info("session %s: the chat template is not prefix-stable here; re-prefilling the conversation", name)
             origin = Origin(parent=origin.parent)
         record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
-        return self._run(turn, name, origin, record, emit, cancel, t0)
+        return self.run_turn(turn, name, origin, record, emit, cancel, t0)
 
     def _anonymous(
         self, messages: list[dict], params: SamplingParams, emit: Emit, cancel: threading.Event, t0: float
@@ -169,14 +174,14 @@ class ConversationService:
         budget = self.default_max_tokens
         reply_budget(self.engine, len(ids), params.max_tokens, budget)  # refuse before looking anything up
         live, origin, source = self.sources.longest_prefix(ids)
-        turn = self._plan(
+        turn = self.plan_turn(
             live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params, default_max_tokens=budget)
         )
         session = source if source and source.startswith(AUTO_PREFIX) else f"{AUTO_PREFIX}{secrets.token_hex(8)}"
         record = TurnRecord(session, origin.parent, [], replace_transcript=conversation)
-        return self._run(turn, session, origin, record, emit, cancel, t0)
+        return self.run_turn(turn, session, origin, record, emit, cancel, t0)
 
-    def _plan(self, live: Live, origin: Origin, make: Callable[[], Turn]) -> Turn:
+    def plan_turn(self, live: Live, origin: Origin, make: Callable[[], Turn]) -> Turn:
         """Plan the turn, then take its Live from the hot state (the turn changes it). A refused turn
         leaves a hot Live hot and releases one loaded for it."""
         try:
@@ -188,7 +193,7 @@ class ConversationService:
         self._hot.take(live)
         return turn
 
-    def _run(
+    def run_turn(
         self,
         turn: Turn,
         session: str,
@@ -225,54 +230,6 @@ class ConversationService:
             self.engine.release(live)
         self._hot.release_retired(self.engine)
 
-    def _tokens(
-        self,
-        name: str,
-        ids: list[int],
-        params: SamplingParams,
-        emit: Emit,
-        cancel: threading.Event,
-        t0: float,
-        *,
-        base: tuple[list[dict], str | None],
-        before_commit: Callable[[], Any] | None,
-    ) -> ChatResult:
-        """A turn whose new input is token ids (the Engram server's restore-and-generate): the state at
-        `base`'s head (or its transcript, prefilled, when it has none) consumes them, then the reply is
-        generated. The transcript records the user message the ids render, as near as it can be told."""
-        transcript, head = base
-        conversation = [plain(m) for m in transcript]
-        if head is not None:
-            live, origin = self.sources.at_head(name, head)  # an unusable snapshot is an error, not a fallback
-        else:
-            live = self.sources.from_transcript(conversation) if conversation else self.engine.new_live()
-            origin = Origin()
-        tok, budget = self.engine.tokenizer, self.default_max_tokens
-        vocab = _vocab_size(self.engine, live)
-        bad = next((t for t in ids if vocab is not None and t >= vocab), None)
-        if bad is not None or not (ids or live.token_ids):
-            if not origin.hot:
-                self.engine.release(live)
-            if bad is None:
-                raise UsageError(f"continuation_ids is empty and session {name!r} has no state to continue from.")
-            raise UsageError(f"continuation_ids: token id {bad} is not in the model's vocabulary (0-{vocab - 1}).")
-        added = tok.decode(ids, skip_special=False)
-        turn = self._plan(
-            live,
-            origin,
-            lambda: Turn.for_tokens(
-                self.engine,
-                live,
-                list(live.token_ids) + list(ids),
-                live.text + added,
-                params,
-                default_max_tokens=budget,
-            ),
-        )
-        new = [continuation_message(tok, conversation, added, ids)] if ids else []
-        record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
-        return self._run(turn, name, origin, record, emit, cancel, t0)
-
     # -- snapshot routes -----------------------------------------------------------------------------
     def restore(
         self,
@@ -283,10 +240,11 @@ class ConversationService:
         emit: Emit | None = None,
         cancel: threading.Event | None = None,
         *,
-        continuation_ids: list[int] | None = None,
+        then: TurnFrom | None = None,
     ) -> Restored | ChatResult:
         """Make a snapshot (or a session's head) the state a session continues from and load it into
-        memory; with a continuation message, or continuation token ids, generate from there."""
+        memory; with a continuation message generate from there, and with `then` run that turn from there:
+        then(session, (transcript, head), before_commit, t0), before_commit making the restore stick."""
         t0 = time.perf_counter()
         self._hot.release_retired(self.engine)
         if snapshot_ref is not None:
@@ -314,17 +272,8 @@ class ConversationService:
                 base=(transcript, head),
                 before_commit=before,
             )
-        if continuation_ids is not None:
-            return self._tokens(
-                target,
-                continuation_ids,
-                params or SamplingParams(temperature=0.0),
-                emit or _ignore,
-                cancel or threading.Event(),
-                t0,
-                base=(transcript, head),
-                before_commit=before,
-            )
+        if then is not None:
+            return then(target, (transcript, head), before, t0)
         live, origin = (None, Origin()) if head is None else self.sources.at_head(target, head)
         try:
             if before is not None:
@@ -385,36 +334,3 @@ class ConversationService:
 
 def _ignore(_kind: str, _value: Any) -> None:
     pass
-
-
-def _vocab_size(engine: Engine, live: Live) -> int | None:
-    """How many token ids the model knows: its logits' width, else the tokenizer's size, else unknown."""
-    if live.last_logits is not None:
-        return int(live.last_logits.shape[-1])
-    tok = engine.tokenizer
-    n = getattr(tok, "n_vocab", None)
-    if n is None and getattr(tok, "hf", None) is not None:
-        n = len(tok.hf)
-    return None if n is None else int(n)
-
-
-_MARK = "ENGRAMCONTINUATIONMARK"
-
-
-def continuation_message(tok: Any, transcript: list[dict], text: str, ids: list[int]) -> dict[str, str]:
-    """The user message that token ids added after `transcript` render, for the transcript: the chat
-    template's render of a user message after that transcript (what token_delta feeds), or of a user
-    message alone (what the Engram server's clients send), with `text` in its content's place; else the
-    ids' plain text (special tokens left out)."""
-    try:
-        history = tok.render(transcript, add_generation_prompt=False) if transcript else ""
-        after = tok.render(transcript + [{"role": "user", "content": _MARK}], add_generation_prompt=True)
-        alone = tok.render([{"role": "user", "content": _MARK}], add_generation_prompt=True)
-    except Exception:  # noqa: BLE001 - no chat template, or one that cannot render this: the plain text
-        history, after, alone = None, "", ""
-    shapes = ([after[len(history) :]] if history is not None and after.startswith(history) else []) + [alone]
-    for shape in shapes:
-        head, mark, tail = shape.partition(_MARK)
-        if mark and text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail):
-            return {"role": "user", "content": text[len(head) : len(text) - len(tail)]}
-    return {"role": "user", "content": tok.decode(ids, skip_special=True).strip()}

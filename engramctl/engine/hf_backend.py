@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from engramctl.engine.backend import Live, ModelInfo
-from engramctl.engine.engram import EngramHooks
+from engramctl.engine.ngram_hooks import NgramHooks
 from engramctl.engine.families import Family, family_for
 from engramctl.engine.fingerprint import model_fingerprint
 from engramctl.engine.scan_chunk import ScanChunks
@@ -66,9 +66,7 @@ class TransformersBackend:
         classes = [type(layer).__name__ for layer in probe_cache.layers]
         self.family: Family = family_for(model.config.model_type, classes)
         # Before the fingerprint: the Engram weights and hash constants are part of the model's identity.
-        self.engram = (
-            None if ngram is None else EngramHooks(model, tokenizer.hf, ngram, len(probe_cache.layers), tables)
-        )
+        self.engram = None if ngram is None else NgramHooks(model, tokenizer.hf, ngram, len(probe_cache.layers), tables)
         # so a short message on a restored state does not pay for a whole padded scan chunk
         self.scan_chunks = ScanChunks.find(model, self.family.scan_mixer)
         fingerprint = model_fingerprint(model, model.config.to_dict())

@@ -210,8 +210,8 @@ def load_engine(
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
     weight type (never converted to float32); `dtype` applies to transformers only. `ngram` gives the
-    transformers model Engram layers (engine/engram.py), their tables held as `tables` says. `threads`: the CPU
-    threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use."""
+    transformers model Engram layers (engine/ngram_hooks.py), their tables held as `tables` says. `threads`: the
+    CPU threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use."""
     from engramctl.engine.engine import Engine
     from engramctl.errors import BackendUnavailable
 

@@ -21,7 +21,7 @@ SESSION_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # The original Engram server's conversation_id / branch_name / custom snapshot_id: the same alphabet, up to
 # 255 characters. A conversation_id longer than a session name is kept under a shortened session name
 # (session_for_conversation); the other two are only ever keys in the index.
-ENGRAM_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,255}")
+ENGRAM_API_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,255}")
 TURN_REF_RE = re.compile(r"(.+)-t([0-9]{1,9})")  # "<conversation_id>-t<turn_number>", their snapshot_id
 SNAPSHOT_ID_RE = re.compile(r"[0-9a-f]{32}")
 SNAPSHOT_SUFFIX = ".safetensors"
@@ -52,9 +52,9 @@ def validate_session_name(name: object) -> str:
     return name
 
 
-def validate_engram_name(name: object, what: str = "conversation_id") -> str:
+def validate_engram_api_name(name: object, what: str = "conversation_id") -> str:
     """A name in the original Engram server's alphabet (conversation_id, branch_name, custom snapshot_id)."""
-    if isinstance(name, str) and name not in (".", "..") and ENGRAM_NAME_RE.fullmatch(name):
+    if isinstance(name, str) and name not in (".", "..") and ENGRAM_API_NAME_RE.fullmatch(name):
         return name
     shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else repr(name[:77] + "...")
     noun = "session name" if what == "conversation_id" else what
@@ -64,20 +64,22 @@ def validate_engram_name(name: object, what: str = "conversation_id") -> str:
 def session_for_conversation(conversation_id: object) -> str:
     """The session that holds an Engram conversation_id: the id itself when it is a valid session name,
     else (65-255 characters) its first 47 characters, '-' and 16 hex digits of its SHA-256 (64 in all)."""
-    cid = validate_engram_name(conversation_id)
+    cid = validate_engram_api_name(conversation_id)
     if SESSION_NAME_RE.fullmatch(cid):
         return cid
     return f"{cid[:47]}-{_digest(cid)}"
 
 
-def named_session(session: object, conversation_id: object) -> str | None:
-    """The session a request names by `session` or by `conversation_id` (the original Engram server's
-    name for the same thing), or None when it names none; UsageError when it names two."""
-    if session is not None and conversation_id is not None and session != conversation_id:
-        raise UsageError("session and conversation_id name the same thing; give one.")
+def named_session(session: object, conversation_id: object, rid: object = None) -> str | None:
+    """The session a request names by `session`, by `conversation_id` (the original Engram server's name for
+    the same thing) or, without a conversation_id, by `rid` (its request id, which its clients use as the
+    conversation key); None when it names none, UsageError when it names two."""
+    conversation = conversation_id if conversation_id is not None else rid
+    if session is not None and conversation is not None and session != conversation:
+        raise UsageError("session and conversation_id (or rid) name the same thing; give one.")
     if session is not None:
         return validate_session_name(session)
-    return None if conversation_id is None else session_for_conversation(conversation_id)
+    return None if conversation is None else session_for_conversation(conversation)
 
 
 def branch_session_name(session: str, branch: str, taken: bool = False) -> str:
@@ -94,7 +96,7 @@ def parse_turn_ref(ref: object) -> tuple[str, int] | None:
     if not isinstance(ref, str):
         return None
     m = TURN_REF_RE.fullmatch(ref)
-    if m is None or not ENGRAM_NAME_RE.fullmatch(m[1]) or m[1] in (".", ".."):
+    if m is None or not ENGRAM_API_NAME_RE.fullmatch(m[1]) or m[1] in (".", ".."):
         return None
     return m[1], int(m[2])
 

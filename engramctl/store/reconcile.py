@@ -9,6 +9,8 @@
 - durable rows: the file size must match the index (cheap); with verify=True every checksum is
   checked too. Corrupt files go to quarantine and their rows are dropped.
 - finally any reference to a missing row (head, branch point, parent) is cleared.
+
+`verify_all` (Store.verify) checks every durable file's checksum of an open store on demand.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ from __future__ import annotations
 import json
 import logging
 import struct
+from typing import TYPE_CHECKING
 
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
 from engramctl.store import snapshot_file
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
 from engramctl.store.records import ReconcileReport
+
+if TYPE_CHECKING:
+    from engramctl.store.core import StoreCore
 
 log = logging.getLogger("engramctl.store")
 
@@ -97,3 +103,22 @@ def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> Recon
     if not report.clean:
         log.warning("store reconciled after an unclean stop: %s", json.dumps(report.to_json()))
     return report
+
+
+def verify_all(core: StoreCore) -> dict[str, str]:
+    """Check every durable snapshot's checksum; quarantine corrupt ones. Returns {id: reason}."""
+    bad: dict[str, str] = {}
+    with core.lock:
+        core.check_open()
+        records = core.index.snapshots()
+    for rec in records:
+        if not rec.durable:
+            continue
+        _, reason = verify_file(core.files, rec.id)
+        if reason is not None:
+            with core.lock:
+                if core.index.snapshot(rec.id) is not None:
+                    core.files.quarantine(core.files.path(rec.id), reason)
+                    core.remove([rec.id])
+                    bad[rec.id] = reason
+    return bad

@@ -1,7 +1,11 @@
-"""Which snapshots to delete from disk: pure decisions over index records (the store acts on them).
+"""Which snapshots to delete, and keeping the store within its budgets (a Store part: `store.retention`).
+
+The functions are pure decisions over index records; Retention acts on them: it follows the tier plan
+(TierPlanner, tiers/planner.py, tells it each new plan: hot-tier budgets, the disk budget), applies the
+rules below after each write and in `gc`, and refuses a commit the file system has no room for.
 
 Defaults (Settings): keep_last = 8 per session, session_ttl_s = None (off), disk budget from the tier
-plan. The rules, in the order `Store.gc` applies them:
+plan. The rules, in the order `Retention.gc` applies them:
 
 1. keep-last-N: per owning session, the N newest snapshots stay; older ones go unless protected.
 2. TTL (optional): a session unused for longer than session_ttl_s loses its unprotected snapshots,
@@ -17,10 +21,21 @@ Explicit deletes (Store.delete, Store.delete_session) are the user's decision, n
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Iterable
 
-from engramctl.store.records import SessionInfo, SnapshotRecord
+from engramctl.store.core import StoreCore
+from engramctl.store.errors import DiskFull
+from engramctl.store.records import GcReport, SessionInfo, SnapshotRecord, payload_nbytes
+from engramctl.tiers.placement import HotTier
+from engramctl.tiers.plan import TierPlan
+
+log = logging.getLogger("engramctl.store")
+
+# Over a snapshot's tensor bytes: its header and the file system's rounding, and room kept for the index's
+# transcript writes, so that a disk full of snapshots still records the conversation.
+FILE_SLACK_BYTES = 256 * 1024
 
 
 def _evictable(s: SnapshotRecord, protected: set[str]) -> bool:
@@ -70,3 +85,100 @@ def disk_victims(
         victims.append(s.id)
         freed += s.nbytes
     return victims, used - freed + need <= budget
+
+
+class Retention:
+    def __init__(self, core: StoreCore):
+        self._core = core
+
+    # -- the tier plan (tiers/planner.py calls these) -------------------------------------------------
+    def follow(self, plan: TierPlan) -> None:
+        """Make `plan`'s budgets the store's: hot tiers resized (shrinking ones evict at once), the disk
+        budget enforced."""
+        c = self._core
+        with c.lock:
+            if plan.tier("vram").enabled and c.placement.tiers[0].name != "vram":
+                # CUDA seen only now (opened before torch was imported): the hottest tier joins, empty
+                c.placement.tiers.insert(0, HotTier("vram", 0, plan.tier("vram").device or "cuda"))
+            for tier in c.placement.tiers:
+                c.placement.set_budget(tier.name, plan.budget(tier.name))
+            c.budgets = plan
+            self.enforce_disk(GcReport())
+
+    def stored_bytes(self) -> int:
+        """Bytes of the snapshot files on disk (the disk rule counts them as usable)."""
+        return self._core.index.durable_bytes()[0]
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """tier name -> (bytes used, snapshot count)."""
+        c = self._core
+        with c.lock:
+            out = {t.name: (0, 0) for t in (c.budgets.tiers if c.budgets else ())}
+            out.update(c.placement.usage())
+            out["disk"] = c.index.durable_bytes()
+            return out
+
+    # -- the rules -----------------------------------------------------------------------------------
+    def gc(self) -> GcReport:
+        """Apply retention now (keep-last-N, TTL, disk budget) and drop unreachable messages."""
+        c = self._core
+        report = GcReport()
+        with c.lock, c.index.tx():
+            c.check_open()
+            c.flush_touches()
+            busy = c.busy()
+            protected = busy | c.index.referenced_ids()
+            for sid in keep_last_victims(c.index.snapshots(), c.settings.keep_last, protected):
+                report.deleted[sid] = "keep_last"
+            ttl = c.settings.session_ttl_s
+            if ttl is not None:
+                for sid in ttl_victims(c.index.sessions(), c.index.snapshots(), c.clock(), ttl, busy):
+                    report.deleted.setdefault(sid, "ttl")
+            report.freed_bytes += c.remove(list(report.deleted))
+            self.enforce_disk(report)
+            report.messages_removed = c.messages.collect()
+        return report
+
+    def keep_last(self, session: str) -> None:
+        """Keep-last-N for one session, after one of its snapshots became durable. Under the lock."""
+        c = self._core
+        c.remove(keep_last_victims(c.index.snapshots(session), c.settings.keep_last, c.protected()))
+
+    def check_disk_room(self, nbytes: int) -> None:
+        """Refuse a commit whose file cannot fit on the file system, counting the writes already queued:
+        a full disk then fails the turn's snapshot at once, in its result, instead of after the reply
+        (the writer's ENOSPC path, Snapshots._abandon, still catches what a racing writer fills)."""
+        c = self._core
+        free = c.files.free_bytes()
+        if free is None:
+            return
+        queued = sum(payload_nbytes(p) for p in c.pending.values())
+        need = nbytes + FILE_SLACK_BYTES
+        if free - queued < need:
+            msg = (
+                f"the snapshot could not be saved: the file system of {c.files.snapshots} has "
+                f"{free} bytes free ({queued} of them promised to queued writes) and it needs about {need}."
+            )
+            c.write_errors.append(msg)
+            raise DiskFull(msg, hint="free some disk space (or lower keep_last); snapshots resume by themselves")
+
+    def enforce_disk(self, report: GcReport) -> None:
+        c = self._core
+        used = c.index.durable_bytes()[0] + c.disk_reserved
+        victims, _ = disk_victims(c.index.snapshots(), used, 0, c.disk_budget(), c.protected())
+        for sid in victims:
+            report.deleted[sid] = "disk_budget"
+        if victims:
+            log.warning("disk budget %d bytes: deleting %d snapshot(s)", c.disk_budget(), len(victims))
+        report.freed_bytes += c.remove(victims)
+
+    def make_disk_room(self, need: int) -> bool:
+        """Evict within the disk budget so that `need` more bytes fit; False when they cannot. Under the lock."""
+        c = self._core
+        c.flush_touches()
+        used = c.index.durable_bytes()[0] + c.disk_reserved
+        victims, fits = disk_victims(c.index.snapshots(), used, need, c.disk_budget(), c.protected())
+        if fits and victims:
+            log.info("disk budget: evicting %d snapshot(s) to make room", len(victims))
+            c.remove(victims)
+        return fits

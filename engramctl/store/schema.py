@@ -11,9 +11,10 @@ Invariants the store keeps (and reconcile restores after a crash):
   crash reconcile either finds its complete file (and marks it durable) or drops the row;
 - transcripts are a tree of immutable messages: a session (and every snapshot) points at its last
   message ("tip"); the transcript is the chain from the tip to the root. Branching shares messages.
-- names (2) are the original Engram server's names for snapshots (store/aliases.py): a saved turn
-  number or a custom snapshot id names a snapshot row that exists (deleting the snapshot deletes the
-  name); a branch name names a session that exists (deleting either session deletes the name).
+- names (2) are the Engram API's names for snapshots (store/name_table.py): a saved turn number, a
+  custom snapshot id or a session's latest save (kind 'saved', name '') names a snapshot row that exists
+  (deleting the snapshot deletes the name); a branch name names a session that exists (deleting either
+  session deletes the name).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Sessions and their transcripts (part of Store; see core.py).
+"""Sessions (a Store part: `store.sessions`).
 
 A session is a name, a head snapshot to resume from (or none: re-prefill the transcript), an
-optional branch point, and a transcript. Branching makes a new session pointing at an existing
-snapshot and sharing the transcript up to it; nothing is copied.
+optional branch point, and a transcript (transcript.py). Branching makes a new session pointing at an
+existing snapshot and sharing the transcript up to it; nothing is copied.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 from engramctl.errors import NotFound, UsageError
 from engramctl.store.core import StoreCore
@@ -17,93 +17,103 @@ from engramctl.store.names import is_snapshot_id, validate_session_name
 from engramctl.store.records import SessionInfo, SnapshotRecord
 
 
-class SessionsMixin(StoreCore):
-    def create_session(self, name: str, *, exist_ok: bool = False) -> SessionInfo:
-        validate_session_name(name)
-        with self._lock, self._index.tx():
-            self._check_open()
-            if self._index.session(name) is not None and not exist_ok:
-                raise AlreadyExists(f"session {name!r} already exists.")
-            return self._ensure_session(name, self.clock())
+class Sessions:
+    def __init__(self, core: StoreCore):
+        self._core = core
 
-    def get_session(self, name: str) -> SessionInfo:
+    def create(self, name: str, *, exist_ok: bool = False) -> SessionInfo:
+        c = self._core
         validate_session_name(name)
-        with self._lock:
-            self._check_open()
-            s = self._index.session(name)
+        with c.lock, c.index.tx():
+            c.check_open()
+            if c.index.session(name) is not None and not exist_ok:
+                raise AlreadyExists(f"session {name!r} already exists.")
+            return c.ensure_session(name, c.clock())
+
+    def get(self, name: str) -> SessionInfo:
+        c = self._core
+        validate_session_name(name)
+        with c.lock:
+            c.check_open()
+            s = c.index.session(name)
         if s is None:
             raise NotFound(f"no session named {name!r}.", hint="engramctl sessions")
         return s
 
-    def has_session(self, name: str) -> bool:
+    def has(self, name: str) -> bool:
         """Whether a session of that name exists (an invalid name never does)."""
         try:
-            self.get_session(name)
+            self.get(name)
         except (NotFound, UsageError):
             return False
         return True
 
-    def list_sessions(self) -> list[SessionInfo]:
-        with self._lock:
-            self._check_open()
-            return self._index.sessions()
+    def list(self) -> list[SessionInfo]:
+        c = self._core
+        with c.lock:
+            c.check_open()
+            return c.index.sessions()
 
-    def touch_session(self, name: str) -> None:
+    def touch(self, name: str) -> None:
         """Mark a session used now (TTL counts from here)."""
-        self.get_session(name)
-        with self._lock:
-            self._index.update_session(name, last_used=self.clock())
+        self.get(name)
+        with self._core.lock:
+            self._core.index.update_session(name, last_used=self._core.clock())
 
     def head(self, session: str) -> SnapshotRecord | None:
-        s = self.get_session(session)
-        return None if s.head is None else self.info(s.head)
+        s = self.get(session)
+        if s.head is None:
+            return None
+        with self._core.lock:
+            return self._core.with_tiers(self._core.row(s.head))
 
     def history(self, session: str) -> list[SnapshotRecord]:
         """The snapshots the session's head descends from, oldest first, whichever session owns
         them (a branch's history includes its source's earlier snapshots that still exist)."""
-        s = self.get_session(session)
+        s = self.get(session)
         if s.head is None:
             return []
-        with self._lock:
-            return [self._with_tiers(r) for r in self._index.ancestry(s.head)]
+        with self._core.lock:
+            return [self._core.with_tiers(r) for r in self._core.index.ancestry(s.head)]
 
-    def delete_session(self, name: str) -> list[str]:
+    def delete(self, name: str) -> list[str]:
         """Delete a session and its transcript. Its snapshots go too, except those another session
-        still needs (head or branch point), which move to that session; so do its saved turn and branch
-        names, and the branch name that named it. Returns the deleted ids."""
-        self.get_session(name)
-        with self._lock, self._index.tx():
-            self._index.execute("DELETE FROM sessions WHERE name = ?", (name,))
-            self._index.execute("DELETE FROM names WHERE scope = ? OR session = ?", (name, name))
-            referenced = self._index.referenced_ids()
+        still needs (head or branch point), which move to that session. Returns the deleted ids.
+        (Store.delete_session also forgets the session's Engram API names, in the same transaction.)"""
+        c = self._core
+        self.get(name)
+        with c.lock, c.index.tx():
+            c.index.execute("DELETE FROM sessions WHERE name = ?", (name,))
+            referenced = c.index.referenced_ids()
             victims = []
-            for s in self._index.snapshots(name):
+            for s in c.index.snapshots(name):
                 if s.id in referenced:
-                    self._index.update_snapshot(s.id, session=self._index.referrers(s.id)[0])
+                    c.index.update_snapshot(s.id, session=c.index.referrers(s.id)[0])
                 else:
                     victims.append(s.id)
-            self._remove(victims)
-            self._transcripts.collect()
+            c.remove(victims)
+            c.messages.collect()
         return victims
 
     def branch(self, source: str, new_session: str) -> SessionInfo:
         """New session whose head is `source` (a snapshot id, or a session's current head); it shares
         the transcript up to that point. No payload is copied; the source stays protected."""
+        c = self._core
         validate_session_name(new_session)
-        with self._lock, self._index.tx():
-            self._check_open()
-            if self._index.session(new_session) is not None:
+        with c.lock, c.index.tx():
+            c.check_open()
+            if c.index.session(new_session) is not None:
                 raise AlreadyExists(f"session {new_session!r} already exists.", hint="pick another name")
-            snap = self._index.snapshot(source) if is_snapshot_id(source) else None
+            snap = c.index.snapshot(source) if is_snapshot_id(source) else None
             if snap is not None:
-                head, tip, fp, model = snap.id, self._index.snapshot_tip(snap.id), snap.fingerprint, snap.model_id
+                head, tip, fp, model = snap.id, c.index.snapshot_tip(snap.id), snap.fingerprint, snap.model_id
             else:
-                src = self._index.session(validate_session_name(source))
+                src = c.index.session(validate_session_name(source))
                 if src is None:
                     raise NotFound(f"no session or snapshot named {source!r} to branch from.")
-                head, tip, fp, model = src.head, self._index.session_tip(source), src.fingerprint, src.model_id
-            now = self.clock()
-            self._index.insert_session(
+                head, tip, fp, model = src.head, c.index.session_tip(source), src.fingerprint, src.model_id
+            now = c.clock()
+            c.index.insert_session(
                 name=new_session,
                 head=head,
                 base=head,
@@ -114,59 +124,28 @@ class SessionsMixin(StoreCore):
                 last_used=now,
             )
             crash_point("branch.indexed")
-            return self._index.session(new_session)  # type: ignore[return-value]
+            return c.index.session(new_session)  # type: ignore[return-value]
 
     def set_head(self, session: str, snapshot_id: str | None, *, rewind_transcript: bool = True) -> SessionInfo:
         """Resume `session` from `snapshot_id` next time (restore). With rewind_transcript, the
         transcript becomes the one the snapshot was taken at. None = resume from the transcript."""
-        self.get_session(session)
-        with self._lock, self._index.tx():
-            fields: dict[str, Any] = {"head": None, "last_used": self.clock()}
+        c = self._core
+        self.get(session)
+        with c.lock, c.index.tx():
+            fields: dict[str, Any] = {"head": None, "last_used": c.clock()}
             if snapshot_id is not None:
-                rec = self._row(snapshot_id)
+                rec = c.row(snapshot_id)
                 fields.update(head=rec.id, fingerprint=rec.fingerprint, model_id=rec.model_id)
                 if rewind_transcript:
-                    fields["tip"] = self._index.snapshot_tip(rec.id)
-            self._index.update_session(session, **fields)
-            return self._index.session(session)  # type: ignore[return-value]
+                    fields["tip"] = c.index.snapshot_tip(rec.id)
+            c.index.update_session(session, **fields)
+            return c.index.session(session)  # type: ignore[return-value]
 
-    def reset_session(self, name: str) -> SessionInfo:
+    def reset(self, name: str) -> SessionInfo:
         """Start the session over: no head, an empty transcript. Nothing is deleted: its snapshots stay
         (retention may still apply to them later) and each keeps the transcript it was taken at."""
-        self.get_session(name)
-        with self._lock, self._index.tx():
-            self._index.update_session(name, head=None, tip=None, last_used=self.clock())
-            return self._index.session(name)  # type: ignore[return-value]
-
-    # -- transcripts ---------------------------------------------------------------------------------
-    def append_messages(self, session: str, messages: Sequence[dict]) -> int:
-        """Append to a session's transcript (creating the session); returns its new length."""
-        self.create_session(session, exist_ok=True)
-        with self._lock, self._index.tx():
-            tip = self._transcripts.append(self._index.session_tip(session), messages)
-            self._index.update_session(session, tip=tip, last_used=self.clock())
-            return self._transcripts.depth(tip)
-
-    def transcript(self, session: str, limit: int | None = None) -> list[dict]:
-        self.get_session(session)
-        with self._lock:
-            return self._transcripts.read(self._index.session_tip(session), limit)
-
-    def snapshot_transcript(self, snapshot_id: str) -> list[dict]:
-        """The transcript exactly as it was when the snapshot was taken."""
-        with self._lock:
-            return self._transcripts.read(self._index.snapshot_tip(self._row(snapshot_id).id))
-
-    def set_transcript(self, session: str, messages: Sequence[dict]) -> int:
-        self.create_session(session, exist_ok=True)
-        with self._lock, self._index.tx():
-            tip = self._transcripts.replace(self._index.session_tip(session), messages)
-            self._index.update_session(session, tip=tip, last_used=self.clock())
-            return self._transcripts.depth(tip)
-
-    def truncate_transcript(self, session: str, n_messages: int) -> int:
-        self.get_session(session)
-        with self._lock, self._index.tx():
-            tip = self._transcripts.ancestor(self._index.session_tip(session), n_messages)
-            self._index.update_session(session, tip=tip, last_used=self.clock())
-            return n_messages
+        c = self._core
+        self.get(name)
+        with c.lock, c.index.tx():
+            c.index.update_session(name, head=None, tip=None, last_used=c.clock())
+            return c.index.session(name)  # type: ignore[return-value]

@@ -1,9 +1,20 @@
-"""The snapshot store: the one object the daemon talks to.
+"""The snapshot store: the one object the daemon talks to, composed of parts with one noun each.
 
     store = Store.open(settings)                 # reconciles, plans tiers, starts the writer
-    rec = store.commit("chat", payload, messages=[{"role": "user", "content": "hi"}])
-    tensors, meta = store.load(rec.id)           # hottest tier that has it, else disk (verified)
+    rec = store.snapshots.commit("chat", payload, messages=[{"role": "user", "content": "hi"}])
+    tensors, meta = store.snapshots.load(rec.id) # hottest tier that has it, else disk (verified)
     store.flush(); store.close()
+
+Parts (all over one StoreCore, core.py):
+  store.snapshots    snapshots.py   commit (and the write that makes it durable), load, info, list, delete,
+                                    pin, label, find_prefix, wait_durable
+  store.sessions     sessions.py    create, get, has, list, touch, head, history, branch, set_head, reset
+  store.transcripts  transcript.py  a session's or a snapshot's transcript: append, replace, truncate
+  store.names        name_table.py  the Engram API's names: turns, branch names, custom ids, the latest save
+  store.retention    retention.py   keep-last-N, TTL, the disk budget, gc; follows the tier plan
+  store.tiers        tiers/planner.py  the tier plan the store follows (the daemon holds it: Daemon.tiers)
+The methods below the parts are the store's own (open, close, flush, resolve, delete_session, verify) and
+the short names callers outside the store have always used, each one line onto its part.
 
 Durability: `commit` puts the payload in the hottest memory tier with room and queues the disk
 write; the record says `durable=False` until the file is complete (`flush()` waits, `info()` tells).
@@ -13,56 +24,47 @@ stopped before writing it: heads fall back to its parent, the transcript is unto
 Ownership: the store keeps the payload's tensors as given (no copy), so the caller must not mutate
 them afterwards; `load` returns the stored tensors (read-only by contract) unless copy=True.
 Threads: every method is safe to call from any thread; file I/O happens outside the lock.
-
-API (errors: InvalidName for bad names/ids, NotFound, SnapshotCorrupt, store.errors.SnapshotInUse /
-AlreadyExists / StoreLocked):
-  open(settings, clock, hardware, *, model_bytes, model_on_cpu, verify) / close() / flush(timeout)
-  sessions:    create_session, get_session, list_sessions, touch_session, head, history, delete_session,
-               branch(source_session_or_snapshot_id, new_session), set_head(session, id|None),
-               reset_session(session)
-  transcripts: append_messages, transcript, snapshot_transcript, set_transcript, truncate_transcript
-  snapshots:   commit, wait_durable, load, token_ids, promote, info, list, resolve, delete, pin, unpin, label,
-               find_prefix(token_ids, fingerprint, session=None)
-  names:       (the Engram server's, aliases.py) turns, find_turn, turn_snapshot, name_turn, turn_numbers,
-               name_snapshot, named, custom_ids, is_snapshot_name, save_branch, branch_session, branches
-  tiers:       usage(), plan_json(), replan(model_bytes, model_on_cpu), plan (TierPlan),
-               claim_tables(tables, tier) (the loaded model's N-gram tables; replan keeps them)
-  maintenance: gc(), verify(), reconcile_report, write_errors, pending_writes
+Errors: InvalidName for bad names/ids, NotFound, SnapshotCorrupt, store.errors.SnapshotInUse /
+AlreadyExists / StoreLocked / DiskFull.
 """
 
 from __future__ import annotations
 
 import time
-from functools import partial
 from typing import Any, Callable, Sequence
 
-from engramctl.errors import NotFound, SnapshotCorrupt, UsageError
+from engramctl.errors import UsageError
 from engramctl.settings import Settings
-from engramctl.store.aliases import AliasesMixin
-from engramctl.store.crashpoints import crash_point
-from engramctl.store.errors import SnapshotInUse
+from engramctl.store.core import StoreCore
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
-from engramctl.store.names import (
-    is_snapshot_id,
-    new_snapshot_id,
-    one_id,
-    parse_id_ref,
-    parse_turn_ref,
-    validate_label,
-    validate_session_name,
-    validate_snapshot_id,
-)
-from engramctl.store.persist import PersistMixin
-from engramctl.store.prefix import prefix_hashes, token_hash
-from engramctl.store.reconcile import reconcile
-from engramctl.store.records import GcReport, Payload, SnapshotRecord, check_payload, payload_nbytes
-from engramctl.store.sessions import SessionsMixin
-from engramctl.tiers.hardware import Hardware, detect_hardware
-from engramctl.tiers.plan import claim_tables, plan
+from engramctl.store.name_table import NameTable
+from engramctl.store.names import is_snapshot_id, parse_turn_ref
+from engramctl.store.reconcile import reconcile, verify_all
+from engramctl.store.records import GcReport, Payload, SessionInfo, SnapshotRecord
+from engramctl.store.retention import Retention
+from engramctl.store.sessions import Sessions
+from engramctl.store.snapshots import Snapshots
+from engramctl.store.transcript import Transcripts
+from engramctl.tiers.hardware import Hardware
+from engramctl.tiers.plan import TierPlan
+from engramctl.tiers.planner import TierPlanner
 
 
-class Store(SessionsMixin, PersistMixin, AliasesMixin):
+class Store:
+    def __init__(self, core: StoreCore):
+        self._core = core
+        self.settings, self.clock = core.settings, core.clock
+        self.reconcile_report, self.write_errors = core.reconcile_report, core.write_errors
+        # the internals the crash, tier and full-disk tests reach into
+        self._index, self._files, self._placement, self._writer = core.index, core.files, core.placement, core.writer
+        self.sessions = Sessions(core)
+        self.transcripts = Transcripts(core, self.sessions)
+        self.retention = Retention(core)
+        self.snapshots = Snapshots(core, self.sessions, self.retention)
+        self.names = NameTable(core, self.sessions)
+        self.tiers = TierPlanner(core.settings, self.retention)  # the daemon holds it (Daemon.tiers) and replans it
+
     @classmethod
     def open(
         cls,
@@ -78,32 +80,33 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
         files (verify=True also checks every checksum), and plan the tiers from `hardware`."""
         files = SnapshotFiles(settings.paths.data_dir)
         files.lock()
-        index = None
+        index = core = None
         try:
             index = Index(files.index_path)
             report = reconcile(index, files, verify=verify)
-            hw = hardware or detect_hardware(settings.paths.data_dir)
-            tier_plan = plan(hw, settings, model_bytes, model_on_cpu, stored_disk_bytes=index.durable_bytes()[0])
-            store = cls(settings, files, index, tier_plan, clock, report)
+            core = StoreCore(settings, files, index, clock, report)
+            store = cls(core)
+            store.tiers.replan(model_bytes, model_on_cpu, hardware)  # a lowered disk budget applies from the start
         except BaseException:
+            if core is not None:
+                core.writer.close()
             if index is not None:
                 index.close()
             files.unlock()
             raise
-        with store._lock:  # a lowered disk budget applies from the start
-            store._enforce_disk(GcReport())
         return store
 
     def close(self) -> None:
         """Finish pending writes, then release everything. Idempotent."""
-        if self._closed:
+        c = self._core
+        if c.closed:
             return
-        self._writer.close()
-        with self._lock:
-            self._flush_touches()
-            self._closed = True
-            self._index.close()
-        self._files.unlock()
+        c.writer.close()
+        with c.lock:
+            c.flush_touches()
+            c.closed = True
+            c.index.close()
+        c.files.unlock()
 
     def __enter__(self) -> "Store":
         return self
@@ -113,252 +116,135 @@ class Store(SessionsMixin, PersistMixin, AliasesMixin):
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every committed snapshot is durable (or dropped); False on timeout."""
-        done = self._writer.flush(timeout)
-        with self._lock:
-            if not self._closed:
-                self._flush_touches()
+        c = self._core
+        done = c.writer.flush(timeout)
+        with c.lock:
+            if not c.closed:
+                c.flush_touches()
         return done
 
-    # -- N-gram tables ---------------------------------------------------------------------------------
-    def claim_tables(self, tables: Sequence[tuple[str, int]], tier: str | None = None) -> dict[str, str]:
-        """Place the loaded model's N-gram tables ((name, size_bytes), earliest layer first) on the tier
-        budgets (tiers.plan.claim_tables; `tier` forces one) and keep them there across replan().
-        Returns name -> "ram" | "disk"; NgramTableError when one fits nowhere."""
-        with self._lock:
-            new = claim_tables(self.plan, tables, tier)
-            self._table_claims = new.tables
-            self._apply_plan(new)
-        return {c.name: c.tier for c in new.tables}
+    @property
+    def pending_writes(self) -> int:
+        return self._core.writer.pending
 
-    # -- snapshots -----------------------------------------------------------------------------------
-    def commit(
-        self,
-        session: str,
-        payload: Payload,
-        parent: str | None = None,
-        label: str | None = None,
-        pinned: bool = False,
-        messages: Sequence[dict] | None = None,
-    ) -> SnapshotRecord:
-        """Store a snapshot for `session` (created if new) and make it the session's head. `messages`
-        are appended to the transcript first, in the same transaction; the snapshot corresponds to
-        the transcript as it then stands. `parent` defaults to the session's current head."""
-        validate_session_name(session)
-        label = None if label is None else validate_label(label)
-        parent = None if parent is None else validate_snapshot_id(parent)
-        ids, n_tokens = check_payload(payload)
-        tensors, meta = payload
-        nbytes = payload_nbytes(payload)
-        with self._lock:
-            self._check_open()
-            self._check_disk_room(nbytes)
-            now = self.clock()
-            with self._index.tx():
-                sess = self._ensure_session(session, now)
-                tip = self._index.session_tip(session)
-                if messages:
-                    tip = self._transcripts.append(tip, messages)
-                if parent is not None:
-                    self._row(parent)
-                parent = parent if parent is not None else sess.head
-                sid = new_snapshot_id(now)
-                meta = {
-                    **meta,
-                    "n_tokens": str(n_tokens),
-                    "snapshot_id": sid,
-                    "session": session,
-                    "parent": parent or "",
-                    "created": repr(now),
-                }
-                self._index.insert_snapshot(
-                    id=sid,
-                    session=session,
-                    parent=parent,
-                    n_tokens=n_tokens,
-                    nbytes=nbytes,
-                    token_hash=None if ids is None else token_hash(ids),
-                    fingerprint=meta.get("fingerprint"),
-                    model_id=meta.get("model_id"),
-                    tip=tip,
-                    n_messages=self._transcripts.depth(tip),
-                    created=now,
-                    last_access=now,
-                    pinned=int(pinned),
-                    label=label,
-                    durable=0,
-                )
-                self._index.update_session(
-                    session,
-                    head=sid,
-                    tip=tip,
-                    fingerprint=meta.get("fingerprint"),
-                    model_id=meta.get("model_id"),
-                    last_used=now,
-                )
-            self._placement.hold(sid)
-            self._placement.put(sid, (tensors, meta), nbytes)
-            hot = self._placement.get(sid, touch=False)  # the writer uses the tier's copy: no second one
-            self._pending[sid] = hot[0] if hot else (tensors, meta)
-            record = self._with_tiers(self._index.snapshot(sid))  # type: ignore[arg-type]
-        crash_point("commit.indexed")
-        self._writer.submit(partial(self._write, sid))
-        return record
-
-    def load(self, snapshot_id: str, *, copy: bool = False) -> Payload:
-        """The snapshot's payload from the hottest tier holding it, else from disk (checksum
-        verified), promoting it. A corrupt file is quarantined and SnapshotCorrupt raised (the
-        session's head falls back; its transcript is intact)."""
-        return self.load_from(snapshot_id, copy=copy)[0]
-
-    def load_from(self, snapshot_id: str, *, copy: bool = False) -> tuple[Payload, str]:
-        """load(), and where the payload came from: a memory tier's name ("vram", "ram"), "pending"
-        (saved, not yet written) or "disk" (read from its file now). A payload from memory is the one
-        this process saved or already read back, so it needs no second look at its values."""
-        with self._lock:
-            rec = self._row(snapshot_id)
-            sid = rec.id
-            self._touched[sid] = self.clock()
-            if self._placement.where(sid) is not None:
-                self._placement.promote(sid)
-                payload, tier = self._placement.get(sid, touch=False)  # type: ignore[misc]
-                return _maybe_copy(payload, copy), tier
-            if sid in self._pending:
-                return _maybe_copy(self._pending[sid], copy), "pending"
-            self._reading[sid] += 1
-            self._placement.hold(sid)
-        try:
-            payload = self._files.read(sid)
-        except SnapshotCorrupt as e:
-            with self._lock:
-                self._done_reading(sid)
-                if self._index.snapshot(sid) is None:
-                    raise NotFound(f"snapshot {sid} was deleted while it was being loaded.") from None
-                self._files.quarantine(self._files.path(sid), e.message)
-                self._remove([sid])
-            raise SnapshotCorrupt(e.message, hint="the session resumes from its transcript instead") from None
-        except BaseException:
-            with self._lock:
-                self._done_reading(sid)
-            raise
-        with self._lock:
-            self._done_reading(sid)
-            if self._index.snapshot(sid) is not None and not self._closed:
-                self._placement.put(sid, payload, payload_nbytes(payload))
-                hit = self._placement.get(sid, touch=False)
-                payload = hit[0] if hit else payload
-        return _maybe_copy(payload, copy), "disk"
-
-    def token_ids(self, snapshot_id: str) -> list[int] | None:
-        """The token ids the snapshot's state has consumed (None when its payload does not record them);
-        from memory, else from the file's token_ids tensor alone."""
-        return self._token_ids(self.info(snapshot_id).id)
-
-    def promote(self, snapshot_id: str) -> str | None:
-        """Warm a snapshot into the hottest tier with room (e.g. when a client opens its session);
-        returns the tier it ended in."""
-        self.load(snapshot_id)
-        with self._lock:
-            return self._placement.where(snapshot_id)
-
-    def info(self, snapshot_id: str) -> SnapshotRecord:
-        with self._lock:
-            return self._with_tiers(self._row(snapshot_id))
-
-    def list(self, session: str | None = None) -> list[SnapshotRecord]:
-        """Snapshots, oldest first; of one session (the ones it owns) if given."""
-        if session is not None:
-            self.get_session(session)
-        with self._lock:
-            self._check_open()
-            return [self._with_tiers(r) for r in self._index.snapshots(session)]
+    @property
+    def budgets(self) -> TierPlan | None:
+        """The tier plan the store keeps within now (store.tiers.plan)."""
+        return self._core.budgets
 
     def resolve(self, ref: str) -> str:
-        """A full snapshot id from a full id or a unique prefix (the rule: names.parse_id_ref, one_id), or
-        from a name the Engram routes gave it (aliases.py): a custom snapshot id (looked up first: a
-        client's own name wins over an id prefix that reads the same), "<conversation_id>-t<N>"."""
+        """A full snapshot id from a full id or a unique prefix (Snapshots.resolve_id), or from a name the
+        Engram API gave it (name_table.py): a custom snapshot id (looked up first: a client's own name wins
+        over an id prefix that reads the same), "<conversation_id>-t<N>"."""
         if isinstance(ref, str) and ref and not is_snapshot_id(ref):
-            named = self.named(ref)
+            named = self.names.named(ref)
             if named is not None:
                 return named
         try:
-            ref = parse_id_ref(ref)
+            return self.snapshots.resolve_id(ref)
         except UsageError:
             turn = parse_turn_ref(ref)
             if turn is None:
                 raise
-            return self.turn_snapshot(*turn)
-        if is_snapshot_id(ref):
-            return ref
-        with self._lock:
-            found = self._index.ids_with_prefix(ref)
-        return one_id(ref, found)
+            return self.names.turn_snapshot(*turn)
 
-    def delete(self, snapshot_id: str, *, force: bool = False) -> None:
-        """Delete one snapshot. Refused (SnapshotInUse) if it is a session's head or branch point, or
-        pinned, unless force=True; then those sessions fall back to its parent."""
-        with self._lock:
-            rec = self._row(snapshot_id)
-            users = self._index.referrers(rec.id)
-            if users and not force:
-                raise SnapshotInUse(
-                    f"snapshot {rec.id} is the head or branch point of session(s) {', '.join(users)}.",
-                    hint="restore those sessions to another snapshot, delete them, or force the delete",
-                )
-            if rec.pinned and not force:
-                raise SnapshotInUse(f"snapshot {rec.id} is pinned.", hint="unpin it first, or force the delete")
-            self._remove([rec.id])
+    def delete_session(self, name: str) -> list[str]:
+        """Delete a session, its transcript and its snapshots but those another session needs (they move to
+        it: Sessions.delete), and its names: its saved turns, branch names and the branch name naming it."""
+        c = self._core
+        with c.lock, c.index.tx():
+            self.sessions.get(name)
+            self.names.forget_session(name)
+            return self.sessions.delete(name)
 
-    def pin(self, snapshot_id: str) -> SnapshotRecord:
-        return self._set(snapshot_id, pinned=1)
+    def verify(self) -> dict[str, str]:
+        """Check every durable snapshot's checksum; quarantine corrupt ones. Returns {id: reason}."""
+        return verify_all(self._core)
 
-    def unpin(self, snapshot_id: str) -> SnapshotRecord:
-        return self._set(snapshot_id, pinned=0)
+    def gc(self) -> GcReport:
+        return self.retention.gc()
 
-    def label(self, snapshot_id: str, label: str | None) -> SnapshotRecord:
-        return self._set(snapshot_id, label=None if label is None else validate_label(label))
+    # -- the short names: one line each onto a part ----------------------------------------------------
+    def commit(self, session: str, payload: Payload, parent: str | None = None, **kw: Any) -> SnapshotRecord:
+        return self.snapshots.commit(session, payload, parent, **kw)
 
-    def find_prefix(
-        self, token_ids: Sequence[int], fingerprint: str, session: str | None = None
-    ) -> tuple[SnapshotRecord, int] | None:
-        """The longest stored snapshot (of `fingerprint`, optionally of one session) whose token ids
-        are an exact prefix of `token_ids`, and how many tokens it covers. Ids are compared, not
-        only hashed."""
-        ids = [int(t) for t in token_ids]
-        if session is not None:
-            validate_session_name(session)
-        with self._lock:
-            self._check_open()
-            lengths = self._index.prefix_lengths(fingerprint, len(ids), session)
-        hashes = prefix_hashes(ids, lengths)
-        with self._lock:
-            candidates = self._index.prefix_candidates(fingerprint, hashes, session) if hashes else []
-        for rec in candidates:
-            if self._token_ids(rec.id) == ids[: rec.n_tokens]:
-                with self._lock:
-                    current = self._index.snapshot(rec.id)
-                    if current is not None:
-                        return self._with_tiers(current), rec.n_tokens
-        return None
+    def load(self, snapshot_id: str, *, copy: bool = False) -> Payload:
+        return self.snapshots.load(snapshot_id, copy=copy)
+
+    def load_from(self, snapshot_id: str, *, copy: bool = False) -> tuple[Payload, str]:
+        return self.snapshots.load_from(snapshot_id, copy=copy)
 
     def wait_durable(self, snapshot_id: str, timeout: float | None = None) -> SnapshotRecord:
-        """Block until this snapshot's file is complete; returns its record (durable=False only if
-        `timeout` ran out). Raises NotFound if it was dropped because it could not be written."""
-        sid = self.info(snapshot_id).id
-        self._writer.wait_until(lambda: sid not in self._pending, timeout)
-        with self._lock:
-            rec = self._index.snapshot(sid)
-            if rec is None:
-                why = next((e for e in reversed(self.write_errors) if sid in e), "it was deleted")
-                raise NotFound(f"snapshot {sid} was not saved: {why}")
-            return self._with_tiers(rec)
+        return self.snapshots.wait_durable(snapshot_id, timeout)
 
-    @property
-    def pending_writes(self) -> int:
-        return self._writer.pending
+    def info(self, snapshot_id: str) -> SnapshotRecord:
+        return self.snapshots.info(snapshot_id)
 
+    def list(self, session: str | None = None) -> list[SnapshotRecord]:
+        return self.snapshots.list(session)
 
-def _maybe_copy(payload: Payload, copy: bool) -> Payload:
-    if not copy:
-        return payload
-    tensors, meta = payload
-    return {k: t.clone() for k, t in tensors.items()}, dict(meta)
+    def token_ids(self, snapshot_id: str) -> list[int] | None:
+        return self.snapshots.token_ids(snapshot_id)
+
+    def promote(self, snapshot_id: str) -> str | None:
+        return self.snapshots.promote(snapshot_id)
+
+    def find_prefix(self, token_ids: Sequence[int], fingerprint: str, session: str | None = None):
+        return self.snapshots.find_prefix(token_ids, fingerprint, session)
+
+    def delete(self, snapshot_id: str, *, force: bool = False) -> None:
+        self.snapshots.delete(snapshot_id, force=force)
+
+    def pin(self, snapshot_id: str) -> SnapshotRecord:
+        return self.snapshots.pin(snapshot_id)
+
+    def unpin(self, snapshot_id: str) -> SnapshotRecord:
+        return self.snapshots.unpin(snapshot_id)
+
+    def label(self, snapshot_id: str, label: str | None) -> SnapshotRecord:
+        return self.snapshots.label(snapshot_id, label)
+
+    def create_session(self, name: str, *, exist_ok: bool = False) -> SessionInfo:
+        return self.sessions.create(name, exist_ok=exist_ok)
+
+    def get_session(self, name: str) -> SessionInfo:
+        return self.sessions.get(name)
+
+    def has_session(self, name: str) -> bool:
+        return self.sessions.has(name)
+
+    def list_sessions(self) -> list[SessionInfo]:
+        return self.sessions.list()
+
+    def touch_session(self, name: str) -> None:
+        self.sessions.touch(name)
+
+    def head(self, session: str) -> SnapshotRecord | None:
+        return self.sessions.head(session)
+
+    def history(self, session: str) -> list[SnapshotRecord]:
+        return self.sessions.history(session)
+
+    def branch(self, source: str, new_session: str) -> SessionInfo:
+        return self.sessions.branch(source, new_session)
+
+    def set_head(self, session: str, snapshot_id: str | None, *, rewind_transcript: bool = True) -> SessionInfo:
+        return self.sessions.set_head(session, snapshot_id, rewind_transcript=rewind_transcript)
+
+    def reset_session(self, name: str) -> SessionInfo:
+        return self.sessions.reset(name)
+
+    def append_messages(self, session: str, messages: Sequence[dict]) -> int:
+        return self.transcripts.append(session, messages)
+
+    def transcript(self, session: str, limit: int | None = None) -> list[dict]:
+        return self.transcripts.of_session(session, limit)
+
+    def snapshot_transcript(self, snapshot_id: str) -> list[dict]:
+        return self.transcripts.of_snapshot(snapshot_id)
+
+    def set_transcript(self, session: str, messages: Sequence[dict]) -> int:
+        return self.transcripts.replace(session, messages)
+
+    def truncate_transcript(self, session: str, n_messages: int) -> int:
+        return self.transcripts.truncate(session, n_messages)

@@ -3,7 +3,7 @@
 One thread means two commits of one session reach the disk in commit order and never interleave.
 `submit` blocks when `max_pending` jobs are queued (backpressure instead of unbounded memory);
 `flush` waits until everything submitted so far is done. A job that raises is logged and the thread
-carries on; the job itself is responsible for leaving the store consistent (see Store._write).
+carries on; the job itself is responsible for leaving the store consistent (see store/snapshots.py Snapshots._write).
 """
 
 from __future__ import annotations

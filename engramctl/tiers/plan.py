@@ -17,7 +17,7 @@ N-gram memory tables (engramctl/ngram/table_spec.py) are claims on these budgets
 table, in the order given (earliest Engram layer first: its prefetch window is the shortest), in RAM if it
 fits what is left of the RAM budget, else on disk if it fits what is left of the disk budget. A tier's
 budget_bytes is then what is left for snapshots; table_bytes is what its tables take. `keep_tables` claims
-them again, in the tiers they were given, on a new plan (Store.replan after loading the model).
+them again, in the tiers they were given, on a new plan (TierPlanner.replan after loading the model).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def claim_tables(tier_plan: TierPlan, tables: Sequence[tuple[str, int]], tier: s
 
 
 def keep_tables(tier_plan: TierPlan, claims: Sequence[TableClaim]) -> TierPlan:
-    """`tier_plan` (a new plan: Store.replan) with tables already placed claimed again in their tiers: a
+    """`tier_plan` (a new plan: TierPlanner.replan) with tables already placed claimed again in their tiers: a
     loaded table does not move. A budget the tables overrun leaves 0 for snapshots rather than failing."""
     taken = {t.name: 0 for t in tier_plan.tiers}
     for c in claims:

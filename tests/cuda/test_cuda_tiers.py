@@ -96,7 +96,7 @@ def test_vram_tier_holds_real_cuda_tensors_and_restores_exactly(open_store, zoo)
     assert all(payload_nbytes(p) == size for p in payloads)
 
     s = open_store(tier_ram_bytes=size)  # RAM: room for one
-    assert s.plan.budget("vram") > 0 and s.plan.tier("vram").device == "cuda"  # the real default rule
+    assert s.budgets.budget("vram") > 0 and s.budgets.tier("vram").device == "cuda"  # the real default rule
     s._placement.set_budget("vram", size)  # VRAM: room for one
     a = s.commit("a", payloads[0]).id
     s.flush()  # until written, a could not be moved out of the way
@@ -139,8 +139,8 @@ def test_a_store_opened_before_the_gpu_was_seen_gets_its_vram_tier_on_replan(ope
 
     blind = dataclasses.replace(detect_hardware(tmp_path), vram_total_bytes=None, vram_free_bytes=None, gpu=None)
     s = open_store(hardware=blind)
-    assert s.plan.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
-    s.replan()  # real detection: this process has torch and a GPU
+    assert s.budgets.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
+    s.tiers.replan()  # real detection: this process has torch and a GPU
     assert [t.name for t in s._placement.tiers] == ["vram", "ram"] and s._placement.tiers[0].budget > 0
     backend = load_backend(zoo.path("granitemoehybrid"))
     live = backend.new_live()

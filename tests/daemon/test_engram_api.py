@@ -398,3 +398,56 @@ def test_restore_and_generate_records_the_user_message_the_tokens_render(h, tok)
         ("user", "Our way?"),
     ]
     assert [m["role"] for m in messages] == ["user", "assistant"] * 3
+
+
+def test_their_live_server_flows_name_the_conversation_by_rid(h, tok, reference_backend):
+    """Their live-server tests (test_mamba_snapshot_e2e.py, test_mamba_stateful_inference.py) as they drive
+    a server: chat with `rid` resending the whole history, save by rid, restore by rid (back to what the save
+    saved), restore with create_new_request, an unknown rid, then restore-and-generate by that name."""
+    rid = "test-restore-1a2b3c4d"
+
+    def chat_rid(messages: list[dict], **extra) -> dict:
+        body = {"model": "default", "messages": messages, "max_tokens": 6, "temperature": 0, "rid": rid, **extra}
+        r = h.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    history = [{"role": "user", "content": "My secret word is: ALPHA42."}]
+    t1 = chat_rid(history)
+    assert t1["engram"]["session"] == rid
+    history.append({"role": "assistant", "content": t1["choices"][0]["message"]["content"]})
+    saved = post(h, "/save_snapshot", {"rid": rid})
+    assert saved["snapshot_id"] == f"{rid}-t1" and saved["id"] == t1["engram"]["snapshot_id"]
+
+    with_t2 = history + [{"role": "user", "content": "What is my secret word?"}]
+    original = chat_rid(with_t2)
+    assert original["engram"]["restored_tokens"] == t1["usage"]["total_tokens"]  # the conversation continued
+    restored = post(h, "/restore_snapshot", {"rid": rid})
+    assert restored["snapshot_id"] == saved["id"] and restored["name"] == f"{rid}-t1"
+    again = chat_rid(with_t2)
+    assert again["choices"][0]["message"]["content"] == original["choices"][0]["message"]["content"]
+    assert again["engram"]["restored_tokens"] == t1["usage"]["total_tokens"]  # from the save, not from turn 2
+    # in our terms a restore of the session is its head: the turn just taken
+    assert post(h, "/restore_snapshot", {"session": rid})["snapshot_id"] == again["engram"]["snapshot_id"]
+
+    new = post(h, "/restore_snapshot", {"rid": rid, "create_new_request": True})
+    assert new["rid"].startswith("restored-") and new["rid"] != rid and new["snapshot_id"] == saved["id"]
+    missing = post(h, "/restore_snapshot", {"rid": "nonexistent-rid-xyz-999"}, 404)
+    assert missing["success"] is False
+
+    fill = post(h, "/get_snapshot_info", {"snapshot_id": saved["snapshot_id"]})["metadata"]["fill_ids"]
+    ids = user_turn_ids(tok, "What is my secret word?")
+    gen = post(
+        h,
+        "/restore_snapshot",
+        {"conversation_id": rid, "create_new_request": True, "continuation_ids": ids, "max_new_tokens": 6},
+    )
+    assert (gen["output_ids"], gen["output_text"]) == generate_from(
+        reference_backend, fill + ids, temperature=0, max_tokens=6
+    )
+    assert gen["token_count"] == len(fill) and gen["session"] == rid
+
+    # conversation_id wins over rid (their key); a session that differs from either is refused
+    assert chat_rid(with_t2, conversation_id="rid-loses")["engram"]["session"] == "rid-loses"
+    r = h.post("/v1/chat/completions", json={"messages": with_t2, "rid": rid, "session": "other", "max_tokens": 2})
+    assert r.status_code == 400 and "same thing" in r.json()["error"]["message"]

@@ -11,7 +11,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from engramctl.agent.tools import TOOLS, ToolArgumentError, validate_arguments
-from engramctl.daemon import engram
+from engramctl.daemon.engram_api import answers
 from engramctl.daemon.app import create_app
 from engramctl.engine.engine import Engine
 from engramctl.engine.hf_backend import TransformersBackend
@@ -22,7 +22,11 @@ from engramctl.store.store import Store
 
 TOKEN = "wire-token"
 # The routes that parse a JSON body: /gc_snapshots reads none and /import_snapshot reads raw file bytes.
-JSON_ROUTES = ("/v1/chat/completions", *sorted(engram.ROUTES - {"/gc_snapshots", "/import_snapshot"}), "/v1/agent/call")
+JSON_ROUTES = (
+    "/v1/chat/completions",
+    *sorted(answers.ROUTES - {"/gc_snapshots", "/import_snapshot"}),
+    "/v1/agent/call",
+)
 ENGRAM_ROUTES = {"/save_snapshot", "/restore_snapshot", "/list_snapshots", "/get_snapshot_info", "/delete_snapshot"}
 
 

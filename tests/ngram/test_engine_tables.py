@@ -1,5 +1,5 @@
 """Engram tables in the engine (spec §4.5 on a real tiny model): table files written once under the data
-dir, placed by the tier planner (and kept there by Store.replan), the output with the table on disk (prefetched
+dir, placed by the tier planner (and kept there by TierPlanner.replan), the output with the table on disk (prefetched
 or read at the layer) equal to it in RAM bitwise across prefill, chunked prefill, decode and resume, and the
 prefetched row ids equal to a reference hash of the whole sequence."""
 
@@ -135,7 +135,7 @@ def test_the_planner_places_the_tables_and_replan_keeps_them(zoo, tmp_path):
             (f"ngram/{daemon.engine.backend.engram.table_key}/layer-{i}.table", "disk") for i in (1, 3)
         ]
         assert {r.tier for r in daemon.engine.backend.engram.tables.readers.values()} == {"disk"}
-        daemon.store.replan(model_bytes=0, model_on_cpu=True)
+        daemon.tiers.replan(model_bytes=0, model_on_cpu=True)
         after = client.get("/v1/tiers").json()
         assert after["tables"] == tiers["tables"]
         disk = next(t for t in after["tiers"] if t["name"] == "disk")

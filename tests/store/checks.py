@@ -21,8 +21,8 @@ def assert_consistent(store, verify_loads: bool = True) -> None:
         assert len(store.transcript(s.name)) == s.n_messages
     for sid in rows:
         assert len(store.snapshot_transcript(sid)) == rows[sid].n_messages
-    for name, (used, _count) in store.usage().items():
-        assert used <= store.plan.budget(name), (name, used, store.plan.budget(name))
+    for name, (used, _count) in store.tiers.usage().items():
+        assert used <= store.budgets.budget(name), (name, used, store.budgets.budget(name))
     if verify_loads:
         for sid in rows:
             tensors, meta = store.load(sid)

@@ -10,7 +10,7 @@ import pytest
 from engramctl.errors import EngramError
 from engramctl.store.index import Index
 from engramctl.store.schema import MIGRATIONS
-from engramctl.store.transcript import Transcripts
+from engramctl.store.transcript import MessageTree
 
 
 def test_migrations_applied_once_and_wal(tmp_path):
@@ -53,7 +53,7 @@ def test_long_transcript_reads_fast(tmp_path):
     import time
 
     idx = Index(tmp_path / "index.db")
-    tr = Transcripts(idx)
+    tr = MessageTree(idx)
     tip = tr.append(None, [{"role": "user", "content": f"message {i}"} for i in range(5000)])
     t0 = time.perf_counter()
     msgs = tr.read(tip)

@@ -44,7 +44,7 @@ def test_invalid_names_touch_nothing(store, make_payload):
     store.close()
     root = store.settings.paths.data_dir
     before = _fingerprint(root)
-    store = type(store).open(store.settings, clock=store.clock, hardware=store.plan.hardware)
+    store = type(store).open(store.settings, clock=store.clock, hardware=store.tiers.plan.hardware)
     name_calls = [
         lambda n: store.commit(n, make_payload(10, 2)),
         lambda n: store.create_session(n),

@@ -72,7 +72,7 @@ def test_disk_budget_evicts_least_recently_used_unpinned_first(open_store, make_
     s.flush()
     assert ids_of(s) == [p, c1, c4, c5]  # c2 (least recently used), then c3 went; pinned stayed
     assert not set(map(str, (c2, c3))) & {f.name[:32] for f in (s.settings.paths.data_dir / "snapshots").iterdir()}
-    assert s.usage()["disk"][0] <= s.plan.budget("disk")
+    assert s.tiers.usage()["disk"][0] <= s.budgets.budget("disk")
 
 
 def test_disk_victims_order_and_all_or_nothing(make_payload):
@@ -109,11 +109,13 @@ def test_gc_shrinks_to_new_disk_budget(open_store, make_payload):
     s = open_store(keep_last=100)
     ids = [s.commit("a", make_payload(10, i)).id for i in range(6)]
     s.flush()
-    hw = s.plan.hardware
-    s.settings = s.settings.__class__(**{**s.settings.__dict__, "tier_disk_bytes": s.usage()["disk"][0] // 2})
-    s.replan(hardware=hw)
-    used, _ = s.usage()["disk"]
-    assert used <= s.plan.budget("disk")
+    hw = s.tiers.plan.hardware
+    s.tiers.settings = s.settings.__class__(
+        **{**s.settings.__dict__, "tier_disk_bytes": s.tiers.usage()["disk"][0] // 2}
+    )
+    s.tiers.replan(hardware=hw)
+    used, _ = s.tiers.usage()["disk"]
+    assert used <= s.budgets.budget("disk")
     remaining = ids_of(s)
     assert remaining[-1] == ids[-1] and remaining == ids[-len(remaining) :]  # oldest went first
 
@@ -124,5 +126,5 @@ def test_lowered_disk_budget_applies_at_open(open_store, make_payload):
     s.close()
     used = sum(p.stat().st_size for p in (s.settings.paths.data_dir / "snapshots").iterdir())
     s = open_store(keep_last=100, disk=used // 2)
-    assert s.usage()["disk"][0] <= used // 2
+    assert s.tiers.usage()["disk"][0] <= used // 2
     assert ids_of(s)[-1] == ids[-1]  # the head stays

@@ -150,7 +150,7 @@ def test_payload_bigger_than_ram_skips_the_tier(open_store, make_payload):
     assert rec.tiers == ()  # only in the write queue until durable
     assert same_payload(s.load(rec.id), p)
     s.flush()
-    assert s.info(rec.id).tiers == ("disk",) and s.usage()["ram"] == (0, 0)
+    assert s.info(rec.id).tiers == ("disk",) and s.tiers.usage()["ram"] == (0, 0)
 
 
 def test_disk_full_drops_snapshot_like_a_crash(open_store, make_payload):

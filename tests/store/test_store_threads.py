@@ -34,7 +34,7 @@ def test_concurrent_commits_and_reads(open_store, make_payload):
                 for sid, p in items[-5:]:
                     assert same_payload(s.load(sid), p)  # whole, whichever tier or queue it is in
                 s.list("shared")
-                s.plan_json()
+                s.tiers.plan_json()
         except BaseException as e:  # pragma: no cover
             errors.append(e)
 

@@ -28,8 +28,8 @@ def instrument_budgets(store, violations: list[str]) -> None:
                 on_disk += 0 if p.name.startswith(".") else p.stat().st_size
             except FileNotFoundError:  # deleted by the API thread meanwhile
                 pass
-        if on_disk + len(buf) > store.plan.budget("disk"):
-            violations.append(f"disk {on_disk} + {len(buf)} > {store.plan.budget('disk')}")
+        if on_disk + len(buf) > store.budgets.budget("disk"):
+            violations.append(f"disk {on_disk} + {len(buf)} > {store.budgets.budget('disk')}")
         write(sid, buf)
 
     placement._place, files.write = checked_place, checked_write
@@ -74,7 +74,7 @@ def test_budgets_hold_under_churn_with_tiny_budgets(open_store, make_payload, cl
     s.gc()
     assert not violations, violations[:5]
     assert_consistent(s)
-    assert s.usage()["ram"][0] <= s.plan.budget("ram")
+    assert s.tiers.usage()["ram"][0] <= s.budgets.budget("ram")
     assert not s.write_errors
 
 
@@ -122,7 +122,7 @@ def test_vram_tier_with_a_stand_in_device(open_store, make_payload, monkeypatch,
     size = nbytes(p[0])
     hw = hardware_like(vram_total_bytes=8 * 2**30, vram_free_bytes=6 * 2**30, gpu="Stand-in GPU")
     s = open_store(ram=size * 2, hardware=hw)
-    assert s.plan.budget("vram") > 0  # default vram rule from the stand-in figures
+    assert s.budgets.budget("vram") > 0  # default vram rule from the stand-in figures
     s._placement.set_budget("vram", size)  # room for one
     a = s.commit("a", p[0]).id
     s.flush()  # until written, a could not be moved out of the way
@@ -132,7 +132,7 @@ def test_vram_tier_with_a_stand_in_device(open_store, make_payload, monkeypatch,
     s.load(a)  # restore promotes to the hottest tier; b goes down to RAM
     assert s.info(a).tiers[0] == "vram" and s.info(b).tiers[0] == "ram"
     assert "cuda" in moves and "cpu" in moves
-    j = s.plan_json()
+    j = s.tiers.plan_json()
     assert j["hardware"]["gpu"] == "Stand-in GPU" and j["tiers"][0]["snapshots"] == 1
 
 
@@ -143,13 +143,32 @@ def test_replan_adds_the_vram_tier_when_cuda_shows_up_after_open(open_store, mak
 
     monkeypatch.setattr(core, "payload_to", lambda payload, device: payload)
     s = open_store()  # stand-in hardware without a GPU
-    assert s.plan.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
+    assert s.budgets.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
     hw = hardware_like(vram_total_bytes=8 * 2**30, vram_free_bytes=6 * 2**30, gpu="Stand-in GPU")
-    s.replan(hardware=hw)
+    s.tiers.replan(hardware=hw)
     assert [t.name for t in s._placement.tiers] == ["vram", "ram"]
-    assert s._placement.tiers[0].budget == s.plan.budget("vram") > 0
+    assert s._placement.tiers[0].budget == s.budgets.budget("vram") > 0
     sid = s.commit("a", make_payload(20, 0)).id
     s.flush()
     assert s.info(sid).tiers == ("vram", "disk")
-    s.replan(hardware=hw)  # idempotent: still one VRAM tier
+    s.tiers.replan(hardware=hw)  # idempotent: still one VRAM tier
     assert [t.name for t in s._placement.tiers] == ["vram", "ram"] and s.info(sid).tiers == ("vram", "disk")
+
+
+def test_the_planner_places_tables_and_the_store_keeps_within_what_is_left(open_store, make_payload):
+    """N-gram tables are claims on the tier plan (tiers/planner.py): the store's hot tiers shrink by them at
+    once, a replan keeps them where they are, plan_json shows them."""
+    mib = 2**20
+    s = open_store(ram=10 * mib, disk=256 * mib)
+    placed = s.tiers.claim_tables([("layer-1", 6 * mib), ("layer-2", 6 * mib)])
+    assert placed == {"layer-1": "ram", "layer-2": "disk"}  # the second no longer fits in RAM
+    ram = next(t for t in s._placement.tiers if t.name == "ram")
+    assert s.budgets.budget("ram") == ram.budget == 4 * mib and s.budgets.budget("disk") == 250 * mib
+    s.tiers.replan(hardware=s.tiers.plan.hardware)
+    assert s.budgets.tier("ram").table_bytes == 6 * mib and ram.budget == 4 * mib
+    assert s.tiers.plan_json()["tables"] == [
+        {"name": "layer-1", "size_bytes": 6 * mib, "tier": "ram"},
+        {"name": "layer-2", "size_bytes": 6 * mib, "tier": "disk"},
+    ]
+    recs = [s.commit("a", make_payload(40, i, width=200)) for i in range(4)]  # ~1.4 MiB each
+    assert sum(r.nbytes for r in recs) > 4 * mib >= s.tiers.usage()["ram"][0] > 0

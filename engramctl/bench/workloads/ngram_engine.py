@@ -1,12 +1,12 @@
 """The variants of `engramctl bench ngram` on the real engine: a bench preset model (engramctl.bench.presets,
-random weights) served by the transformers backend, with the engine's own Engram layer (engine/engram.py).
+random weights) served by the transformers backend, with the engine's own Engram layer (engine/ngram_hooks.py).
 
   A  the preset model alone
   B  the same weights + one Engram layer, its table file loaded into RAM (gathered at the layer)
   C  the same table file on disk, read synchronously when the Engram layer runs
   D  on disk, the rows prefetched by the engine while the blocks before the Engram layer compute
 
-B, C and D are one model whose TableSet is swapped (EngramHooks.open_tables): the same bytes, so their
+B, C and D are one model whose TableSet is swapped (NgramHooks.open_tables): the same bytes, so their
 logits must be equal bitwise. `batch` sequences run one after the other (the engine serves batch 1): each
 is prefilled in chunks of `chunk` tokens, then decodes `decode_tokens` given random tokens.
 """

@@ -1,5 +1,5 @@
-"""Engram layers on a transformers model: the config the settings give, hooks on the chosen blocks, the
-per-layer state in SessionState, chunking invariance and the model identity."""
+"""N-gram layers (engine/ngram_hooks.py) on a transformers model: the config the settings give, hooks on
+the chosen blocks, the per-layer state in SessionState, chunking invariance and the model identity."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from engramctl.engine.engram import ngram_config
+from engramctl.engine.ngram_hooks import ngram_config
 from engramctl.engine.hf_backend import TransformersBackend
 from engramctl.engine.loading import load_engine
 from engramctl.errors import SnapshotMismatch, UnsupportedModel, UsageError
@@ -83,7 +83,7 @@ def test_a_block_past_the_model_and_llama_cpp_are_refused(zoo, tmp_path):
 
 def test_transformers_and_gguf_tokenizers_of_one_model_compress_alike(gguf_zoo, load_llama, zoo):
     """The map can be built from either tokenizer the engine loads; for the same vocabulary they agree."""
-    from engramctl.engine.engram import tokenizer_map
+    from engramctl.engine.ngram_hooks import tokenizer_map
 
     hf = _load(zoo, ngram=None).tokenizer
     gg = load_llama(gguf_zoo.path(FAMILY)).tokenizer

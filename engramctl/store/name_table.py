@@ -1,5 +1,5 @@
-"""The original Engram server's names for snapshots: turn numbers, branch names, custom snapshot ids
-(part of Store; see core.py).
+"""The Engram API's names for snapshots: turn numbers, branch names, custom snapshot ids, the latest save
+(a Store part: `store.names`, over the index's `names` table).
 
 The Engram server keeps one file per (conversation, turn number) and one per (conversation, branch name),
 overwritten by the next save of the same selector, and answers a save with "<conversation_id>-t<turn>"
@@ -14,23 +14,27 @@ them, kept in the index (schema migration 2). Nothing is copied:
 - branch B of a session: a session of its own (as Store.branch makes: head and branch point shared, not
   copied), named "<session>.<B>" where that is free (names.branch_session_name). Saving B again moves it.
 - a custom snapshot id: a store-wide name for one snapshot. Saving it again moves it.
+- the latest save of a session: what /save_snapshot saved last, which a restore in the Engram API's terms
+  (a conversation, no selector) goes back to, as the original server restores what it saved.
 
 Store.resolve accepts a custom id and "<conversation_id>-t<N>" wherever it accepts a snapshot id.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Iterable
 
 from engramctl.errors import InvalidName, NotFound
 from engramctl.store.core import StoreCore
+from engramctl.store.sessions import Sessions
 from engramctl.store.errors import AlreadyExists
 from engramctl.store.names import (
     branch_session_name,
     is_snapshot_id,
     parse_turn_ref,
     session_for_conversation,
-    validate_engram_name,
+    validate_engram_api_name,
     validate_session_name,
 )
 from engramctl.store.records import SessionInfo
@@ -48,29 +52,24 @@ _TURNS_SQL = """
 """
 
 
-class AliasesMixin(StoreCore):
+class NameTable:
+    def __init__(self, core: StoreCore, sessions: Sessions):
+        self._core, self._sessions = core, sessions
+
     # -- turns ---------------------------------------------------------------------------------------
     def turn_numbers(self, snapshot_ids: Iterable[str]) -> dict[str, int]:
         """The user turn each snapshot ends: the number of user messages in its transcript, for the
         snapshots whose transcript ends with a reply (the others are left out)."""
-        ids = list(dict.fromkeys(snapshot_ids))
-        out: dict[str, int] = {}
-        with self._lock:
-            self._check_open()
-            for i in range(0, len(ids), 500):
-                chunk = ids[i : i + 500]
-                for row in self._index.rows(_TURNS_SQL.format(marks=",".join("?" * len(chunk))), chunk):
-                    if row["last_role"] == "assistant" and row["users"]:
-                        out[row["snap"]] = int(row["users"])
-        return out
+        rows = self._rows_for(_TURNS_SQL, snapshot_ids)
+        return {r["snap"]: int(r["users"]) for r in rows if r["last_role"] == "assistant" and r["users"]}
 
     def turns(self, session: str) -> dict[int, str]:
         """turn number -> snapshot id, for every turn of the session that has one (see the module doc)."""
-        head = self.get_session(session).head
-        with self._lock:
-            line = [r.id for r in self._index.ancestry(head)] if head else []
-            owned = [r.id for r in self._index.snapshots(session)]
-            saved = self._index.rows(
+        head = self._sessions.get(session).head
+        with self._core.lock:
+            line = [r.id for r in self._core.index.ancestry(head)] if head else []
+            owned = [r.id for r in self._core.index.snapshots(session)]
+            saved = self._core.index.rows(
                 "SELECT n.name, n.snapshot FROM names n JOIN snapshots s ON s.id = n.snapshot "
                 "WHERE n.kind = 'turn' AND n.scope = ? ORDER BY n.created",
                 (session,),
@@ -90,7 +89,7 @@ class AliasesMixin(StoreCore):
     def turn_snapshot(self, conversation_id: str, turn: int) -> str:
         """The snapshot "<conversation_id>-t<turn>" names; NotFound, in the Engram server's words, if none."""
         session = session_for_conversation(conversation_id)
-        if not self.has_session(session):
+        if not self._sessions.has(session):
             raise NotFound(
                 f"Snapshot not found: conversation={conversation_id}, turn={turn}, branch=None "
                 f"(no conversation {conversation_id!r})."
@@ -109,33 +108,19 @@ class AliasesMixin(StoreCore):
     # -- custom snapshot ids -------------------------------------------------------------------------
     def name_snapshot(self, name: str, snapshot_id: str) -> None:
         """Give `snapshot_id` a custom id, usable wherever a snapshot id is (a later save moves it)."""
-        validate_engram_name(name, "snapshot_id")
+        validate_engram_api_name(name, "snapshot_id")
         if is_snapshot_id(name):
             raise InvalidName(f"a custom snapshot_id cannot look like a snapshot's own id ({name!r}).")
         self._name("id", "", name, snapshot_id)
 
     def named(self, name: str) -> str | None:
         """The snapshot a custom id names, if any."""
-        with self._lock:
-            self._check_open()
-            row = self._index.one("SELECT snapshot FROM names WHERE kind = 'id' AND scope = '' AND name = ?", (name,))
-        return None if row is None else row["snapshot"]
+        return self._snapshot("id", "", name)
 
     def custom_ids(self, snapshot_ids: Iterable[str]) -> dict[str, str]:
         """snapshot id -> the newest custom id naming it, for those that have one."""
-        ids = list(dict.fromkeys(snapshot_ids))
-        out: dict[str, str] = {}
-        with self._lock:
-            self._check_open()
-            for i in range(0, len(ids), 500):
-                chunk = ids[i : i + 500]
-                marks = ",".join("?" * len(chunk))
-                rows = self._index.rows(
-                    f"SELECT snapshot, name FROM names WHERE kind = 'id' AND snapshot IN ({marks}) ORDER BY created",
-                    chunk,
-                )
-                out.update((r["snapshot"], r["name"]) for r in rows)
-        return out
+        sql = "SELECT snapshot, name FROM names WHERE kind = 'id' AND snapshot IN ({marks}) ORDER BY created"
+        return {r["snapshot"]: r["name"] for r in self._rows_for(sql, snapshot_ids)}
 
     def is_snapshot_name(self, ref: str) -> bool:
         """Whether `ref` is a custom snapshot id, or "<conversation_id>-t<N>" of a conversation that exists
@@ -143,43 +128,43 @@ class AliasesMixin(StoreCore):
         if self.named(ref) is not None:
             return True
         turn = parse_turn_ref(ref)
-        return turn is not None and self.has_session(session_for_conversation(turn[0]))
+        return turn is not None and self._sessions.has(session_for_conversation(turn[0]))
 
     # -- branches ------------------------------------------------------------------------------------
     def save_branch(self, session: str, branch: str, snapshot_id: str) -> SessionInfo:
         """Make branch `branch` of `session` a session at `snapshot_id`: a new one the first time (named by
         names.branch_session_name), the same one moved there afterwards. Its transcript is the snapshot's."""
         validate_session_name(session)
-        validate_engram_name(branch, "branch_name")
-        with self._lock, self._index.tx():
-            self._check_open()
-            snap = self._row(snapshot_id)
-            tip, now = self._index.snapshot_tip(snap.id), self.clock()
+        validate_engram_api_name(branch, "branch_name")
+        with self._core.lock, self._core.index.tx():
+            self._core.check_open()
+            snap = self._core.row(snapshot_id)
+            tip, now = self._core.index.snapshot_tip(snap.id), self._core.clock()
             fields = dict(
                 head=snap.id, base=snap.id, tip=tip, fingerprint=snap.fingerprint, model_id=snap.model_id, last_used=now
             )
             name = self.branch_session(session, branch)
             if name is not None:
-                self._index.update_session(name, **fields)
-                return self._index.session(name)  # type: ignore[return-value]
+                self._core.index.update_session(name, **fields)
+                return self._core.index.session(name)  # type: ignore[return-value]
             name = branch_session_name(session, branch)
-            if self._index.session(name) is not None:
+            if self._core.index.session(name) is not None:
                 name = branch_session_name(session, branch, taken=True)
-                if self._index.session(name) is not None:
+                if self._core.index.session(name) is not None:
                     raise AlreadyExists(f"session {name!r} already exists; cannot make branch {branch!r} there.")
-            self._index.insert_session(name=name, created=now, **fields)
-            self._index.execute(
+            self._core.index.insert_session(name=name, created=now, **fields)
+            self._core.index.execute(
                 "INSERT OR REPLACE INTO names (kind, scope, name, snapshot, session, created) "
                 "VALUES ('branch', ?, ?, NULL, ?, ?)",
                 (session, branch, name, now),
             )
-            return self._index.session(name)  # type: ignore[return-value]
+            return self._core.index.session(name)  # type: ignore[return-value]
 
     def branch_session(self, session: str, branch: str) -> str | None:
         """The session that is branch `branch` of `session`, if there is one."""
-        with self._lock:
-            self._check_open()
-            row = self._index.one(
+        with self._core.lock:
+            self._core.check_open()
+            row = self._core.index.one(
                 "SELECT n.session FROM names n JOIN sessions s ON s.name = n.session "
                 "WHERE n.kind = 'branch' AND n.scope = ? AND n.name = ?",
                 (session, branch),
@@ -188,22 +173,56 @@ class AliasesMixin(StoreCore):
 
     def branches(self, session: str) -> dict[str, str]:
         """branch name -> its session, for the branches of `session`, by name."""
-        with self._lock:
-            self._check_open()
-            rows = self._index.rows(
+        with self._core.lock:
+            self._core.check_open()
+            rows = self._core.index.rows(
                 "SELECT n.name, n.session FROM names n JOIN sessions s ON s.name = n.session "
                 "WHERE n.kind = 'branch' AND n.scope = ? ORDER BY n.name",
                 (session,),
             )
         return {r["name"]: r["session"] for r in rows}
 
+    # -- the latest save -----------------------------------------------------------------------------
+    def mark_saved(self, session: str, snapshot_id: str) -> None:
+        """Record `snapshot_id` as what /save_snapshot saved last for `session` (a later save replaces it)."""
+        self._name("saved", validate_session_name(session), "", snapshot_id)
+
+    def last_saved(self, session: str) -> str | None:
+        """What the session's latest save saved, if that snapshot still exists."""
+        return self._snapshot("saved", session, "")
+
+    def forget_session(self, session: str) -> None:
+        """Drop the names a session holds (its turns, branches, latest save) and the branch name naming it."""
+        with self._core.lock:
+            self._core.index.execute("DELETE FROM names WHERE scope = ? OR session = ?", (session, session))
+
     # -- helpers -------------------------------------------------------------------------------------
+    def _rows_for(self, sql: str, snapshot_ids: Iterable[str]) -> list[sqlite3.Row]:
+        """`sql`'s rows for these snapshots, 500 ids at a time (SQLite's limit on parameters); `{marks}` in
+        `sql` stands for the placeholders. A snapshot's rows all come from one query, in its order."""
+        ids = list(dict.fromkeys(snapshot_ids))
+        rows: list[sqlite3.Row] = []
+        with self._core.lock:
+            self._core.check_open()
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                rows += self._core.index.rows(sql.format(marks=",".join("?" * len(chunk))), chunk)
+        return rows
+
+    def _snapshot(self, kind: str, scope: str, name: str) -> str | None:
+        with self._core.lock:
+            self._core.check_open()
+            row = self._core.index.one(
+                "SELECT snapshot FROM names WHERE kind = ? AND scope = ? AND name = ?", (kind, scope, name)
+            )
+        return None if row is None else row["snapshot"]
+
     def _name(self, kind: str, scope: str, name: str, snapshot_id: str) -> None:
-        with self._lock, self._index.tx():
-            self._check_open()
-            sid = self._row(snapshot_id).id
-            self._index.execute(
+        with self._core.lock, self._core.index.tx():
+            self._core.check_open()
+            sid = self._core.row(snapshot_id).id
+            self._core.index.execute(
                 "INSERT OR REPLACE INTO names (kind, scope, name, snapshot, session, created) "
                 "VALUES (?, ?, ?, ?, NULL, ?)",
-                (kind, scope, name, sid, self.clock()),
+                (kind, scope, name, sid, self._core.clock()),
             )

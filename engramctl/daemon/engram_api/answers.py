@@ -1,4 +1,4 @@
-"""The Engram-compatible names, on the snapshot routes only (routes_snapshots.py).
+"""The Engram API's answer fields, on its routes only (routes.py).
 
 The original Engram server answers `{"success": true, ...}`, and `{"success": false, "message": ...}` on
 failure, and calls a session `conversation_id` (see the reference HTTP contract and docs/engram-api.md).

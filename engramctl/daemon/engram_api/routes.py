@@ -1,13 +1,13 @@
-"""Snapshot routes compatible with the original Engram server (POST + JSON bodies;
-`conversation_id` and `session` name the same thing), plus /branch_snapshot and the management
+"""The Engram API's routes: the original Engram server's five snapshot routes (POST + JSON bodies;
+`conversation_id`, `rid` and `session` name the same thing), plus /branch_snapshot and the management
 routes the CLI needs while the daemon owns the store: /pin_snapshot, /unpin_snapshot,
 /label_snapshot, /get_snapshot_transcript, /gc_snapshots, /import_snapshot (raw file body).
 
-The five Engram routes also take that server's own fields: the turn_number / branch_name selectors, a
-custom snapshot_id, and restore-and-generate (continuation_ids, max_new_tokens); its names for snapshots
-live in the store (store/aliases.py). docs/engram-api.md says what each does and where we differ.
-
-Answers are protocol objects (Snapshot, Session, Restored) in the Engram names (engram.py)."""
+The five routes also take that server's own fields: the turn_number / branch_name selectors, a custom
+snapshot_id, and restore-and-generate (continuation_ids, max_new_tokens: continuation.py); its names for
+snapshots are read and written by naming.py over the store's name table. The work runs on the worker
+through the conversation service the OpenAI routes use. docs/engram-api.md says what each does and where
+we differ. Answers are protocol objects (Snapshot, Session, Restored) in their terms (answers.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from engramctl.daemon import engram
 from engramctl.daemon.context import daemon_of
+from engramctl.daemon.engram_api import answers, naming
+from engramctl.daemon.engram_api.continuation import token_turn
 from engramctl.daemon.schemas import (
     ENGRAM_FIELDS,
     BranchSnapshotRequest,
@@ -32,7 +33,7 @@ from engramctl.daemon.schemas import (
 )
 from engramctl.daemon.service import Restored as RestoredState
 from engramctl.daemon.streaming import Completion, answer_turn, engram_json, finish_reason, job_result, usage_json
-from engramctl.errors import NotFound, UsageError
+from engramctl.errors import UsageError
 from engramctl.protocol import Restored, Session, Snapshot
 from engramctl.store.names import is_id_prefix, is_snapshot_id, named_session
 
@@ -49,32 +50,34 @@ async def save_snapshot(body: SaveSnapshotRequest, request: Request):
     name = _required_session(body.session_name)
 
     def run(job):
-        sid = d.service.save(name, body.label, body.pin)
-        branch = None
-        if body.branch_name is not None:
-            branch = d.store.save_branch(name, body.branch_name, sid).name
-        elif body.turn_number is not None:
-            d.store.name_turn(name, body.turn_number, sid)
-        if body.snapshot_id is not None:
-            d.store.name_snapshot(body.snapshot_id, sid)
-        return sid, branch
+        return naming.save(
+            d.service,
+            d.store,
+            name,
+            body.label,
+            body.pin,
+            turn_number=body.turn_number,
+            branch_name=body.branch_name,
+            snapshot_id=body.snapshot_id,
+        )
 
     job = d.worker.submit(run, name="save_snapshot")
     sid, branch = await job_result(job, request)
     await run_in_threadpool(d.store.wait_durable, sid, SAVE_DURABLE_S)  # saved means on disk (their contract)
-    snap = _snapshot(d, sid)
+    snap = naming.snapshot(d.store, sid)
     if not body.engram:
-        return engram.snapshot(snap)
-    turn = body.turn_number if body.turn_number is not None else _names(d, [snap])[0].get(snap.id)
+        return answers.snapshot(snap)
+    turn = body.turn_number if body.turn_number is not None else naming.names_of(d.store, [snap])[0].get(snap.id)
     conversation = body.conversation or name
     their_id = body.snapshot_id or f"{conversation}-t{turn or 0}"
-    meta = engram.Meta(conversation, turn, body.branch_name, their_id)
-    return engram.saved(snap, their_id, meta, **({"branch_session": branch} if branch else {}))
+    meta = answers.Meta(conversation, turn, body.branch_name, their_id)
+    return answers.saved(snap, their_id, meta, **({"branch_session": branch} if branch else {}))
 
 
 @router.post("/restore_snapshot")
 async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
-    """Restore a snapshot (by id or name, a conversation's head, turn_number or branch_name); with a
+    """Restore a snapshot (by id or name, a conversation's head, turn_number or branch_name; a conversation
+    named in their terms alone, by conversation_id or rid: what it saved last, else its head); with a
     continuation message answer a chat completion, with continuation_ids (token ids) the Engram server's
     restore-and-generate answer."""
     d = daemon_of(request)  # body.model: any name means the served model (routes_openai)
@@ -82,22 +85,27 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
     params = body.token_params() if ids is not None else body.params()
     ref, session, conversation = body.snapshot_id, body.session_name, body.conversation
     if body.branch_name is not None:  # the branch's own session, at its head: a turn continues the branch
-        session = _branch_session(d, body)
+        session = naming.branch_session(d.store, body)
     elif body.turn_number is not None:
-        ref = _turn_snapshot(d, body)
+        ref = naming.turn_snapshot(d.store, body)
+    elif ref is None and body.session is None:  # a conversation in their terms: back to what it saved
+        ref = naming.restore_point(d.store, session)
 
     def run(job):
-        out = d.service.restore(ref, session, continuation, params, job.emit, job.cancel, continuation_ids=ids)
+        then = None if ids is None else token_turn(d.service, ids, params, job.emit, job.cancel)
+        out = d.service.restore(ref, session, continuation, params, job.emit, job.cancel, then=then)
         if isinstance(out, RestoredState):
             r = _restored(out)
-            extra = {"rid": engram.new_rid()} if body.create_new_request else {}
+            extra = {"rid": answers.new_rid()} if body.create_new_request else {}
             if r.snapshot_id is not None:  # a branch's turns are named after its own session
                 label = conversation if body.branch_name is None else None
-                meta = _meta(d, r.snapshot_id, conversation, scope=r.session, label=label, branch=body.branch_name)
+                meta = naming.meta(
+                    d.store, r.snapshot_id, conversation, scope=r.session, label=label, branch=body.branch_name
+                )
                 extra |= {"turn_number": meta.turn_number, "branch_name": meta.branch_name, "name": meta.name}
             if conversation is not None:
                 extra["conversation_id"] = conversation
-            return engram.restored(r, **extra, **_request_id(body))
+            return answers.restored(r, **extra, **_request_id(body))
         if ids is None:
             return out
         return _generated(d, out, ids, conversation, body)
@@ -128,25 +136,28 @@ def _list(request: Request, body: ListSnapshotsRequest) -> dict:
     name = body.session_name
     if not body.engram:
         snaps = [Snapshot.from_record(r) for r in d.store.list(name)]
-        turns, names = _names(d, snaps)
-        return engram.snapshots(
-            [engram.item(s, engram.Meta(s.session, turns.get(s.id), None, names.get(s.id))) for s in snaps]
+        turns, names = naming.names_of(d.store, snaps)
+        return answers.snapshots(
+            [answers.item(s, answers.Meta(s.session, turns.get(s.id), None, names.get(s.id))) for s in snaps]
         )
     conversation = body.conversation
     if not d.store.has_session(name):
-        return engram.snapshots([])
-    turns = d.store.turns(name)
-    custom = d.store.custom_ids(turns.values())
+        return answers.snapshots([])
+    turns = d.store.names.turns(name)
+    custom = d.store.names.custom_ids(turns.values())
     items = [
-        engram.item(_snapshot(d, sid), engram.Meta(conversation, n, None, custom.get(sid) or f"{conversation}-t{n}"))
+        answers.item(
+            naming.snapshot(d.store, sid),
+            answers.Meta(conversation, n, None, custom.get(sid) or f"{conversation}-t{n}"),
+        )
         for n, sid in turns.items()
     ]
-    for branch, branch_session in d.store.branches(name).items():
+    for branch, branch_session in d.store.names.branches(name).items():
         head = d.store.get_session(branch_session).head
         if head is not None:
-            meta = _meta(d, head, conversation, scope=branch_session, branch=branch)
-            items.append(engram.item(_snapshot(d, head), meta))
-    return engram.snapshots(items)
+            meta = naming.meta(d.store, head, conversation, scope=branch_session, branch=branch)
+            items.append(answers.item(naming.snapshot(d.store, head), meta))
+    return answers.snapshots(items)
 
 
 @router.post("/get_snapshot_info")
@@ -157,18 +168,19 @@ async def get_snapshot_info(body: SnapshotInfoRequest, request: Request):
     if body.snapshot_id is not None:
         sid = d.store.resolve(body.snapshot_id)
     elif body.branch_name is not None:
-        sid = _head(d, _branch_session(d, body), body)
+        sid = naming.head(d.store, naming.branch_session(d.store, body), body)
     elif body.turn_number is not None:
-        sid = _turn_snapshot(d, body)
+        sid = naming.turn_snapshot(d.store, body)
     else:
-        sid = _head(d, body.session_name, body)
-    snap = _snapshot(d, sid)
+        sid = naming.head(d.store, body.session_name, body)
+    snap = naming.snapshot(d.store, sid)
     if body.branch_name is not None and body.snapshot_id is None:
-        meta = _meta(d, sid, body.conversation, scope=_branch_session(d, body), branch=body.branch_name)
+        scope = naming.branch_session(d.store, body)
+        meta = naming.meta(d.store, sid, body.conversation, scope=scope, branch=body.branch_name)
     else:
-        meta = _meta(d, sid, body.conversation, scope=body.session_name, label=body.conversation)
+        meta = naming.meta(d.store, sid, body.conversation, scope=body.session_name, label=body.conversation)
     metadata = {**meta.of(snap), "fill_ids": await run_in_threadpool(d.store.token_ids, sid)}
-    return engram.snapshot(snap, meta, metadata=metadata)
+    return answers.snapshot(snap, meta, metadata=metadata)
 
 
 @router.post("/delete_snapshot")
@@ -178,10 +190,10 @@ async def delete_snapshot(body: DeleteSnapshotRequest, request: Request):
     session goes, as DELETE /v1/sessions/{name} would."""
     d = daemon_of(request)
     if body.branch_name is not None:
-        name = _branch_session(d, body)
+        name = naming.branch_session(d.store, body)
         deleted = d.store.delete_session(name)
         d.service.invalidate(name)
-        return engram.ok(
+        return answers.ok(
             message="Snapshot deleted successfully",
             conversation_id=body.conversation,
             branch_name=body.branch_name,
@@ -193,11 +205,11 @@ async def delete_snapshot(body: DeleteSnapshotRequest, request: Request):
         d.store.delete(sid, force=bool(body.force))
         ours = is_id_prefix(body.snapshot_id.strip().lower()) and not body.given("conversation_id", *ENGRAM_FIELDS)
         if ours:
-            return engram.ok(snapshot_id=sid)
-        return engram.ok(snapshot_id=sid, message="Snapshot deleted successfully")
-    sid = _turn_snapshot(d, body)
+            return answers.ok(snapshot_id=sid)
+        return answers.ok(snapshot_id=sid, message="Snapshot deleted successfully")
+    sid = naming.turn_snapshot(d.store, body)
     d.store.delete(sid, force=True if body.force is None else body.force)
-    return engram.ok(
+    return answers.ok(
         snapshot_id=sid,
         message="Snapshot deleted successfully",
         conversation_id=body.conversation,
@@ -217,12 +229,14 @@ async def branch_snapshot(body: BranchSnapshotRequest, request: Request):
         and not d.store.has_session(body.source)
     ):
         source = d.store.resolve(body.source)  # an id prefix (a session by that name would win)
-    elif body.source is not None and not d.store.has_session(body.source) and d.store.is_snapshot_name(body.source):
+    elif (
+        body.source is not None and not d.store.has_session(body.source) and d.store.names.is_snapshot_name(body.source)
+    ):
         source = d.store.resolve(body.source)  # a name the Engram routes gave a snapshot (custom id, <conv>-t<N>)
     else:
         source = body.source_ref
     info = d.store.branch(source, body.new_session)
-    return engram.session(Session.from_info(info), source=source)
+    return answers.session(Session.from_info(info), source=source)
 
 
 @router.post("/pin_snapshot")
@@ -232,20 +246,20 @@ async def pin_snapshot(body: PinSnapshotRequest, request: Request):
     sid = d.store.resolve(body.snapshot_id)
     if body.label is not None:
         d.store.label(sid, body.label)
-    return engram.snapshot(Snapshot.from_record(d.store.pin(sid)))
+    return answers.snapshot(Snapshot.from_record(d.store.pin(sid)))
 
 
 @router.post("/unpin_snapshot")
 async def unpin_snapshot(body: SnapshotRef, request: Request):
     d = daemon_of(request)
-    return engram.snapshot(Snapshot.from_record(d.store.unpin(d.store.resolve(body.snapshot_id))))
+    return answers.snapshot(Snapshot.from_record(d.store.unpin(d.store.resolve(body.snapshot_id))))
 
 
 @router.post("/label_snapshot")
 async def label_snapshot(body: LabelSnapshotRequest, request: Request):
     """Set (or with null, clear) a snapshot's label."""
     d = daemon_of(request)
-    return engram.snapshot(Snapshot.from_record(d.store.label(d.store.resolve(body.snapshot_id), body.label)))
+    return answers.snapshot(Snapshot.from_record(d.store.label(d.store.resolve(body.snapshot_id), body.label)))
 
 
 @router.post("/get_snapshot_transcript")
@@ -254,7 +268,7 @@ async def get_snapshot_transcript(body: SnapshotRef, request: Request):
     d = daemon_of(request)
     rec = d.store.info(d.store.resolve(body.snapshot_id))
     messages = d.store.snapshot_transcript(rec.id)
-    return engram.ok(
+    return answers.ok(
         snapshot_id=rec.id,
         session=rec.session,
         conversation_id=rec.session,
@@ -268,7 +282,7 @@ async def gc_snapshots(request: Request):
     """Apply retention now (keep-last-N, TTL, disk budget; pins and session heads are never deleted).
     Returns {deleted: {snapshot_id: reason}, freed_bytes, messages_removed}."""
     report = await run_in_threadpool(daemon_of(request).store.gc)
-    return engram.ok(**report.to_json())
+    return answers.ok(**report.to_json())
 
 
 # The body is read raw (request.body()), so FastAPI cannot see it: the document says what it is.
@@ -297,76 +311,7 @@ async def import_snapshot(
     buf = await request.body()
     job = d.worker.submit(lambda job: import_file(d.engine, d.store, buf, name, label), name="import_snapshot")
     rec, n_messages = await job_result(job, request)
-    return engram.snapshot(Snapshot.from_record(rec), messages=n_messages)
-
-
-def _not_found(body, turn: int | None = None, branch: str | None = None) -> NotFound:
-    """The Engram server's words for a selector that names nothing."""
-    return NotFound(f"Snapshot not found: conversation={body.conversation}, turn={turn}, branch={branch}.")
-
-
-def _turn_snapshot(d, body) -> str:
-    """The snapshot turn `body.turn_number` of the request's conversation names (store/aliases.py)."""
-    name = body.session_name
-    sid = d.store.find_turn(name, body.turn_number) if d.store.has_session(name) else None
-    if sid is None:
-        raise _not_found(body, turn=body.turn_number)
-    return sid
-
-
-def _branch_session(d, body) -> str:
-    """The session that is branch `body.branch_name` of the request's conversation."""
-    name = body.session_name
-    branch = d.store.branch_session(name, body.branch_name) if d.store.has_session(name) else None
-    if branch is None:
-        raise _not_found(body, turn=body.turn_number, branch=body.branch_name)
-    return branch
-
-
-def _head(d, name: str, body) -> str:
-    info = d.store.get_session(name)
-    if info.head is None:
-        if body.branch_name is not None:
-            raise _not_found(body, branch=body.branch_name)
-        raise NotFound(f"session {info.name!r} has no snapshot yet.")
-    return info.head
-
-
-def _names(d, snaps: list[Snapshot]) -> tuple[dict[str, int], dict[str, str]]:
-    """For snapshots: the turn each is of its own session (snapshot id -> turn number) and its name in the
-    Engram server's terms (the custom id a save gave it, else "<session>-t<turn>" when that names it)."""
-    turns: dict[str, int] = {}
-    names: dict[str, str] = {}
-    for session in sorted({s.session for s in snaps}):
-        for n, sid in d.store.turns(session).items():
-            if sid not in turns:
-                turns[sid], names[sid] = n, f"{session}-t{n}"
-    names.update(d.store.custom_ids([s.id for s in snaps]))
-    return turns, names
-
-
-def _meta(
-    d,
-    sid: str,
-    conversation: str | None,
-    *,
-    scope: str | None = None,
-    label: str | None = None,
-    branch: str | None = None,
-) -> engram.Meta:
-    """A snapshot's metadata in the Engram server's terms: its turn within session `scope` (default: its
-    own session), which names it "<label>-t<turn>" (label: the conversation_id the client gave, else the
-    session), unless a save gave it a custom id. `conversation` is the conversation_id to report."""
-    rec = d.store.info(sid)
-    scope = scope or rec.session
-    turns = d.store.turns(scope) if d.store.has_session(scope) else {}
-    turn = next((n for n, s in turns.items() if s == sid), None)
-    name = d.store.custom_ids([sid]).get(sid)
-    if name is None and turn is not None:
-        name = f"{label or scope}-t{turn}"
-    if turn is None:
-        turn = d.store.turn_numbers([sid]).get(sid)
-    return engram.Meta(conversation or scope, turn, branch, name)
+    return answers.snapshot(Snapshot.from_record(rec), messages=n_messages)
 
 
 def _generated(d, r, ids: list[int], conversation: str | None, body: RestoreSnapshotRequest) -> dict:
@@ -377,11 +322,11 @@ def _generated(d, r, ids: list[int], conversation: str | None, body: RestoreSnap
         out = out[:-1]  # as theirs: the stop token is not part of the output
     head, session = r.snapshot_id, r.start.session
     label = conversation if body.branch_name is None else None
-    meta = None if head is None else _meta(d, head, conversation, scope=session, label=label)
+    meta = None if head is None else naming.meta(d.store, head, conversation, scope=session, label=label)
     theirs = {"branch_name": body.branch_name}
     if meta is not None:
         theirs |= {"turn_number": meta.turn_number, "name": meta.name}
-    return engram.generated(
+    return answers.generated(
         out,
         r.text,
         r.start.prompt.prompt_tokens - len(ids),
@@ -405,10 +350,6 @@ def _required_session(name: str | None) -> str:
     if name is None:
         raise UsageError("give the session (or conversation_id) to snapshot.")
     return name
-
-
-def _snapshot(d, sid: str) -> Snapshot:
-    return Snapshot.from_record(d.store.info(sid))
 
 
 def _restored(r: RestoredState) -> Restored:

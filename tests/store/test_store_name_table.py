@@ -1,6 +1,6 @@
-"""The Engram server's names in the store (store/aliases.py): turns counted from the transcript, saved
-turn names, custom ids, branch sessions; Store.resolve accepting them; the names going with what they
-name; an index written before they existed opening and gaining them."""
+"""The Engram API's names in the store (store/name_table.py, `store.names`): turns counted from the
+transcript, saved turn names, custom ids, branch sessions, the latest save; Store.resolve accepting them;
+the names going with what they name; an index written before they existed opening and gaining them."""
 
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ def test_turns_count_user_turns_and_skip_prompt_snapshots(store, make_payload):
     store.commit("c", make_payload(3, 0), messages=[{"role": "system", "content": "s"}])
     _, r1 = _turn(store, make_payload, "c", 5, 1)
     _, r2 = _turn(store, make_payload, "c", 9, 3)
-    assert store.turns("c") == {1: r1.id, 2: r2.id}
+    assert store.names.turns("c") == {1: r1.id, 2: r2.id}
     # back to turn 1 and another turn 2: the current line's turn 2 wins; the old one is still turn 2 of
     # nothing else, and stays reachable by its own id
     store.set_head("c", r1.id)
     _, r2b = _turn(store, make_payload, "c", 9, 5)
-    assert store.turns("c") == {1: r1.id, 2: r2b.id}
+    assert store.names.turns("c") == {1: r1.id, 2: r2b.id}
     store.set_head("c", r1.id)  # rewound again: turn 2 is the newest the conversation owns
-    assert store.turns("c") == {1: r1.id, 2: r2b.id}
+    assert store.names.turns("c") == {1: r1.id, 2: r2b.id}
     assert store.resolve("c-t2") == r2b.id and store.resolve("c-t1") == r1.id
     with pytest.raises(NotFound, match="turn=3"):
         store.resolve("c-t3")
@@ -43,43 +43,47 @@ def test_turns_count_user_turns_and_skip_prompt_snapshots(store, make_payload):
 
 def test_saved_turn_names_win_and_move(store, make_payload):
     _, r1 = _turn(store, make_payload, "c", 5, 1)
-    store.name_turn("c", 0, r1.id)  # a client counting from 0
+    store.names.name_turn("c", 0, r1.id)  # a client counting from 0
     _, r2 = _turn(store, make_payload, "c", 9, 3)
-    assert store.turns("c") == {0: r1.id, 1: r1.id, 2: r2.id}
-    store.name_turn("c", 1, r2.id)  # the client's turn 1 is our second one
-    assert store.find_turn("c", 1) == r2.id and store.resolve("c-t1") == r2.id
+    assert store.names.turns("c") == {0: r1.id, 1: r1.id, 2: r2.id}
+    store.names.name_turn("c", 1, r2.id)  # the client's turn 1 is our second one
+    assert store.names.find_turn("c", 1) == r2.id and store.resolve("c-t1") == r2.id
     store.delete(r2.id, force=True)  # the name goes with the snapshot
-    assert store.find_turn("c", 1) == r1.id
+    assert store.names.find_turn("c", 1) == r1.id
 
 
 def test_custom_ids_resolve_everywhere_and_go_with_their_snapshot(store, make_payload):
     _, r1 = _turn(store, make_payload, "c", 5, 1)
-    store.name_snapshot("keep-this.1", r1.id)
-    assert store.resolve("keep-this.1") == r1.id and store.custom_ids([r1.id]) == {r1.id: "keep-this.1"}
-    assert store.is_snapshot_name("keep-this.1") and store.is_snapshot_name("c-t9") and not store.is_snapshot_name("x")
+    store.names.name_snapshot("keep-this.1", r1.id)
+    assert store.resolve("keep-this.1") == r1.id and store.names.custom_ids([r1.id]) == {r1.id: "keep-this.1"}
+    assert (
+        store.names.is_snapshot_name("keep-this.1")
+        and store.names.is_snapshot_name("c-t9")
+        and not store.names.is_snapshot_name("x")
+    )
     for bad in ("a/b", "x" * 256, r1.id):
         with pytest.raises(InvalidName):
-            store.name_snapshot(bad, r1.id)
+            store.names.name_snapshot(bad, r1.id)
     store.delete(r1.id, force=True)
-    assert store.named("keep-this.1") is None
+    assert store.names.named("keep-this.1") is None
     with pytest.raises(UsageError):
         store.resolve("keep-this.1")
 
 
 def test_branches_are_sessions_sharing_the_snapshot_and_move_when_saved_again(store, make_payload):
     _, r1 = _turn(store, make_payload, "c", 5, 1)
-    info = store.save_branch("c", "alt", r1.id)
+    info = store.names.save_branch("c", "alt", r1.id)
     assert info.name == "c.alt" and info.head == info.base == r1.id and info.n_messages == 2
     _, r2 = _turn(store, make_payload, "c", 9, 3)
-    assert store.save_branch("c", "alt", r2.id).name == "c.alt"
-    assert store.get_session("c.alt").head == r2.id and store.branches("c") == {"alt": "c.alt"}
+    assert store.names.save_branch("c", "alt", r2.id).name == "c.alt"
+    assert store.get_session("c.alt").head == r2.id and store.names.branches("c") == {"alt": "c.alt"}
     store.create_session("c.other")  # a session of that name already exists: the branch gets another name
-    other = store.save_branch("c", "other", r1.id)
+    other = store.names.save_branch("c", "other", r1.id)
     assert other.name == branch_session_name("c", "other", taken=True) != "c.other"
     store.delete_session("c.alt")
-    assert store.branch_session("c", "alt") is None and store.branches("c") == {"other": other.name}
+    assert store.names.branch_session("c", "alt") is None and store.names.branches("c") == {"other": other.name}
     store.delete_session("c")  # the conversation's names go with it
-    assert store.branches("c") == {}
+    assert store.names.branches("c") == {}
 
 
 def test_conversation_ids_up_to_255_characters_map_to_session_names():
@@ -108,3 +112,18 @@ def test_an_index_from_before_the_names_opens_and_gains_them(tmp_path):
         assert idx.rows("SELECT * FROM names") == []
     finally:
         idx.close()
+
+
+def test_the_latest_save_is_remembered_until_its_snapshot_or_session_goes(store, make_payload):
+    (_, r1), (_, r2) = _turn(store, make_payload, "c", 4, 0), _turn(store, make_payload, "c", 8, 2)
+    assert store.names.last_saved("c") is None
+    store.names.mark_saved("c", r1.id)
+    store.names.mark_saved("c", r2.id)  # a later save replaces it
+    assert store.names.last_saved("c") == r2.id
+    store.delete(r2.id, force=True)  # the name goes with the snapshot
+    assert store.names.last_saved("c") is None
+    store.names.mark_saved("c", r1.id)
+    store.delete_session("c")
+    assert store.names.last_saved("c") is None
+    with pytest.raises(NotFound):
+        store.names.mark_saved("c", "0" * 32)

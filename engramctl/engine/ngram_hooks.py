@@ -1,9 +1,9 @@
-"""Engram layers on a transformers model: a forward pre-hook on each chosen decoder block adds the
-Engram output to the residual stream before the block runs (spec §2.8), without editing transformers.
+"""N-gram layers on a transformers model: a forward pre-hook on each chosen decoder block adds the
+N-gram memory output to the residual stream before the block runs (spec §2.8), without editing transformers.
 
-Per forward the backend opens a `step`: the new tokens are compressed and hashed for every Engram layer
+Per forward the backend opens a `step`: the new tokens are compressed and hashed for every N-gram layer
 (with the sequence's lookback) before the backbone runs, and the tables start reading those rows then (a
-disk table's prefetcher gathers them while the blocks before the Engram layer compute); each hook takes its
+disk table's prefetcher gathers them while the blocks before the N-gram layer compute); each hook takes its
 rows (waiting only for what is not there) and carries its layer's conv state. The tables are table files
 under the data dir, placed in RAM or on disk by the tier planner (ngram/tableset.py, TableSetup). The
 per-sequence part (conv windows, lookback ids) lives in Live.ngram as NgramState objects, so snapshots
@@ -40,7 +40,7 @@ def ngram_config(layers: str | None, table_rows: int, seed: int = 0) -> NgramCon
     try:
         ids = [int(x) for x in layers.replace(" ", "").split(",") if x]
     except ValueError:
-        raise UsageError(f"Engram layers must be comma-separated block indices such as 1,15; got {layers!r}.") from None
+        raise UsageError(f"N-gram layers must be comma-separated block indices such as 1,15; got {layers!r}.") from None
     return NgramConfig(layer_ids=ids, engram_vocab_size=[table_rows] * 2, seed=seed)
 
 
@@ -64,8 +64,8 @@ class _Step:
     ran: set[int]
 
 
-class EngramHooks:
-    """The Engram layers of one loaded model and the hooks that run them. A forward runs inside one
+class NgramHooks:
+    """The N-gram layers of one loaded model and the hooks that run them. A forward runs inside one
     `step` at a time (the backend's single worker thread), which is what the hooks read."""
 
     def __init__(
@@ -74,7 +74,7 @@ class EngramHooks:
         blocks = decoder_blocks(model, n_blocks)
         too_deep = [i for i in config.layer_ids if i >= len(blocks)]
         if too_deep:
-            raise UsageError(f"Engram layers {too_deep} are past this model's {len(blocks)} decoder blocks.")
+            raise UsageError(f"N-gram layers {too_deep} are past this model's {len(blocks)} decoder blocks.")
         setup = setup or TableSetup()
         self.config = config
         self.token_map = cached_tokenizer_map(hf_tokenizer, setup.cache_dir)
@@ -131,7 +131,7 @@ class EngramHooks:
         into the yielded list once the forward is done."""
         if len(states) != len(self.config.layer_ids):
             raise EngramError(
-                f"the sequence carries {len(states)} Engram states; the model has {len(self.config.layer_ids)} layers."
+                f"the sequence carries {len(states)} N-gram states; the model has {len(self.config.layer_ids)} layers."
             )
         compressed = self.token_map.compress([list(token_ids)], self.pad_raw)  # (1, T)
         lookback = states[0].lookback.cpu().numpy()  # the same token history for every layer
@@ -143,7 +143,7 @@ class EngramHooks:
             yield result
             missing = set(self.config.layer_ids) - self._step.ran
             if missing:
-                raise EngramError(f"Engram layers {sorted(missing)} did not run during the forward.")
+                raise EngramError(f"N-gram layers {sorted(missing)} did not run during the forward.")
             after = self.hasher.next_lookback(lookback, compressed)  # (1, N-1)
             # one tensor per layer: a snapshot file refuses tensors that share memory
             result.extend(
@@ -157,9 +157,9 @@ class EngramHooks:
         def pre_hook(module, args, kwargs):
             step = self._step
             if step is None:
-                raise EngramError(f"the Engram layer at block {layer_id} ran outside a backend step.")
+                raise EngramError(f"the N-gram layer at block {layer_id} ran outside a backend step.")
             if layer_id in step.ran:
-                raise EngramError(f"the Engram layer at block {layer_id} ran twice in one forward.")
+                raise EngramError(f"the N-gram layer at block {layer_id} ran twice in one forward.")
             in_kwargs = "hidden_states" in kwargs
             hidden = kwargs["hidden_states"] if in_kwargs else args[0]  # (1, T, d) residual stream
             rows = self.tables.take(layer_id)  # waits only for the rows not gathered yet

@@ -1,0 +1,319 @@
+"""Snapshots (a Store part: `store.snapshots`): commit, the write that makes one durable, load, delete.
+
+A commit, start to end, is in this file: `commit` checks the payload and that the disk has room
+(Retention.check_disk_room), indexes the snapshot as the session's head (durable = 0) with the transcript
+messages it follows, puts the payload in the hottest memory tier with room, and queues one writer-thread
+job, `_write`: encode (snapshot_file.py), make room within the disk budget (Retention.make_disk_room),
+write atomically (files.py: tmp -> fsync -> rename -> fsync dir), mark the row durable with its checksum,
+then apply keep-last-N to that session. A snapshot that cannot be made durable is dropped as a crash
+would drop it (`_abandon`): heads fall back to its parent, the transcript is untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Sequence
+
+from engramctl.errors import NotFound, SnapshotCorrupt
+from engramctl.store import snapshot_file
+from engramctl.store.core import StoreCore
+from engramctl.store.crashpoints import crash_point
+from engramctl.store.errors import SnapshotInUse
+from engramctl.store.names import (
+    is_snapshot_id,
+    new_snapshot_id,
+    one_id,
+    parse_id_ref,
+    validate_label,
+    validate_session_name,
+    validate_snapshot_id,
+)
+from engramctl.store.prefix import prefix_hashes, token_hash
+from engramctl.store.reconcile import checksum_of
+from engramctl.store.records import Payload, SnapshotRecord, check_payload, payload_nbytes
+from engramctl.store.retention import Retention
+from engramctl.store.sessions import Sessions
+
+log = logging.getLogger("engramctl.store")
+
+
+class Snapshots:
+    def __init__(self, core: StoreCore, sessions: Sessions, retention: Retention):
+        self._core, self._sessions, self._retention = core, sessions, retention
+
+    # -- commit --------------------------------------------------------------------------------------
+    def commit(
+        self,
+        session: str,
+        payload: Payload,
+        parent: str | None = None,
+        label: str | None = None,
+        pinned: bool = False,
+        messages: Sequence[dict] | None = None,
+    ) -> SnapshotRecord:
+        """Store a snapshot for `session` (created if new) and make it the session's head. `messages`
+        are appended to the transcript first, in the same transaction; the snapshot corresponds to
+        the transcript as it then stands. `parent` defaults to the session's current head."""
+        c = self._core
+        validate_session_name(session)
+        label = None if label is None else validate_label(label)
+        parent = None if parent is None else validate_snapshot_id(parent)
+        ids, n_tokens = check_payload(payload)
+        tensors, meta = payload
+        nbytes = payload_nbytes(payload)
+        with c.lock:
+            c.check_open()
+            self._retention.check_disk_room(nbytes)
+            now = c.clock()
+            with c.index.tx():
+                sess = c.ensure_session(session, now)
+                tip = c.index.session_tip(session)
+                if messages:
+                    tip = c.messages.append(tip, messages)
+                if parent is not None:
+                    c.row(parent)
+                parent = parent if parent is not None else sess.head
+                sid = new_snapshot_id(now)
+                meta = {
+                    **meta,
+                    "n_tokens": str(n_tokens),
+                    "snapshot_id": sid,
+                    "session": session,
+                    "parent": parent or "",
+                    "created": repr(now),
+                }
+                c.index.insert_snapshot(
+                    id=sid,
+                    session=session,
+                    parent=parent,
+                    n_tokens=n_tokens,
+                    nbytes=nbytes,
+                    token_hash=None if ids is None else token_hash(ids),
+                    fingerprint=meta.get("fingerprint"),
+                    model_id=meta.get("model_id"),
+                    tip=tip,
+                    n_messages=c.messages.depth(tip),
+                    created=now,
+                    last_access=now,
+                    pinned=int(pinned),
+                    label=label,
+                    durable=0,
+                )
+                c.index.update_session(
+                    session,
+                    head=sid,
+                    tip=tip,
+                    fingerprint=meta.get("fingerprint"),
+                    model_id=meta.get("model_id"),
+                    last_used=now,
+                )
+            c.placement.hold(sid)
+            c.placement.put(sid, (tensors, meta), nbytes)
+            hot = c.placement.get(sid, touch=False)  # the writer uses the tier's copy: no second one
+            c.pending[sid] = hot[0] if hot else (tensors, meta)
+            record = c.with_tiers(c.index.snapshot(sid))  # type: ignore[arg-type]
+        crash_point("commit.indexed")
+        c.writer.submit(partial(self._write, sid))
+        return record
+
+    def _write(self, sid: str) -> None:
+        """Writer-thread job: encode, make room within the disk budget, write atomically, mark durable."""
+        c = self._core
+        with c.lock:
+            payload = c.pending.get(sid)
+        if payload is None:
+            return  # deleted before it was written
+        try:
+            buf = snapshot_file.encode(*payload)
+        except Exception as e:
+            return self._abandon(sid, f"could not encode it ({e})")
+        crash_point("write.encoded")
+        need = len(buf)
+        with c.lock:
+            if sid not in c.pending:
+                return
+            if not self._retention.make_disk_room(need):
+                used = c.index.durable_bytes()[0]
+                return self._abandon(
+                    sid,
+                    f"the disk tier is full ({used} of {c.disk_budget()} bytes "
+                    f"used by pinned or in-use snapshots; this one needs {need})",
+                )
+            c.disk_reserved += need
+        try:
+            c.files.write(sid, buf)
+        except OSError as e:
+            with c.lock:
+                c.disk_reserved -= need
+            return self._abandon(sid, f"writing the file failed ({e})")
+        crash_point("write.renamed")
+        with c.lock:
+            c.disk_reserved -= need
+            if sid not in c.pending or c.index.snapshot(sid) is None:
+                c.files.unlink(sid)  # deleted while being written
+                return
+            c.index.update_snapshot(sid, durable=1, nbytes=need, checksum=checksum_of(buf))
+            del c.pending[sid]
+            c.placement.release(sid)
+            crash_point("write.indexed")
+            self._retention.keep_last(c.index.snapshot(sid).session)  # type: ignore[union-attr]
+
+    def _abandon(self, sid: str, reason: str) -> None:
+        """A committed snapshot that will never be durable: drop it as a crash would."""
+        c = self._core
+        with c.lock:
+            msg = f"snapshot {sid} could not be saved: {reason}"
+            log.error("%s", msg)
+            c.write_errors.append(msg)
+            if sid in c.pending and not c.closed:
+                c.remove([sid])
+
+    def wait_durable(self, snapshot_id: str, timeout: float | None = None) -> SnapshotRecord:
+        """Block until this snapshot's file is complete; returns its record (durable=False only if
+        `timeout` ran out). Raises NotFound if it was dropped because it could not be written."""
+        c = self._core
+        sid = self.info(snapshot_id).id
+        c.writer.wait_until(lambda: sid not in c.pending, timeout)
+        with c.lock:
+            rec = c.index.snapshot(sid)
+            if rec is None:
+                why = next((e for e in reversed(c.write_errors) if sid in e), "it was deleted")
+                raise NotFound(f"snapshot {sid} was not saved: {why}")
+            return c.with_tiers(rec)
+
+    # -- read ----------------------------------------------------------------------------------------
+    def load(self, snapshot_id: str, *, copy: bool = False) -> Payload:
+        """The snapshot's payload from the hottest tier holding it, else from disk (checksum
+        verified), promoting it. A corrupt file is quarantined and SnapshotCorrupt raised (the
+        session's head falls back; its transcript is intact)."""
+        return self.load_from(snapshot_id, copy=copy)[0]
+
+    def load_from(self, snapshot_id: str, *, copy: bool = False) -> tuple[Payload, str]:
+        """load(), and where the payload came from: a memory tier's name ("vram", "ram"), "pending"
+        (saved, not yet written) or "disk" (read from its file now). A payload from memory is the one
+        this process saved or already read back, so it needs no second look at its values."""
+        c = self._core
+        with c.lock:
+            sid = c.row(snapshot_id).id
+            c.touched[sid] = c.clock()
+            if c.placement.where(sid) is not None:
+                c.placement.promote(sid)
+                payload, tier = c.placement.get(sid, touch=False)  # type: ignore[misc]
+                return _maybe_copy(payload, copy), tier
+            if sid in c.pending:
+                return _maybe_copy(c.pending[sid], copy), "pending"
+            c.reading[sid] += 1
+            c.placement.hold(sid)
+        try:
+            payload = c.files.read(sid)
+        except SnapshotCorrupt as e:
+            with c.lock:
+                c.done_reading(sid)
+                if c.index.snapshot(sid) is None:
+                    raise NotFound(f"snapshot {sid} was deleted while it was being loaded.") from None
+                c.files.quarantine(c.files.path(sid), e.message)
+                c.remove([sid])
+            raise SnapshotCorrupt(e.message, hint="the session resumes from its transcript instead") from None
+        except BaseException:
+            with c.lock:
+                c.done_reading(sid)
+            raise
+        with c.lock:
+            c.done_reading(sid)
+            if c.index.snapshot(sid) is not None and not c.closed:
+                c.placement.put(sid, payload, payload_nbytes(payload))
+                hit = c.placement.get(sid, touch=False)
+                payload = hit[0] if hit else payload
+        return _maybe_copy(payload, copy), "disk"
+
+    def token_ids(self, snapshot_id: str) -> list[int] | None:
+        """The token ids the snapshot's state has consumed (None when its payload does not record them);
+        from memory, else from the file's token_ids tensor alone."""
+        return self._core.token_ids(self.info(snapshot_id).id)
+
+    def promote(self, snapshot_id: str) -> str | None:
+        """Warm a snapshot into the hottest tier with room (e.g. when a client opens its session);
+        returns the tier it ended in."""
+        self.load(snapshot_id)
+        with self._core.lock:
+            return self._core.placement.where(snapshot_id)
+
+    def info(self, snapshot_id: str) -> SnapshotRecord:
+        with self._core.lock:
+            return self._core.with_tiers(self._core.row(snapshot_id))
+
+    def list(self, session: str | None = None) -> list[SnapshotRecord]:
+        """Snapshots, oldest first; of one session (the ones it owns) if given."""
+        c = self._core
+        if session is not None:
+            self._sessions.get(session)
+        with c.lock:
+            c.check_open()
+            return [c.with_tiers(r) for r in c.index.snapshots(session)]
+
+    def resolve_id(self, ref: str) -> str:
+        """A full snapshot id from a full id or a unique prefix (the rule: names.parse_id_ref, one_id)."""
+        ref = parse_id_ref(ref)
+        if is_snapshot_id(ref):
+            return ref
+        with self._core.lock:
+            found = self._core.index.ids_with_prefix(ref)
+        return one_id(ref, found)
+
+    def find_prefix(
+        self, token_ids: Sequence[int], fingerprint: str, session: str | None = None
+    ) -> tuple[SnapshotRecord, int] | None:
+        """The longest stored snapshot (of `fingerprint`, optionally of one session) whose token ids
+        are an exact prefix of `token_ids`, and how many tokens it covers. Ids are compared, not
+        only hashed."""
+        c = self._core
+        ids = [int(t) for t in token_ids]
+        if session is not None:
+            validate_session_name(session)
+        with c.lock:
+            c.check_open()
+            lengths = c.index.prefix_lengths(fingerprint, len(ids), session)
+        hashes = prefix_hashes(ids, lengths)
+        with c.lock:
+            candidates = c.index.prefix_candidates(fingerprint, hashes, session) if hashes else []
+        for rec in candidates:
+            if c.token_ids(rec.id) == ids[: rec.n_tokens]:
+                with c.lock:
+                    current = c.index.snapshot(rec.id)
+                    if current is not None:
+                        return c.with_tiers(current), rec.n_tokens
+        return None
+
+    # -- change --------------------------------------------------------------------------------------
+    def delete(self, snapshot_id: str, *, force: bool = False) -> None:
+        """Delete one snapshot. Refused (SnapshotInUse) if it is a session's head or branch point, or
+        pinned, unless force=True; then those sessions fall back to its parent."""
+        c = self._core
+        with c.lock:
+            rec = c.row(snapshot_id)
+            users = c.index.referrers(rec.id)
+            if users and not force:
+                raise SnapshotInUse(
+                    f"snapshot {rec.id} is the head or branch point of session(s) {', '.join(users)}.",
+                    hint="restore those sessions to another snapshot, delete them, or force the delete",
+                )
+            if rec.pinned and not force:
+                raise SnapshotInUse(f"snapshot {rec.id} is pinned.", hint="unpin it first, or force the delete")
+            c.remove([rec.id])
+
+    def pin(self, snapshot_id: str) -> SnapshotRecord:
+        return self._core.set(snapshot_id, pinned=1)
+
+    def unpin(self, snapshot_id: str) -> SnapshotRecord:
+        return self._core.set(snapshot_id, pinned=0)
+
+    def label(self, snapshot_id: str, label: str | None) -> SnapshotRecord:
+        return self._core.set(snapshot_id, label=None if label is None else validate_label(label))
+
+
+def _maybe_copy(payload: Payload, copy: bool) -> Payload:
+    if not copy:
+        return payload
+    tensors, meta = payload
+    return {k: t.clone() for k, t in tensors.items()}, dict(meta)
