@@ -21,7 +21,7 @@ def load_model(settings: Settings, place_tables=None):
     `place_tables` is the tier planner's claim for the Engram tables (the daemon's TierPlanner.claim_tables);
     without it they are placed on a plan of this machine's tiers."""
     from engramctl.engine.ngram_hooks import ngram_config
-    from engramctl.engine.loading import load_engine
+    from engramctl.engine.loading import choose_backend, load_engine
     from engramctl.ngram.tableset import TableSetup
 
     notices: list[str] = []
@@ -38,12 +38,10 @@ def load_model(settings: Settings, place_tables=None):
     path = Path(ref).expanduser()
     if path.exists():
         ref = str(path.resolve())
-    try:  # the per-file progress bars would fill the log
+    if choose_backend(ref, settings.backend) == "transformers":  # llama.cpp never needs transformers' 20 MB
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
+        hf_logging.disable_progress_bar()  # the per-file progress bars would fill the log
     st = settings
     log.info("loading model %s (backend %s, device %s, dtype %s)", ref, st.backend, st.device, st.dtype)
     t0 = time.perf_counter()
