@@ -15,7 +15,6 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import httpx
