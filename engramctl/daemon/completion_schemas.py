@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, model_validator
 
-from engramctl.daemon.schemas import Sampling, StreamOptions
+from engramctl.daemon.schemas import Sampling, StreamOptions, Text, text_only
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
 
@@ -23,7 +23,7 @@ class CompletionBody(Sampling):
     prompt: str | list[str] | TokenIds | list[TokenIds] = Field(
         description="The text to complete: a string or token ids (or a list holding one of either)."
     )
-    suffix: str | None = Field(None, description="Text after the completion (models with fill-in-the-middle tokens).")
+    suffix: Text | None = Field(None, description="Text after the completion (models with fill-in-the-middle tokens).")
     echo: bool = Field(False, description="Start the answer's text with the prompt.")
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -42,6 +42,11 @@ class CompletionBody(Sampling):
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)):
             if len(self.prompt) != 1:
                 raise ValueError(f"prompt: one prompt per request (got a batch of {len(self.prompt)})")
+        if isinstance(self.prompt_one(), str):
+            try:
+                text_only(self.prompt_one())  # type: ignore[arg-type]
+            except ValueError as e:
+                raise ValueError(f"prompt: {e}") from None
         return self
 
     def prompt_one(self) -> str | list[int]:

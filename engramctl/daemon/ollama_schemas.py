@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from engramctl.daemon.schemas import sampling_field
+from engramctl.daemon.schemas import Text, sampling_field
 from engramctl.engine.sampling_params import CHAT_DEFAULTS, MAX_STOP, OPTIONS, SamplingParams
 
 # Ollama's options that are the engine's sampling options by the same name (not logit_bias: Ollama has none)
@@ -55,7 +55,7 @@ Format = Annotated[Any, Field(description='"json" or a JSON Schema: refused for 
 class OllamaMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")  # thinking, tool_name: accepted, not used
     role: str = Field(json_schema_extra={"enum": ["system", "user", "assistant", "tool"]})
-    content: str | None = None
+    content: Text | None = None
     images: list[Any] | None = None
     tool_calls: list[Any] | None = None
 
@@ -118,9 +118,9 @@ class OllamaChatRequest(_Generating):
 
 
 class OllamaGenerateRequest(_Generating):
-    prompt: str = ""
-    suffix: str | None = None
-    system: str | None = None
+    prompt: Text = ""
+    suffix: Text | None = None
+    system: Text | None = None
     template: str | None = None
     context: list[Annotated[int, Field(ge=0)]] | None = None
     raw: bool = False

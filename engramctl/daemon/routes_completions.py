@@ -69,6 +69,8 @@ async def completions(body: CompletionBody, request: Request):
     prompts.check_params(d.engine, params)  # a bad logit_bias id is a 400 now, not an error mid-stream
     echo = None
     if body.echo:
+        if not isinstance(prompt, str):
+            prompts.check_ids(d.engine, prompt, "prompt")  # before decoding them (an id past the vocabulary)
         echo = prompt if isinstance(prompt, str) else d.engine.tokenizer.decode(prompt, skip_special=False)
 
     def run(job):

@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from engramctl.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP, OPTIONS, SamplingParams
 from engramctl.errors import UsageError
@@ -37,6 +46,18 @@ _SNAPSHOT_REF_DOC = {
 _LABEL_DOC = {"pattern": "^[^\\x00-\\x1f\\x7f]{1,128}$"}
 
 
+def text_only(v: str) -> str:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:  # JSON may escape half a UTF-16 pair ("\ud800"); no tokenizer takes that
+        raise ValueError("contains a lone UTF-16 surrogate, which is not text") from None
+    return v
+
+
+# Text the model reads: a string that is valid Unicode text (every field a tokenizer encodes is one)
+Text = Annotated[str, AfterValidator(text_only)]
+
+
 def _doc(default: Any, extra: dict) -> Any:
     return Field(default, json_schema_extra=extra)
 
@@ -44,13 +65,18 @@ def _doc(default: Any, extra: dict) -> Any:
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
-    text: str | None = None
+    text: Text | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... are accepted and not used
     role: str = Field(json_schema_extra={"enum": list(ROLES)})
     content: str | list[TextPart] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v):
+        return text_only(v) if isinstance(v, str) else v
 
     @field_validator("role")
     @classmethod
@@ -89,8 +115,8 @@ def sampling_field(schema: dict) -> tuple[Any, Any]:
     if schema["type"] == "object":  # logit_bias: token id (a JSON object's keys are strings) -> bias
         key = Annotated[str, Field(pattern=schema["propertyNames"]["pattern"])]
         value = Annotated[float, Field(**_bounds(schema["additionalProperties"]))]
-        extra = {"maxProperties": schema["maxProperties"]}
-        return dict[key, value] | None, Field(None, description=schema["description"], json_schema_extra=extra)
+        documented = WithJsonSchema({k: v for k, v in schema.items() if k != "description"})  # keys and values
+        return Annotated[dict[key, value], documented] | None, Field(None, description=schema["description"])
     kind = {"number": float, "integer": int}[schema["type"]]
     return kind | None, Field(None, description=schema["description"], **_bounds(schema))
 
