@@ -39,9 +39,8 @@ def completion(
     engine: Engine, prompt: str | list[int], params: SamplingParams, suffix: str | None = None
 ) -> CompletionRequest:
     """A text completion's turn: the prompt as given (text, or token ids), or with a suffix the
-    fill-in-the-middle prompt around both."""
+    fill-in-the-middle prompt around both. The route has checked `params` (check_params)."""
     tok = engine.tokenizer
-    check_params(engine, params)
     if isinstance(prompt, str):
         ids = tok.encode(prompt)
     else:
