@@ -48,8 +48,10 @@ def _valid(name: str, value) -> bool:
 def _in_bounds(value, schema) -> bool:
     if isinstance(value, float) and not math.isfinite(value):
         return False
-    if schema["type"] == "integer" and not (isinstance(value, int) or float(value).is_integer()):
-        return False
+    if schema["type"] == "integer" and isinstance(value, float):
+        # an integer option written as a float: whole, and within 64 bits (pydantic's limit for floats)
+        if not (value.is_integer() and -(2.0**63) < value < 2.0**63):
+            return False
     if "minimum" in schema and value < schema["minimum"]:
         return False
     if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
@@ -107,7 +109,7 @@ def client(backend, tiny_engine, tmp_path_factory):
 def test_every_sampling_value_is_a_reply_or_a_400_naming_it(client):
     seen: dict[int, int] = {}
 
-    @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(CASES)
     def one(case):
         route, options = case
