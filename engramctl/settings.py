@@ -147,6 +147,10 @@ class Settings:
     allow_remote: bool = setting(
         False, "allow a non-loopback host: token auth only, no TLS", off_flag="--loopback-only"
     )
+    ollama_no_token: bool = setting(
+        False,
+        "let loopback clients use the Ollama routes (/api/*) without the token; refused with allow_remote",
+    )
     device: str = setting("auto", "where the model runs", choices=("auto", "cpu", "cuda"))
     dtype: str = setting(
         "auto", "model dtype on the transformers backend", choices=("auto", "float32", "bfloat16", "float16")

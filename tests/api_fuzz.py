@@ -30,8 +30,9 @@ from engramctl.store import snapshot_file
 
 # Generation requests the fuzz sends are capped so that a case costs milliseconds on the tiny model: the
 # document's own bounds stay, these only narrow what schemathesis draws (negative cases still go past them).
-_GENERATION_CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "max_new_tokens": 4}
-_LIST_CAPS = {"continuation_ids": 16, "messages": 4, "stop": 4}
+_GENERATION_CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "max_new_tokens": 4, "num_predict": 4}
+_LIST_CAPS = {"continuation_ids": 16, "messages": 4, "stop": 4, "context": 16}
+OLLAMA_GENERATING = ("/api/chat", "/api/generate")
 
 
 def fuzz_document(url: str, token: str) -> dict:
@@ -141,6 +142,10 @@ def schema_cases(url: str, token: str, findings: Findings, per_operation: int, s
                 if isinstance(body, dict) and not any(k in body for k in _GENERATION_CAPS):
                     # absent means "as long as the context allows": seconds per case on the tiny model
                     body["max_tokens"] = 4
+                if isinstance(body, dict) and case.path in OLLAMA_GENERATING:
+                    options = body.setdefault("options", {})  # Ollama's max_tokens is options.num_predict
+                    if isinstance(options, dict) and not isinstance(options.get("num_predict"), int):
+                        options["num_predict"] = 4
                 t0 = time.perf_counter()
                 resp = case.call(base_url=url, headers=auth, timeout=120)
                 what = f"{case.method.upper()} {case.formatted_path} [{mode.value}] {_short(case)}"
@@ -187,6 +192,10 @@ POST_ROUTES = [
     *sorted(ENGRAM_ROUTES - set(_FIRST)),
     "/v1/agent/call",
     "/v1/sessions/fuzz-none/reset",
+    "/v1/completions",
+    "/api/chat",
+    "/api/generate",
+    "/api/show",
 ]
 MiB = 2**20
 
@@ -207,6 +216,14 @@ def garbage_bodies() -> list[tuple[str, bytes, dict[str, str]]]:
         ("huge integer", b'{"max_tokens": ' + b"9" * 5000 + b"}", {}),
         ("huge integer 2", b'{"turn_number": ' + b"9" * 200 + b', "conversation_id": "x"}', {}),
         ("huge float", b'{"temperature": 1e999999}', {}),
+        (
+            "huge option",
+            b'{"options": {"temperature": 1e999999, "num_predict": 2}, "prompt": "x", "stream": false}',
+            {},
+        ),
+        ("NaN option", b'{"options": {"repeat_penalty": NaN}, "messages": [{"role": "user", "content": "x"}]}', {}),
+        ("denormal penalty", b'{"repeat_penalty": 5e-324, "max_tokens": 2, "prompt": "x", "messages": []}', {}),
+        ("logit_bias garbage", b'{"logit_bias": {"-1": NaN, "x": 1e400}, "prompt": "x"}', {}),
         ("NaN", b'{"temperature": NaN, "messages": [{"role": "user", "content": "x"}]}', {}),
         ("Infinity", b'{"top_p": Infinity}', {}),
         ("-0 and exponents", b'{"max_tokens": -0e-0, "seed": 1E400}', {}),
@@ -266,6 +283,24 @@ _ALL_FIELDS = [
     "force",
     "tool",
     "arguments",
+    "prompt",
+    "suffix",
+    "echo",
+    "best_of",
+    "logprobs",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "options",
+    "format",
+    "context",
+    "raw",
+    "system",
+    "template",
+    "keep_alive",
+    "images",
 ]
 
 

@@ -18,9 +18,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Match
 
 from engramctl import __version__
-from engramctl.daemon import routes_agent, routes_openai, routes_status
-from engramctl.daemon.engram_api import answers, routes as engram_api_routes
-from engramctl.daemon.auth import PUBLIC_PATHS, AuthMiddleware
+from engramctl.daemon import routes_agent, routes_completions, routes_ollama, routes_openai, routes_status
+from engramctl.daemon.auth import OLLAMA_PATHS, PUBLIC_PATHS, AuthMiddleware, check_open_routes
+from engramctl.daemon.engram_api import answers
+from engramctl.daemon.engram_api import routes as engram_api_routes
 from engramctl.daemon.context import Daemon
 from engramctl.daemon.errors import body_for, error_body, validation_problem
 from engramctl.daemon.limits import MAX_BODY_BYTES, BodyLimitMiddleware, JsonContentTypeMiddleware, RetryAfterMiddleware
@@ -55,11 +56,13 @@ def create_app(
 ) -> FastAPI:
     """The daemon's ASGI app. Without engine/store it loads settings.model and opens the store now.
     The app owns the store from here on: its lifespan shutdown (or app.state.daemon.close()) closes it."""
+    check_open_routes(settings)
     if engine is None or store is None:
         if store is not None or engine is not None:
             raise UsageError("create_app needs both engine and store, or neither.")
         engine, store = _load(settings)
     daemon = Daemon(settings, engine, store, reuse=reuse)
+    open_paths = OLLAMA_PATHS if settings.ollama_no_token else frozenset()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -71,13 +74,15 @@ def create_app(
     app.state.daemon = daemon
     app.include_router(routes_status.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_completions.router)
+    app.include_router(routes_ollama.router)
     app.include_router(engram_api_routes.router)
     app.include_router(routes_agent.router)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     # add_middleware wraps: the last added runs first. On the way in: size cap, auth, content type.
     app.add_middleware(JsonContentTypeMiddleware)
-    app.add_middleware(AuthMiddleware, token=daemon.token)
+    app.add_middleware(AuthMiddleware, token=daemon.token, loopback_paths=open_paths)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(RetryAfterMiddleware)  # outermost: a 429 from anywhere says when to retry
     return app
@@ -97,8 +102,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        message, _ = validation_problem(list(exc.errors()))
-        return answer(request, 400, error_body(message, 400, "invalid_request"))
+        message, param = validation_problem(list(exc.errors()))
+        return answer(request, 400, error_body(message, 400, "invalid_request", param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -133,10 +138,11 @@ def _allowed_methods(request: Request) -> list[str]:
     return allowed
 
 
-_OPENAPI_DESCRIPTION = """engramctl's daemon: OpenAI-compatible chat, the Engram snapshot routes, sessions, agent tools.
-Every route but GET /health needs `Authorization: Bearer <token>`. Every failure answers a non-2xx status
-with the ErrorBody JSON. Not in this document (OpenAPI cannot describe it): the WebSocket `/v1/agent/ws`,
-whose messages are documented in engramctl/daemon/routes_agent.py."""
+_OPENAPI_DESCRIPTION = """engramctl's daemon: OpenAI-compatible chat and completions, Ollama's API, the Engram snapshot
+routes, sessions, agent tools. Every route but GET /health needs `Authorization: Bearer <token>` (the Ollama
+routes /api/* too, unless the ollama_no_token setting lets loopback clients use them without it). Every
+failure answers a non-2xx status with the ErrorBody JSON. Not in this document (OpenAPI cannot describe it):
+the WebSocket `/v1/agent/ws`, whose messages are documented in engramctl/daemon/routes_agent.py."""
 
 
 def _openapi(app: FastAPI) -> dict:

@@ -8,6 +8,7 @@ unauthenticated caller learns nothing about the API.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -17,13 +18,15 @@ from pathlib import Path
 
 from engramctl.daemon.engram_api import answers
 from engramctl.daemon.errors import error_body
-from engramctl.errors import EngramError
+from engramctl.errors import EngramError, UsageError
 from engramctl.settings import Settings
 
 log = logging.getLogger("engramctl.daemon")
 
 TOKEN_FILE = "token"
 PUBLIC_PATHS = frozenset({"/health"})
+# Ollama's API: what the ollama_no_token setting opens to loopback clients (many Ollama clients cannot send a token)
+OLLAMA_PATHS = frozenset({"/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version"})
 
 
 def token_path(settings: Settings) -> Path:
@@ -80,14 +83,39 @@ def token_matches(header_value: str | None, token: str) -> bool:
     return hmac.compare_digest(given.strip().encode(), token.encode())
 
 
-class AuthMiddleware:
-    """Pure ASGI (no response buffering, so streaming and disconnects pass straight through)."""
+def check_open_routes(settings: Settings) -> None:
+    """The Ollama routes go without a token only where every client is on this machine."""
+    if settings.ollama_no_token and settings.allow_remote:
+        raise UsageError(
+            "ollama_no_token lets loopback clients use the Ollama routes without the token; it cannot be "
+            "combined with allow_remote.",
+            hint="drop --allow-remote (or ENGRAM_ALLOW_REMOTE), or drop --ollama-no-token and send the token",
+        )
 
-    def __init__(self, app, token: str, public_paths: frozenset[str] = PUBLIC_PATHS):
-        self.app, self.token, self.public = app, token, public_paths
+
+def _from_loopback(scope) -> bool:
+    client = scope.get("client")
+    if not client:
+        return False
+    try:
+        return ipaddress.ip_address(str(client[0]).removeprefix("::ffff:")).is_loopback
+    except ValueError:
+        return False
+
+
+class AuthMiddleware:
+    """Pure ASGI (no response buffering, so streaming and disconnects pass straight through).
+    `loopback_paths` need no token from a loopback client (the ollama_no_token setting)."""
+
+    def __init__(
+        self, app, token: str, public_paths: frozenset[str] = PUBLIC_PATHS, loopback_paths: frozenset[str] = frozenset()
+    ):
+        self.app, self.token, self.public, self.loopback = app, token, public_paths, loopback_paths
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("path") in self.public:
+            return await self.app(scope, receive, send)
+        if scope.get("path") in self.loopback and _from_loopback(scope):
             return await self.app(scope, receive, send)
         header = None
         for key, value in scope.get("headers", ()):

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: GET /v1/models, POST /v1/chat/completions.
+"""OpenAI-compatible routes: GET /v1/models, POST /v1/chat/completions (/v1/completions: routes_completions.py).
 
 The daemon serves one model, so a chat request's `model` names it whatever it says (as llama-server
 does: clients written for another server send their own names); the answer's `model` is the served one.
@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from engramctl.daemon.context import daemon_of
+from engramctl.daemon.prompts import check_params
 from engramctl.daemon.schemas import ChatCompletionRequest
 from engramctl.daemon.service import ChatRequest
 from engramctl.daemon.streaming import Completion, answer_turn
@@ -53,7 +54,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         from engramctl.daemon.routes_agent import chat_with_tools
 
         return await chat_with_tools(body, request)
-    chat = ChatRequest(messages=[m.plain() for m in body.messages], session=body.session_name, params=body.params())
+    params = body.params()
+    check_params(d.engine, params)  # a logit_bias token the model lacks is a 400 now, not an error mid-stream
+    chat = ChatRequest(messages=[m.plain() for m in body.messages], session=body.session_name, params=params)
     job = d.worker.submit(lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await answer_turn(

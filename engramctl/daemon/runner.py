@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engramctl import __version__
+from engramctl.daemon.auth import check_open_routes
 from engramctl.daemon.model import load_model
 from engramctl.daemon.rundir import (
     RunLock,
@@ -57,7 +58,9 @@ def is_loopback(host: str) -> bool:
 
 
 def check_host(settings: Settings) -> None:
-    """Loopback only, unless settings.allow_remote; then warn."""
+    """Loopback only, unless settings.allow_remote; then warn. The Ollama routes' no-token setting
+    refuses allow_remote."""
+    check_open_routes(settings)
     if is_loopback(settings.host):
         return
     if not settings.allow_remote:

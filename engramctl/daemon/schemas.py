@@ -1,10 +1,12 @@
 """Request bodies (pydantic) and the JSON the daemon answers with.
 
-Requests follow OpenAI's chat completion schema plus two extensions: `session` (continue that
-session with the daemon's own state; `conversation_id`, the original Engram server's name, says the
-same) and `top_k`. Unknown OpenAI fields (user, penalties, ...) are accepted and ignored, as other local
-servers do; fields that would change the answer in a way we cannot honour (n > 1, logprobs) are refused
-with a 400. `tools` go to routes_agent.chat_with_tools.
+Requests follow OpenAI's chat completion schema plus extensions: `session` (continue that session
+with the daemon's own state; `conversation_id`, the original Engram server's name, says the same) and
+the sampling options OpenAI lacks (top_k, min_p, repeat_penalty: engine/sampling_params.py defines them
+all, OpenAI's presence/frequency penalties and logit_bias included). Unknown OpenAI fields (user, ...)
+are accepted and ignored, as other local servers do; fields that would change the answer in a way we
+cannot honour (n > 1, logprobs) are refused with a 400. `tools` go to routes_agent.chat_with_tools.
+/v1/completions' body is in completion_schemas.py, Ollama's in ollama_schemas.py.
 
 The snapshot routes also take the Engram server's own fields (turn_number, branch_name, a custom
 snapshot_id, create_new_request, continuation_ids, max_new_tokens, rid, request_id); what they mean is
@@ -15,9 +17,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-from engramctl.engine.sampling_params import MAX_STOP, OPTIONS, SamplingParams
+from engramctl.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP, OPTIONS, SamplingParams
 from engramctl.errors import UsageError
 from engramctl.store.names import is_snapshot_id, named_session, validate_engram_api_name, validate_session_name
 
@@ -35,6 +46,18 @@ _SNAPSHOT_REF_DOC = {
 _LABEL_DOC = {"pattern": "^[^\\x00-\\x1f\\x7f]{1,128}$"}
 
 
+def text_only(v: str) -> str:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:  # JSON may escape half a UTF-16 pair ("\ud800"); no tokenizer takes that
+        raise ValueError("contains a lone UTF-16 surrogate, which is not text") from None
+    return v
+
+
+# Text the model reads: a string that is valid Unicode text (every field a tokenizer encodes is one)
+Text = Annotated[str, AfterValidator(text_only)]
+
+
 def _doc(default: Any, extra: dict) -> Any:
     return Field(default, json_schema_extra=extra)
 
@@ -42,13 +65,18 @@ def _doc(default: Any, extra: dict) -> Any:
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
-    text: str | None = None
+    text: Text | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... are accepted and not used
     role: str = Field(json_schema_extra={"enum": list(ROLES)})
     content: str | list[TextPart] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v):
+        return text_only(v) if isinstance(v, str) else v
 
     @field_validator("role")
     @classmethod
@@ -79,14 +107,24 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-def _sampling_field(schema: dict) -> tuple[Any, Any]:
+def sampling_field(schema: dict) -> tuple[Any, Any]:
     """One sampling option as a request field (optional: null or absent means the default), typed and
     bounded by its JSON Schema in engine/sampling_params.py."""
     if schema["type"] == ["string", "array"]:
         return str | list[str] | None, Field(None, description=schema["description"])  # length: _stop below
+    if schema["type"] == "object":  # logit_bias: token id (a JSON object's keys are strings) -> bias
+        key = Annotated[str, Field(pattern=schema["propertyNames"]["pattern"])]
+        value = Annotated[float, Field(**_bounds(schema["additionalProperties"]))]
+        documented = WithJsonSchema({k: v for k, v in schema.items() if k != "description"})  # keys and values
+        return Annotated[dict[key, value], documented] | None, Field(None, description=schema["description"])
     kind = {"number": float, "integer": int}[schema["type"]]
-    bounds = {"ge": schema.get("minimum"), "gt": schema.get("exclusiveMinimum"), "le": schema.get("maximum")}
-    return kind | None, Field(None, description=schema["description"], **bounds)
+    return kind | None, Field(None, description=schema["description"], **_bounds(schema))
+
+
+def _bounds(schema: dict) -> dict:
+    # NaN and infinities are refused (Python's JSON parser reads NaN and Infinity; pydantic would pass them on)
+    nan = {"allow_inf_nan": False} if schema["type"] == "number" else {}
+    return {"ge": schema.get("minimum"), "gt": schema.get("exclusiveMinimum"), "le": schema.get("maximum"), **nan}
 
 
 class _SamplingRules(BaseModel):
@@ -95,6 +133,13 @@ class _SamplingRules(BaseModel):
     def _stop(cls, v):
         if isinstance(v, list) and len(v) > MAX_STOP:
             raise ValueError(f"at most {MAX_STOP} stop strings")
+        return v
+
+    @field_validator("logit_bias", check_fields=False)
+    @classmethod
+    def _logit_bias(cls, v):
+        if v is not None and len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
         return v
 
     def params(self) -> SamplingParams:
@@ -110,8 +155,8 @@ class _SamplingRules(BaseModel):
 Sampling = create_model(
     "Sampling",
     __base__=_SamplingRules,
-    **{name: _sampling_field(schema) for name, schema in OPTIONS.items()},
-    max_completion_tokens=_sampling_field(OPTIONS["max_tokens"]),
+    **{name: sampling_field(schema) for name, schema in OPTIONS.items()},
+    max_completion_tokens=sampling_field(OPTIONS["max_tokens"]),
 )
 
 

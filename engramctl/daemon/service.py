@@ -65,6 +65,13 @@ class ChatRequest:
 
 
 @dataclass(frozen=True)
+class CompletionRequest:
+    ids: list[int]  # the prompt's token ids, in full
+    text: str  # the text they encode
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
 class TurnStart:
     """The prompt is in the state, generation begins (a stream's first chunk)."""
 
@@ -164,13 +171,31 @@ class ConversationService:
         record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
         return self.run_turn(turn, name, origin, record, emit, cancel, t0)
 
+    def complete(self, req: CompletionRequest, emit: Emit, cancel: threading.Event) -> ChatResult:
+        """A raw prompt (/v1/completions, Ollama's generate): the anonymous path, on the prompt's own ids."""
+        t0 = time.perf_counter()
+        self._hot.release_retired(self.engine)
+        return self._prefix(req.ids, req.text, [{"role": "user", "content": req.text}], req.params, emit, cancel, t0)
+
     def _anonymous(
         self, messages: list[dict], params: SamplingParams, emit: Emit, cancel: threading.Event, t0: float
     ) -> ChatResult:
         tok = self.engine.tokenizer
         conversation = [plain(m) for m in messages]
         text = tok.render(conversation, add_generation_prompt=True)
-        ids = tok.encode(text)
+        return self._prefix(tok.encode(text), text, conversation, params, emit, cancel, t0)
+
+    def _prefix(
+        self,
+        ids: list[int],
+        text: str,
+        conversation: list[dict],
+        params: SamplingParams,
+        emit: Emit,
+        cancel: threading.Event,
+        t0: float,
+    ) -> ChatResult:
+        """A turn on `ids` from the longest stored snapshot that holds a prefix of them."""
         budget = self.default_max_tokens
         reply_budget(self.engine, len(ids), params.max_tokens, budget)  # refuse before looking anything up
         live, origin, source = self.sources.longest_prefix(ids)

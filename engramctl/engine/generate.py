@@ -50,9 +50,9 @@ class Generation:
         self.finish: Finish | None = None
 
     def _recent(self) -> list[int]:
-        """What repeat_penalty looks at: the state's last tokens (prompt and reply so far), never an
+        """What the penalties look at: the state's last tokens (prompt and reply so far), never an
         end-of-turn id (the prompt has one: penalising it would keep a reply from ending)."""
-        if self._params.repeat_penalty == 1.0:
+        if not self._params.penalizes:
             return []
         return [t for t in self._live.token_ids[-REPEAT_WINDOW:] if t not in self._tok.eos_ids]
 

@@ -7,12 +7,14 @@ Torch-free on import: the CLI and the client import this module.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from engramctl.errors import UsageError
 
 MAX_STOP = 16  # stop strings per request
+MAX_LOGIT_BIAS = 1024  # logit_bias entries per request (OpenAI documents none; a bound keeps a body's work small)
 DEFAULT_MAX_TOKENS = 4096  # a reply's budget when max_tokens is not given: this, or what the context has left
 # What `engramctl chat` sends when its user sets nothing: Ollama's defaults, because at OpenAI's
 # temperature 1.0 with no cut-off small models ramble. The API keeps OpenAI's defaults (a client that
@@ -45,6 +47,31 @@ class SamplingParams:
         {"type": "number", "exclusiveMinimum": 0, "maximum": 2},
         f"Make the last {REPEAT_WINDOW} tokens less likely (llama.cpp's repeat_penalty); 1 = off.",
     )
+    min_p: float = _option(
+        0.0,
+        {"type": "number", "minimum": 0, "maximum": 1},
+        "Drop tokens less likely than this fraction of the most likely one; 0 = off.",
+    )
+    presence_penalty: float = _option(
+        0.0,
+        {"type": "number", "minimum": -2, "maximum": 2},
+        f"Subtract this from the logit of every token among the last {REPEAT_WINDOW} (OpenAI's rule); 0 = off.",
+    )
+    frequency_penalty: float = _option(
+        0.0,
+        {"type": "number", "minimum": -2, "maximum": 2},
+        f"Subtract this times a token's count among the last {REPEAT_WINDOW} from its logit; 0 = off.",
+    )
+    logit_bias: tuple[tuple[int, float], ...] = _option(
+        (),
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            "maxProperties": MAX_LOGIT_BIAS,
+        },
+        "Token id -> bias added to its logit, -100 to 100 (-100 bans the token, 100 all but forces it).",
+    )
     seed: int | None = _option(None, {"type": "integer"}, "Sampling seed (reproducible replies).")
     max_tokens: int | None = _option(
         None,
@@ -67,7 +94,14 @@ class SamplingParams:
         if "stop" in given:
             stop = given["stop"]
             given["stop"] = tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)
+        if "logit_bias" in given:
+            given["logit_bias"] = _bias_pairs(given["logit_bias"])
         return cls(**given)
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether the recent tokens change the logits (repeat, presence or frequency penalty)."""
+        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def generator(self):
         """A torch.Generator seeded with `seed` (or randomly)."""
@@ -75,15 +109,45 @@ class SamplingParams:
 
         g = torch.Generator()
         if self.seed is not None:
-            g.manual_seed(self.seed)
+            g.manual_seed(self.seed % 2**64)  # any integer is a seed (OpenAI's are signed 64-bit, Ollama's too)
         else:
             g.seed()
         return g
 
 
+def _bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias as a request gives it (a JSON object: token id as a string -> bias), as sorted pairs."""
+    if isinstance(bias, Mapping):
+        items = list(bias.items())
+    else:
+        items = list(bias)
+    pairs = {}
+    for key, value in items:
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise UsageError(f"logit_bias: {str(key)[:40]!r} is not a token id (a non-negative integer).") from None
+        if token < 0:
+            raise UsageError(f"logit_bias: {token} is not a token id (a non-negative integer).")
+        pairs[token] = value
+    return tuple(sorted(pairs.items()))
+
+
 def _check(name: str, value: Any, schema: dict) -> None:
     if value is None:
         return
+    if schema["type"] == "object":
+        if len(value) > schema["maxProperties"]:
+            raise UsageError(f"{name}: at most {schema['maxProperties']} entries (got {len(value)}).")
+        for token, bias in value:
+            _check(f"{name}[{token}]", bias, schema["additionalProperties"])
+        return
+    if schema["type"] in ("number", "integer") and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise UsageError(f"{name} must be a number (got {str(value)[:40]!r}).")
+    if schema["type"] == "integer" and not isinstance(value, int):
+        raise UsageError(f"{name} must be an integer (got {value}).")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{name} must be a finite number (got {value}).")
     if "minimum" in schema and value < schema["minimum"]:
         raise UsageError(f"{name} must be >= {schema['minimum']} (got {value}).")
     if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:

@@ -72,6 +72,13 @@ def test_openapi_document_says_what_the_daemon_does(daemon):
         ("GET", "/list_snapshots"),
         ("GET", "/v1/agent/tools"),
         ("POST", "/v1/agent/call"),
+        ("POST", "/v1/completions"),
+        ("POST", "/api/chat"),
+        ("POST", "/api/generate"),
+        ("POST", "/api/show"),
+        ("GET", "/api/tags"),
+        ("GET", "/api/ps"),
+        ("GET", "/api/version"),
     } | {("POST", p) for p in api_fuzz.ENGRAM_ROUTES}
     assert operations == expected
     assert doc["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
@@ -89,6 +96,50 @@ def test_openapi_document_says_what_the_daemon_does(daemon):
     assert "HTTPValidationError" not in doc["components"]["schemas"]
     assert invalid.status_code == 400
     jsonschema.validate(invalid.json(), error_schema)
+
+
+def test_openapi_documents_completions_ollama_and_every_sampling_option(daemon):
+    """Issue 20 item 7: the new routes' bodies and the new sampling options are in the document, with bounds."""
+    with daemon.http() as c:
+        doc = c.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+
+    def body(path: str) -> dict:
+        ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        return schemas[ref.rsplit("/", 1)[1]]
+
+    def bounds(prop: dict) -> dict:
+        number = next(s for s in prop.get("anyOf", [prop]) if s.get("type") in ("number", "integer", "object"))
+        return {k: v for k, v in number.items() if k in ("minimum", "maximum", "exclusiveMinimum", "maxProperties")}
+
+    chat, completion = body("/v1/chat/completions")["properties"], body("/v1/completions")["properties"]
+    for props in (chat, completion):
+        assert bounds(props["min_p"]) == {"minimum": 0, "maximum": 1}
+        assert bounds(props["presence_penalty"]) == bounds(props["frequency_penalty"]) == {"minimum": -2, "maximum": 2}
+        assert bounds(props["repeat_penalty"]) == {"exclusiveMinimum": 0, "maximum": 2}
+        assert bounds(props["logit_bias"]) == {"maxProperties": 1024}
+        bias = next(s for s in props["logit_bias"]["anyOf"] if s.get("type") == "object")
+        assert bias["propertyNames"] == {"pattern": "^[0-9]{1,9}$"}
+        assert bias["additionalProperties"] == {"type": "number", "minimum": -100, "maximum": 100}
+    assert {"prompt", "suffix", "echo", "stream", "stop", "max_tokens", "seed"} <= set(completion)
+    options = schemas["OllamaOptions"]["properties"]
+    assert {
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repeat_penalty",
+        "seed",
+        "num_predict",
+        "num_ctx",
+        "stop",
+    } <= set(options)
+    assert {"prompt", "suffix", "system", "context", "raw", "format", "keep_alive", "options"} <= set(
+        body("/api/generate")["properties"]
+    )
+    assert {"messages", "format", "keep_alive", "options", "stream"} <= set(body("/api/chat")["properties"])
+    for path in ("/api/tags", "/api/ps", "/api/version"):
+        assert "4XX" in doc["paths"][path]["get"]["responses"]
 
 
 def test_schema_driven_fuzz_of_every_route(daemon):

@@ -1,7 +1,11 @@
+import math
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engramctl.engine.sampling import SamplingParams, sample
+from engramctl.engine.sampling import SamplingParams, sample, scores
 from engramctl.errors import UsageError
 
 
@@ -74,3 +78,124 @@ def test_repeat_penalty_follows_llama_cpps_rule_and_only_touches_recent_tokens()
     neg = torch.tensor([-1.0, -1.2])
     assert sample(neg, on, g, recent=[0]) == 1  # negative: multiplied, -1.5 < -1.2
     assert torch.equal(logits, torch.tensor([2.0, 1.9, -1.0, -1.1]))  # the caller's logits untouched
+
+
+def test_min_p_keeps_only_tokens_near_the_best():
+    logits = torch.tensor([0.0, 5.0, 4.5, 1.0])  # p(2)/p(1) = e^-0.5 ~ 0.61, p(3)/p(1) ~ 0.018
+    g = torch.Generator().manual_seed(0)
+    seen = {sample(logits, SamplingParams(temperature=1.0, min_p=0.5), g) for _ in range(200)}
+    assert seen == {1, 2}
+    assert {sample(logits, SamplingParams(temperature=1.0, min_p=1.0), g) for _ in range(50)} == {1}
+    assert {sample(logits, SamplingParams(temperature=1.0, min_p=5e-324), g) for _ in range(400)} == {0, 1, 2, 3}
+
+
+def test_presence_and_frequency_penalties_follow_openais_rule():
+    logits = torch.tensor([2.0, 1.5, 1.2])
+    g = torch.Generator()
+    greedy = dict(temperature=0)
+    assert sample(logits, SamplingParams(presence_penalty=0.6, **greedy), g, recent=[0]) == 1  # 2.0 - 0.6 < 1.5
+    assert sample(logits, SamplingParams(presence_penalty=0.4, **greedy), g, recent=[0, 0, 0]) == 0  # once, not per use
+    assert sample(logits, SamplingParams(frequency_penalty=0.3, **greedy), g, recent=[0, 0]) == 1  # 2.0 - 2 * 0.3
+    assert sample(logits, SamplingParams(frequency_penalty=0.3, **greedy), g, recent=[0]) == 0  # 1.7 > 1.5
+    assert sample(logits, SamplingParams(presence_penalty=-2, **greedy), g, recent=[2]) == 2  # negative: favoured
+    s = scores(logits, SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), recent=[1, 1, 2])
+    assert torch.allclose(s, torch.tensor([2.0, 1.5 - 0.5 - 0.5, 1.2 - 0.5 - 0.25], dtype=torch.float64) - 2.0)
+
+
+def test_logit_bias_adds_to_the_logit_and_minus_100_bans():
+    logits = torch.tensor([3.0, 0.0, -1.0])
+    g = torch.Generator().manual_seed(0)
+    assert sample(logits, SamplingParams.from_options({"temperature": 0, "logit_bias": {"2": 4.5}}), g) == 2
+    banned = SamplingParams.from_options({"temperature": 1.0, "logit_bias": {"0": -100}})
+    assert 0 not in {sample(logits, banned, g) for _ in range(200)}
+    past = SamplingParams.from_options({"temperature": 0, "logit_bias": {"99": 100}})  # no such token: no effect
+    assert sample(logits, past, g) == 0
+
+
+@pytest.mark.parametrize(
+    "kw, named",
+    [
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": float("inf")}, "top_p"),
+        ({"repeat_penalty": -1.0}, "repeat_penalty"),
+        ({"repeat_penalty": 0.0}, "repeat_penalty"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": float("-inf")}, "frequency_penalty"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": float("nan")}}, "logit_bias"),
+        ({"top_k": 2.5}, "top_k"),
+    ],
+)
+def test_an_out_of_domain_option_is_a_usage_error_naming_it(kw, named):
+    with pytest.raises(UsageError, match=named):
+        SamplingParams.from_options(kw)
+
+
+def test_a_denormal_repeat_penalty_samples_instead_of_nan():
+    """Regression (issue 20): repeat_penalty 5e-324 divided a positive logit of a recent token to +inf; the
+    shift by the best score then made inf - inf = NaN and torch.multinomial raised (a 500 on the API)."""
+    logits = torch.tensor([2.0, 1.0, -3.0, 0.5])
+    for temperature in (0.0, 0.7, 5e-324, 2.0):
+        params = SamplingParams(temperature=temperature, repeat_penalty=5e-324, top_p=0.9, top_k=3)
+        picks = {sample(logits, params, torch.Generator().manual_seed(s), recent=[1, 3]) for s in range(30)}
+        assert picks <= {1, 3}  # infinitely favoured: only they can come (positive logits divided by ~0)
+    neg = torch.tensor([-2.0, -1.0])  # a negative logit multiplied by ~0 becomes ~0: the best
+    assert sample(neg, SamplingParams(temperature=0, repeat_penalty=5e-324), torch.Generator(), recent=[0]) == 0
+
+
+def test_huge_seeds_and_negative_seeds_are_seeds():
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    for seed in (-1, 2**63, -(2**70), 10**30):
+        p = SamplingParams(temperature=1.0, seed=seed)
+        assert [sample(logits, p, g) for g in [p.generator()] for _ in range(5)] == [
+            sample(logits, p, g) for g in [p.generator()] for _ in range(5)
+        ]
+
+
+_finite = st.floats(allow_nan=False, allow_infinity=False)
+
+
+def _in(lo, hi, *, open_lo=False):
+    """Floats of [lo, hi] (or (lo, hi]), denormals, both ends and values just inside them included."""
+    return st.one_of(
+        st.floats(lo, hi, exclude_min=open_lo, allow_subnormal=True),
+        st.sampled_from([x for x in (lo, hi, 5e-324, 1e-308, 1.0) if (lo < x if open_lo else lo <= x) and x <= hi]),
+    )
+
+
+PARAMS = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": _in(0, 2),
+        "top_p": _in(0, 1, open_lo=True),
+        "top_k": st.integers(0, 10**12),
+        "min_p": _in(0, 1),
+        "repeat_penalty": _in(0, 2, open_lo=True),
+        "presence_penalty": _in(-2, 2),
+        "frequency_penalty": _in(-2, 2),
+        "seed": st.integers(-(2**80), 2**80),
+        "logit_bias": st.dictionaries(st.integers(0, 70).map(str), _in(-100, 100), max_size=6),
+    },
+)
+LOGITS = st.lists(
+    st.one_of(_finite, st.sampled_from([float("inf"), float("-inf"), float("nan"), 5e-324, -5e-324])),
+    min_size=1,
+    max_size=64,
+)
+
+
+@settings(max_examples=400, deadline=None, database=None, derandomize=True)
+@given(PARAMS, LOGITS, st.lists(st.integers(0, 70), max_size=20))
+def test_any_options_on_any_logits_sample_a_token(options, logits, recent):
+    """The whole domain of every option, on logits that may hold infinities, NaN and denormals: a token of the
+    vocabulary comes out, never an exception (the engine's half of 'never a 5xx')."""
+    params = SamplingParams.from_options(options)
+    t = torch.tensor(logits, dtype=torch.float32)
+    s = scores(t, params, recent)
+    assert not torch.isnan(s).any() and float(s.max()) == 0.0
+    token = sample(t, params, torch.Generator().manual_seed(0), recent)
+    assert 0 <= token < len(logits)
+    assert s[token] > -math.inf  # never a token the scores rule out

@@ -1,0 +1,57 @@
+"""The request body of POST /v1/completions: OpenAI's legacy text completion, with the sampling options
+every generating route shares (schemas.Sampling).
+
+`prompt` is a string, token ids, or a list of one of either (OpenAI's batch form, with one prompt: a
+batch of several is refused). `suffix` asks for fill-in-the-middle (engine/fim.py). `logprobs` and
+`best_of` > 1 are refused with a 400 naming them; `user` and other unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, model_validator
+
+from engramctl.daemon.schemas import Sampling, StreamOptions, Text, text_only
+
+TokenIds = list[Annotated[int, Field(ge=0)]]
+
+
+class CompletionBody(Sampling):
+    model_config = ConfigDict(extra="ignore")
+    model: str = "default"
+    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(
+        description="The text to complete: a string or token ids (or a list holding one of either)."
+    )
+    suffix: Text | None = Field(None, description="Text after the completion (models with fill-in-the-middle tokens).")
+    echo: bool = Field(False, description="Start the answer's text with the prompt.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.n != 1:
+            raise ValueError("n: only n=1 is supported")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of: only best_of=1 is supported")
+        if self.logprobs is not None:
+            raise ValueError("logprobs: not available on this server yet")
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)):
+            if len(self.prompt) != 1:
+                raise ValueError(f"prompt: one prompt per request (got a batch of {len(self.prompt)})")
+        if isinstance(self.prompt_one(), str):
+            try:
+                text_only(self.prompt_one())  # type: ignore[arg-type]
+            except ValueError as e:
+                raise ValueError(f"prompt: {e}") from None
+        return self
+
+    def prompt_one(self) -> str | list[int]:
+        """The one prompt: its text, or its token ids."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            return p[0]  # type: ignore[return-value]
+        return p  # type: ignore[return-value]

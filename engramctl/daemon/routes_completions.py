@@ -1,0 +1,83 @@
+"""POST /v1/completions: OpenAI's text completion (the legacy API editor plugins and scripts still use).
+
+The prompt is completed as given, no chat template: a string or token ids, or with `suffix` the
+fill-in-the-middle prompt of a model that has FIM tokens. Like a chat without a session, the turn starts
+from the longest stored snapshot whose token ids are a prefix of the prompt's (a prompt that extends an
+earlier one, or an earlier prompt plus its completion, reuses that state: usage.prompt_tokens_details.
+cached_tokens says how much), and is snapshotted in its turn. The answer is OpenAI's `text_completion`
+object, or its SSE chunks with stream: true.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from engramctl.daemon import prompts
+from engramctl.daemon.completion_schemas import CompletionBody
+from engramctl.daemon.context import daemon_of
+from engramctl.daemon.service import ChatResult
+from engramctl.daemon.streaming import Completion, answer_turn, engram_json, finish_reason, usage_json
+from engramctl.errors import UsageError
+
+router = APIRouter()
+
+
+class TextCompletion(Completion):
+    """The `text_completion` objects of one answer, built where streaming.answer_turn asks a Completion for
+    chat objects: a chat delta's content is the text; the stream's first chunk (the assistant role's) carries
+    the echoed prompt, or nothing."""
+
+    def __init__(self, model: str, fingerprint: str, echo: str | None):
+        super().__init__(model, fingerprint)
+        self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
+        self.echo = echo
+
+    def _object(self, choices: list[dict], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+            **extra,
+        }
+
+    def response(self, r: ChatResult) -> dict[str, Any]:
+        text = (self.echo or "") + r.text
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(r)}
+        return self._object([choice], usage=usage_json(r), engram=engram_json(r))
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+        text = (self.echo or "") if "role" in delta else delta.get("content", "")
+        return self._object([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}], **extra)
+
+    def usage_chunk(self, usage: dict) -> dict[str, Any]:
+        return self._object([], usage=usage)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionBody, request: Request):
+    d = daemon_of(request)
+    prompt = body.prompt_one()
+    if body.suffix is not None and body.echo:
+        raise UsageError("suffix: cannot be used with echo (the prompt is not the start of the answer's text).")
+    params = body.params()
+    prompts.check_params(d.engine, params)  # a bad logit_bias id is a 400 now, not an error mid-stream
+    echo = None
+    if body.echo:
+        if not isinstance(prompt, str):
+            prompts.check_ids(d.engine, prompt, "prompt")  # before decoding them (an id past the vocabulary)
+        echo = prompt if isinstance(prompt, str) else d.engine.tokenizer.decode(prompt, skip_special=False)
+
+    def run(job):
+        req = prompts.completion(d.engine, prompt, params, body.suffix)
+        return d.service.complete(req, job.emit, job.cancel)
+
+    job = d.worker.submit(run, name="completion")
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    completion = TextCompletion(d.model_id, d.engine.info.fingerprint, echo)
+    return await answer_turn(job, request, completion, body.stream, include_usage)
