@@ -23,6 +23,14 @@ __all__ = ["SamplingParams", "sample", "scores"]  # SamplingParams is defined (t
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, recent: Sequence[int] = ()) -> int:
     """logits: (vocab,) float32; `recent`: the token ids the penalties look at (oldest first)."""
+    if params.temperature == 0 and not params.penalizes and not params.logit_bias and logits.device.type == "cpu":
+        # Plain greedy, the API's default at temperature 0, without scores()' float64 passes over the vocabulary
+        # (~0.3 ms a token at 49k, on the path every streamed token takes). numpy's argmax takes the first
+        # maximum as torch's does; a NaN would be its answer, and then the general path below decides.
+        values = logits.numpy()
+        best = int(values.argmax())
+        if not math.isnan(values[best]):
+            return best
     s = scores(logits, params, recent)
     if params.temperature == 0:
         return int(torch.argmax(s))

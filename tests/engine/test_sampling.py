@@ -199,3 +199,19 @@ def test_any_options_on_any_logits_sample_a_token(options, logits, recent):
     token = sample(t, params, torch.Generator().manual_seed(0), recent)
     assert 0 <= token < len(logits)
     assert s[token] > -math.inf  # never a token the scores rule out
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0.5, 2.0, 2.0, -1.0],  # a tie: the first maximum, as torch.argmax
+        [float("nan"), 1.0, 3.0, float("nan")],  # NaN is impossible, not the best
+        [float("-inf")] * 4,
+        [1.0, float("inf"), 0.0, float("inf")],
+        [float("nan")] * 3,
+    ],
+)
+def test_plain_greedy_takes_the_token_the_general_path_takes(values):
+    logits = torch.tensor(values, dtype=torch.float32)
+    plain = SamplingParams(temperature=0.0)
+    assert sample(logits, plain, plain.generator()) == int(torch.argmax(scores(logits, plain)))
