@@ -14,6 +14,7 @@ import math
 from collections import Counter
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from engramctl.engine.sampling_params import SamplingParams
@@ -31,9 +32,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         best = int(values.argmax())
         if not math.isnan(values[best]):
             return best
-    s = scores(logits, params, recent)
+    vocab = _candidates(logits, params, recent)  # the token ids scored; None: the whole vocabulary
+    s = scores(logits, params, recent, vocab)
     if params.temperature == 0:
-        return int(torch.argmax(s))
+        best = int(torch.argmax(s))
+        return best if vocab is None else int(vocab[best])
     # s <= 0 with a 0 in it, so dividing never makes NaN: a tiny temperature (5e-324 is > 0, so allowed) sends
     # every other score to -inf, which is greedy, as it should be.
     s = s / params.temperature
@@ -41,13 +44,15 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         # min-p: a token stays when its probability is at least min_p times the best one's (whose score is 0)
         s = torch.where(s >= math.log(params.min_p), s, -math.inf)
     s = s.float()
-    ids = None  # (kept,) token ids of `s`, most likely first; None: s is the whole vocabulary
+    ids, ordered = vocab, False  # token ids of `s` (None: positions are ids); whether s is sorted, best first
     if params.top_k and params.top_k < s.numel():
         # the k best only, sorted: top-p below then sorts k scores, not the vocabulary (~2 ms a token at 49k)
-        s, ids = torch.topk(s, params.top_k)
+        s, pos = torch.topk(s, params.top_k)
+        ids, ordered = (pos if ids is None else ids[pos]), True
     if params.top_p < 1.0:
-        if ids is None:
-            s, ids = torch.sort(s, descending=True)
+        if not ordered:
+            s, pos = torch.sort(s, descending=True)
+            ids = pos if ids is None else ids[pos]
         probs = torch.softmax(s, dim=-1)
         # keep a token while the tokens before it cover less than top_p; the first one always stays
         keep = (torch.cumsum(probs, dim=-1) - probs) < params.top_p
@@ -57,26 +62,50 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return pick if ids is None else int(ids[pick])
 
 
-def scores(logits: torch.Tensor, params: SamplingParams, recent: Sequence[int] = ()) -> torch.Tensor:
+def _candidates(logits: torch.Tensor, params: SamplingParams, recent: Sequence[int]) -> torch.Tensor | None:
+    """With top_k, the ids that can make the top k once penalties and logit_bias apply: the tokens they change,
+    plus the (k + that many) best raw logits. Scoring those alone picks the same tokens with the same scores
+    as scoring the vocabulary (~1 ms a token less at 49k on `chat`'s sampling). None: score everything."""
+    n = logits.numel()
+    if not params.top_k or logits.device.type != "cpu":
+        return None
+    changed = {t for t in recent if 0 <= t < n} if params.penalizes else set()
+    changed.update(t for t, _ in params.logit_bias if 0 <= t < n)
+    k = params.top_k + len(changed)
+    if 4 * k >= n:
+        return None
+    values = logits.numpy()
+    best = np.argpartition(values, n - k)[n - k :]  # the k largest; NaN counts as largest to numpy
+    if np.isnan(values[best]).any():
+        return None  # so NaNs may have pushed real candidates out: the general path sorts them out
+    return torch.from_numpy(np.union1d(best, np.fromiter(changed, dtype=np.int64, count=len(changed))))
+
+
+def scores(
+    logits: torch.Tensor, params: SamplingParams, recent: Sequence[int] = (), vocab: torch.Tensor | None = None
+) -> torch.Tensor:
     """The logits after the penalties and logit_bias, as float64 scores whose best is exactly 0 and none is
-    NaN or +inf (a new tensor: the caller's logits stay as they are)."""
-    s = logits.to("cpu", torch.float64, copy=True)
-    n = s.numel()
+    NaN or +inf (a new tensor: the caller's logits stay as they are). With `vocab` (token ids holding the best
+    scores, _candidates), the scores of those ids only, in that order."""
+    n = logits.numel()
+    s = (logits if vocab is None else logits[vocab]).to("cpu", torch.float64, copy=True)
+    at = None if vocab is None else {t: i for i, t in enumerate(vocab.tolist())}  # token id -> position in s
     if params.penalizes and recent:
-        counts = Counter(t for t in recent if 0 <= t < n)
+        counts = Counter(t for t in recent if 0 <= t < n and (at is None or t in at))
         if counts:
-            ids = torch.tensor(sorted(counts), dtype=torch.long)
+            tokens = sorted(counts)
+            ids = torch.tensor(tokens if at is None else [at[t] for t in tokens], dtype=torch.long)
             seen = s[ids]
             if params.repeat_penalty != 1.0:
                 # llama.cpp's rule: a positive logit is divided by the penalty, a negative one multiplied
                 seen = torch.where(seen > 0, seen / params.repeat_penalty, seen * params.repeat_penalty)
             # OpenAI's rule: minus frequency_penalty per occurrence, minus presence_penalty once
-            times = torch.tensor([counts[int(t)] for t in ids], dtype=torch.float64)
+            times = torch.tensor([counts[t] for t in tokens], dtype=torch.float64)
             seen = seen - times * params.frequency_penalty - params.presence_penalty
             s[ids] = seen
     for token, bias in params.logit_bias:
-        if token < n:  # an id past the logits is the route's to refuse; here it changes nothing
-            s[token] += bias
+        if token < n and (at is None or token in at):  # an id past the logits is the route's to refuse
+            s[token if at is None else at[token]] += bias
     s = torch.where(torch.isnan(s), -math.inf, s)
     top = float(s.max())
     if top == math.inf:  # infinitely favoured tokens: only they stay, equally likely

@@ -215,3 +215,41 @@ def test_plain_greedy_takes_the_token_the_general_path_takes(values):
     logits = torch.tensor(values, dtype=torch.float32)
     plain = SamplingParams(temperature=0.0)
     assert sample(logits, plain, plain.generator()) == int(torch.argmax(scores(logits, plain)))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    top_k=st.integers(1, 60),
+    top_p=st.sampled_from([1.0, 0.9, 0.5]),
+    min_p=st.sampled_from([0.0, 0.05]),
+    temperature=st.sampled_from([0.0, 0.3, 0.8, 1.5]),
+    repeat_penalty=st.sampled_from([1.0, 1.1, 0.7]),
+    presence=st.sampled_from([0.0, 0.5, -1.0]),
+    bias=st.lists(st.tuples(st.integers(0, 1999), st.floats(-100, 100)), max_size=4, unique_by=lambda b: b[0]),
+)
+def test_scoring_only_the_candidates_draws_what_scoring_the_vocabulary_draws(
+    seed, top_k, top_p, min_p, temperature, repeat_penalty, presence, bias
+):
+    from unittest import mock
+
+    import engramctl.engine.sampling as sampling
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2000, generator=g) * 4
+    recent = torch.randint(0, 2000, (64,), generator=g).tolist()
+    params = SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        presence_penalty=presence,
+        logit_bias=tuple(bias),
+        seed=seed,
+    )
+    assert sampling._candidates(logits, params, recent) is not None
+    fast = [sample(logits, params, gen, recent) for gen in [params.generator()] for _ in range(3)]
+    with mock.patch.object(sampling, "_candidates", lambda *_a: None):
+        full = [sample(logits, params, gen, recent) for gen in [params.generator()] for _ in range(3)]
+    assert fast == full
