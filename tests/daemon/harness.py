@@ -7,6 +7,7 @@ scripts/crash_anywhere.py, scripts/soak.py, scripts/durability_window.py (run fr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 import httpx
 
 # the daemon is started as conftest starts it; launch also stays harness.launch for test_full_disk
+from tests import helpers
 from tests.daemon.conftest import Daemon, launch, wait_ready
 
 
@@ -56,13 +58,7 @@ def start(
     return Proc(proc, home, url, token, log)
 
 
-def chat(h: httpx.Client, session: str | None, messages: list[dict], max_tokens: int = 8, **extra) -> dict:
-    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
-    if session is not None:
-        body["session"] = session
-    r = h.post("/v1/chat/completions", json=body)
-    r.raise_for_status()
-    return r.json()
+chat = functools.partial(helpers.chat, max_tokens=8)  # the reliability runs' longer turns
 
 
 def stream_chat(h: httpx.Client, session: str, content: str, max_tokens: int = 8) -> tuple[str, dict, float]:
