@@ -12,7 +12,6 @@ from fastapi.testclient import TestClient
 from starlette.testclient import WebSocketDenialResponse
 
 from engramctl.agent.tools import STATE_TOOLS, openai_tools, result_schemas
-from engramctl.engine.engine import Engine
 from tests.agent.conftest import TOKEN
 from tests.agent.test_tools import BAD
 from tests.backends import both_backends
@@ -20,11 +19,6 @@ from tests import helpers
 from tests.helpers import served_app
 
 GREEDY = {"temperature": 0, "max_tokens": 3}
-
-
-@pytest.fixture(scope="module")
-def engine(backend, tiny_engine) -> Engine:
-    return tiny_engine(backend)  # transformers, or each backend for a test marked both_backends
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import stat
 import pytest
 
 from engramctl.daemon.auth import ensure_token, token_path
-from engramctl.engine.engine import Engine
 from engramctl.settings import load_settings
 from tests.backends import both_backends, weight_dtype
 from tests.helpers import chat, served_app
@@ -40,11 +39,6 @@ ROUTES = [  # every route but /health
     ("POST", "/import_snapshot"),
     ("POST", "/v1/sessions/x/reset"),
 ]
-
-
-@pytest.fixture(scope="module")
-def engine(backend, tiny_engine) -> Engine:
-    return tiny_engine(backend)  # transformers, or each backend for a test marked both_backends
 
 
 @pytest.fixture

@@ -330,15 +330,7 @@ def test_delete_by_turn_or_branch(h):
 def test_conversation_id_on_chat_completions(h):
     a = chat(h, "named-conv", "Hello there")
     assert a["engram"]["session"] == "named-conv"
-    b = h.post(
-        "/v1/chat/completions",
-        json={
-            "model": "default",
-            "session": "named-conv",
-            "max_tokens": 2,
-            "messages": [{"role": "user", "content": "More"}],
-        },
-    ).json()
+    b = helpers.chat(h, "named-conv", "More", 2)
     assert b["engram"]["restored_tokens"] == a["usage"]["total_tokens"]  # the same conversation
     r = h.post(
         "/v1/chat/completions",

@@ -321,15 +321,7 @@ def test_disconnect_mid_stream_cancels_and_records_the_partial_reply(daemon):
         head = h.post("/get_snapshot_info", json={"session": "cut"}).json()
         assert prompt_tokens < head["tokens"] < prompt_tokens + 200  # cut long before max_tokens
         assert not h.get("/v1/status").json()["queue"]["busy"]
-        nxt = h.post(
-            "/v1/chat/completions",
-            json={
-                "model": "default",
-                "session": "cut",
-                "max_tokens": 2,
-                "messages": [{"role": "user", "content": "Next"}],
-            },
-        ).json()
+        nxt = chat(h, "cut", "Next", 2)
         # the state holds exactly what was consumed: the next turn continues from it
         assert nxt["engram"]["restored_tokens"] == head["tokens"] and nxt["engram"]["tier"] == "live"
 

@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from engramctl.agent.tools import TOOLS, ToolArgumentError, validate_arguments
 from engramctl.daemon import engram
-from engramctl.engine.engine import Engine
-from engramctl.engine.hf_backend import TransformersBackend
 from engramctl.protocol import Session, Snapshot
 from engramctl.store.names import MIN_ID_PREFIX
 from tests.helpers import chat, served_app
@@ -22,12 +19,6 @@ TOKEN = "wire-token"
 # The routes that parse a JSON body: /gc_snapshots reads none and /import_snapshot reads raw file bytes.
 JSON_ROUTES = ("/v1/chat/completions", *sorted(engram.ROUTES - {"/gc_snapshots", "/import_snapshot"}), "/v1/agent/call")
 ENGRAM_ROUTES = {"/save_snapshot", "/restore_snapshot", "/list_snapshots", "/get_snapshot_info", "/delete_snapshot"}
-
-
-@pytest.fixture(scope="module")
-def engine(zoo):
-    backend = TransformersBackend.load(zoo.path("granitemoehybrid"), "tiny-gmh", "cpu", torch.float32)
-    return Engine(backend, backend.tokenizer)
 
 
 @pytest.fixture
