@@ -10,8 +10,8 @@ Every transport serves these definitions and validates with `validate_arguments`
 A conversation transport (a WebSocket connection, the MCP server, a chat turn) knows its session, so
 there the `session` argument (`source` for branch) may be left out: Tool.context names that argument.
 
-Arguments are checked against the schema by `jsonschema`; bad ones raise ToolArgumentError naming the
-field (`param`), before anything is touched.
+Arguments are checked against the schema by `jsonschema` (schema_check.py); bad ones raise
+ToolArgumentError naming the field (`param`), before anything is touched.
 No heavy imports here: the MCP server and the CLI import this module.
 """
 
@@ -20,16 +20,14 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-import jsonschema
-from jsonschema import Draft202012Validator
-
+from engramctl.agent.schema_check import check, nullable, type_name
 from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
 from engramctl.errors import InvalidName, ToolArgumentError, UnknownTool
 from engramctl.store.names import MAX_LABEL_CHARS, MIN_ID_PREFIX, validate_label, validate_session_name
 
-__all__ = ["ToolArgumentError", "UnknownTool"]  # re-exported: the daemon, the MCP server and tests import them here
+__all__ = ["ToolArgumentError", "UnknownTool", "check"]  # re-exported: the daemon, the MCP server and tests use them
 
 
 # -- schema pieces ----------------------------------------------------------------------------------------
@@ -362,93 +360,6 @@ def result_schemas(include_chat: bool = False) -> dict[str, dict]:
 
 
 # -- validation --------------------------------------------------------------------------------------------
-# JSON Schema as `jsonschema` implements it, with one strictness of our own: a float is never an integer
-# (the spec lets 2.0 pass as one; `max_tokens: 2.0` is a client's bug worth naming).
-_TYPE_CHECKER = Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
-)
-_Validator = jsonschema.validators.extend(Draft202012Validator, type_checker=_TYPE_CHECKER)
-_FIRST = {"required": 0, "additionalProperties": 1}  # report a missing or unknown argument before its neighbours'
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    return {str: "string", dict: "object", list: "array"}.get(type(value), type(value).__name__)
-
-
-def _shown(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _a(t: str) -> str:
-    return "an integer" if t == "integer" else "an object" if t == "object" else f"a {t}"
-
-
-def _where(path: Any, prefix: str) -> str:
-    where = prefix
-    for part in path:
-        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
-    return where
-
-
-def _problem(e: jsonschema.ValidationError, prefix: str) -> ToolArgumentError:
-    """One validation error as a sentence that starts with the argument it names."""
-    where, v, rule, value = _where(e.absolute_path, prefix), e.validator, e.validator_value, e.instance
-    if v == "required":
-        missing = next(k for k in rule if k not in value)
-        field = _where([missing], where)
-        return ToolArgumentError(f"{field}: is required.", field)
-    if v == "additionalProperties":
-        props = e.schema.get("properties", {})
-        extra = next(str(k) for k in value if k not in props)
-        field = _where([extra], where)
-        return ToolArgumentError(f"{field}: unknown argument; the arguments are {', '.join(props) or 'none'}.", field)
-    if v == "type":
-        want = " or ".join(_a(t) for t in ([rule] if isinstance(rule, str) else rule))
-        text = f"must be {want} (got {_type_name(value)} {_shown(value)})"
-    elif v == "enum":
-        text = f"must be one of {', '.join(map(str, rule))} (got {_shown(value)})"
-    elif v == "minLength":
-        text = "must not be empty" if rule == 1 else f"must be at least {rule} characters"
-    elif v == "maxLength":
-        text = f"must be at most {rule} characters"
-    elif v == "pattern":
-        text = f"{_shown(value)} does not match {rule}"
-    elif v == "minimum":
-        text = f"must be at least {rule} (got {value})"
-    elif v == "exclusiveMinimum":
-        text = f"must be greater than {rule} (got {value})"
-    elif v == "maximum":
-        text = f"must be at most {rule} (got {value})"
-    elif v == "maxItems":
-        text = f"at most {rule} items"
-    else:  # a keyword the tools do not use yet: jsonschema's own words
-        text = e.message
-    return ToolArgumentError(f"{where}: {text}.", where or None)
-
-
-def check(schema: Mapping[str, Any], value: Any, where: str) -> None:
-    """Validate `value` against a JSON Schema (jsonschema); the first problem raises ToolArgumentError
-    naming the argument, prefixed with `where`."""
-    errors = list(_Validator(schema).iter_errors(value))
-    if errors:
-        first = min(errors, key=lambda e: (len(e.absolute_path), _FIRST.get(str(e.validator), 2)))
-        raise _problem(first, where)
-
-
-def _nullable(schema: Mapping[str, Any]) -> bool:
-    t = schema.get("type")
-    return t == "null" or (not isinstance(t, str) and "null" in (t or ()))
-
-
 # Names the store checks beyond the schema (".", ".." and the like), with its own messages.
 _NAME_FIELDS = {"session": validate_session_name, "new_session": validate_session_name, "label": validate_label}
 
@@ -465,7 +376,7 @@ def validate_arguments(tool: Tool | str, arguments: Any, *, session: str | None 
         except json.JSONDecodeError as e:
             raise ToolArgumentError(f"arguments: not valid JSON ({e.msg} at position {e.pos}).", "arguments") from None
     if not isinstance(arguments, dict):
-        raise ToolArgumentError(f"arguments: must be a JSON object (got {_type_name(arguments)}).", "arguments")
+        raise ToolArgumentError(f"arguments: must be a JSON object (got {type_name(arguments)}).", "arguments")
     args = dict(arguments)
     if session is not None and tool.context and args.get(tool.context) is None:
         args[tool.context] = session
@@ -477,7 +388,7 @@ def validate_arguments(tool: Tool | str, arguments: Any, *, session: str | None 
                 raise ToolArgumentError(f"{key}: {e.message}", key, e.hint) from None
     props = tool.parameters["properties"]
     # an argument given as null is left out (a required one is then missing), unless null is a value it takes
-    args = {k: v for k, v in args.items() if v is not None or k not in props or _nullable(props[k])}
+    args = {k: v for k, v in args.items() if v is not None or k not in props or nullable(props[k])}
     check(tool.parameters, args, "")
     return {k: v for k, v in args.items() if v is not None}
 
