@@ -52,6 +52,21 @@ def _where(path: Any, prefix: str) -> str:
     return where
 
 
+# How each keyword's failure reads after "<argument>: " ({rule}: the schema's value for the keyword).
+_WORDS = {
+    "type": "must be {rule} (got {got})",
+    "enum": "must be one of {rule} (got {shown})",
+    "nonEmpty": "must not be empty",
+    "minLength": "must be at least {rule} characters",
+    "maxLength": "must be at most {rule} characters",
+    "pattern": "{shown} does not match {rule}",
+    "minimum": "must be at least {rule} (got {value})",
+    "exclusiveMinimum": "must be greater than {rule} (got {value})",
+    "maximum": "must be at most {rule} (got {value})",
+    "maxItems": "at most {rule} items",
+}
+
+
 def _problem(e: jsonschema.ValidationError, prefix: str) -> ToolArgumentError:
     """One validation error as a sentence that starts with the argument it names."""
     where, v, rule, value = _where(e.absolute_path, prefix), e.validator, e.validator_value, e.instance
@@ -65,26 +80,16 @@ def _problem(e: jsonschema.ValidationError, prefix: str) -> ToolArgumentError:
         field = _where([extra], where)
         return ToolArgumentError(f"{field}: unknown argument; the arguments are {', '.join(props) or 'none'}.", field)
     if v == "type":
-        want = " or ".join(_a(t) for t in ([rule] if isinstance(rule, str) else rule))
-        text = f"must be {want} (got {type_name(value)} {_shown(value)})"
+        rule = " or ".join(_a(t) for t in ([rule] if isinstance(rule, str) else rule))
     elif v == "enum":
-        text = f"must be one of {', '.join(map(str, rule))} (got {_shown(value)})"
-    elif v == "minLength":
-        text = "must not be empty" if rule == 1 else f"must be at least {rule} characters"
-    elif v == "maxLength":
-        text = f"must be at most {rule} characters"
-    elif v == "pattern":
-        text = f"{_shown(value)} does not match {rule}"
-    elif v == "minimum":
-        text = f"must be at least {rule} (got {value})"
-    elif v == "exclusiveMinimum":
-        text = f"must be greater than {rule} (got {value})"
-    elif v == "maximum":
-        text = f"must be at most {rule} (got {value})"
-    elif v == "maxItems":
-        text = f"at most {rule} items"
-    else:  # a keyword the tools do not use yet: jsonschema's own words
+        rule = ", ".join(map(str, rule))
+    elif v == "minLength" and rule == 1:
+        v = "nonEmpty"
+    words = _WORDS.get(str(v))
+    if words is None:  # a keyword the tools do not use yet: jsonschema's own words
         text = e.message
+    else:
+        text = words.format(rule=rule, value=value, got=f"{type_name(value)} {_shown(value)}", shown=_shown(value))
     return ToolArgumentError(f"{where}: {text}.", where or None)
 
 

@@ -179,7 +179,7 @@ def test_export_without_a_daemon(cli, seeded, tmp_path):
     assert cli("snapshots", "export", sid, str(out), "--force", "-q").stdout.strip() == str(out)
 
 
-def _talk(daemon, session: str, *questions: str) -> list[str]:
+def _talk(cli, daemon, session: str, *questions: str) -> list[str]:
     """Real turns of the daemon's model (an import must fit it), written to disk: their snapshot ids."""
     from engramctl.client import Client
 
@@ -187,17 +187,11 @@ def _talk(daemon, session: str, *questions: str) -> list[str]:
         for q in questions:
             c.chat([{"role": "user", "content": q}], session=session, max_tokens=3, temperature=0)
     daemon.store.flush()
-    return [s["id"] for s in cli_rows(daemon, session)]
-
-
-def cli_rows(daemon, session: str) -> list[dict]:
-    from tests.cli.conftest import Runner
-
-    return Runner().json("snapshots", "ls", "--session", session)
+    return [s["id"] for s in cli.json("snapshots", "ls", "--session", session)]
 
 
 def test_export_import_roundtrip(cli, daemon, tmp_path):
-    sid = _talk(daemon, "talk", "Hello there", "Tell me more")[-1]
+    sid = _talk(cli, daemon, "talk", "Hello there", "Tell me more")[-1]
     out = tmp_path / "x.safetensors"
     exported = cli.json("snapshots", "export", sid, str(out))
     assert exported["messages"] == 4 and exported["id"] == sid
@@ -214,7 +208,7 @@ def test_export_import_roundtrip(cli, daemon, tmp_path):
 
 def test_import_rejects_damaged_file(cli, daemon, tmp_path):
     out = tmp_path / "x.safetensors"
-    cli("snapshots", "export", _talk(daemon, "talk", "Hello there")[0], str(out))
+    cli("snapshots", "export", _talk(cli, daemon, "talk", "Hello there")[0], str(out))
     raw = bytearray(out.read_bytes())
     raw[-5] ^= 0xFF
     out.write_bytes(bytes(raw))
