@@ -122,9 +122,9 @@ class Listing:
         return self.source.tiers()
 
 
-def over(client: Any, settings: Any) -> Listing:
+def over(client: Any) -> Listing:
     """A listing over a client the caller connected (a change command previews through it)."""
-    return Listing(DaemonSource(client), settings)
+    return Listing(DaemonSource(client), client.settings)
 
 
 def open_listing(settings: Any, out: Any) -> Listing:
@@ -141,4 +141,4 @@ def open_listing(settings: Any, out: Any) -> Listing:
         except StoreLocked:
             if connect.running(settings) is None:  # another engramctl command has it open for a moment
                 raise
-    return over(connect.connect(settings, out, start=False)[0], settings)
+    return over(connect.connect(settings, out, start=False)[0])

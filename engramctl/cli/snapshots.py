@@ -57,7 +57,7 @@ def _listing_over(client: Any) -> Any:
     """A listing over the daemon's client: what a change shows before it is made."""
     from engramctl.cli.listing import over
 
-    return over(client, common.settings())
+    return over(client)
 
 
 def _flags(snap: dict) -> str:

@@ -7,7 +7,6 @@ scripts/crash_anywhere.py, scripts/soak.py, scripts/durability_window.py (run fr
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -58,7 +57,9 @@ def start(
     return Proc(proc, home, url, token, log)
 
 
-chat = functools.partial(helpers.chat, max_tokens=8)  # the reliability runs' longer turns
+def chat(h: httpx.Client, session: str | None, messages: list[dict], max_tokens: int = 8, **extra) -> dict:
+    """tests.helpers.chat with the reliability runs' longer turns."""
+    return helpers.chat(h, session, messages, max_tokens, **extra)
 
 
 def stream_chat(h: httpx.Client, session: str, content: str, max_tokens: int = 8) -> tuple[str, dict, float]:
