@@ -24,50 +24,23 @@ from typing import Any, Callable, Iterator, Sequence
 
 import httpx
 
-from engramctl.daemon.errors import AuthenticationFailed, Cancelled, QueueFull, RequestTooLarge, ShuttingDown
 from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
 from engramctl.errors import (
-    ContextOverflow,
+    AuthenticationFailed,
     DaemonUnreachable,
     EngramError,
-    InvalidName,
-    ModelNotFound,
     NotFound,
-    SnapshotCorrupt,
+    QueueFull,
+    RequestTooLarge,
+    ShuttingDown,
     SnapshotError,
-    SnapshotMismatch,
-    UnsupportedModel,
     UsageError,
 )
 from engramctl.protocol import ErrorBody, TurnInfo
 from engramctl.settings import Settings, load_settings
-from engramctl.store.errors import AlreadyExists, SnapshotInUse, StoreClosed, StoreLocked
 from engramctl.store.names import validate_session_name
 
-_BY_KIND: dict[str, type[EngramError]] = {
-    cls.kind: cls
-    for cls in (
-        UsageError,
-        InvalidName,
-        ModelNotFound,
-        UnsupportedModel,
-        SnapshotError,
-        SnapshotCorrupt,
-        SnapshotMismatch,
-        NotFound,
-        ContextOverflow,
-        DaemonUnreachable,
-        QueueFull,
-        ShuttingDown,
-        Cancelled,
-        AuthenticationFailed,
-        RequestTooLarge,
-        SnapshotInUse,
-        AlreadyExists,
-        StoreLocked,
-        StoreClosed,
-    )
-}
+# An answer whose code names no engramctl error (a proxy's, or a framework's own) by its status.
 _BY_STATUS: dict[int, type[EngramError]] = {
     400: UsageError,
     401: AuthenticationFailed,
@@ -82,12 +55,13 @@ _SAMPLING = tuple(SAMPLING_OPTIONS)  # defined once: engine/sampling_params.py
 
 
 def error_from_body(status: int, body: Any) -> EngramError:
-    """The typed error for a daemon error answer (protocol.ErrorBody), by its code, else its status."""
+    """The typed error for a daemon error answer (protocol.ErrorBody): the class that declared its code
+    (engramctl.errors registers each by kind), else one by its status."""
     err = ErrorBody.from_json(body)
     if err is None:
         return EngramError(f"the daemon answered HTTP {status}: {str(body)[:200]}")
-    cls = _BY_KIND.get(str(err.code)) or _BY_STATUS.get(status) or EngramError
-    return cls(err.message or f"HTTP {status}", err.hint)
+    cls = EngramError.for_kind(str(err.code)) or _BY_STATUS.get(status) or EngramError
+    return cls.from_wire(err.message or f"HTTP {status}", err.hint, err.param)
 
 
 def _error_from_response(r: httpx.Response) -> EngramError:

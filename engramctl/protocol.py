@@ -5,6 +5,7 @@
     Restored    the answer to a restore without a continuation: the state now loaded
     TurnInfo    a chat turn's `engram` extension: where its state came from and what it produced
     ErrorBody   the JSON body of every non-2xx answer
+    same_model  whether a request's `model` names the model a daemon serves
 
 The daemon writes these with `to_json`, the client side reads them with `from_json`: one definition of
 the field names for both ends. The Engram-compatible extras (`success`, `message`, `conversation_id`,
@@ -17,6 +18,7 @@ Stdlib only (no torch, httpx or pydantic): the CLI imports this for `--help`-fas
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any, Mapping
 
 
@@ -197,3 +199,21 @@ class ErrorBody:
             param=err.get("param"),
             hint=err.get("hint"),
         )
+
+
+def same_model(requested: str | None, *served: str | None) -> bool:
+    """Whether `requested` (a request's or `--model`'s name) names the model served under any of `served`
+    (its model id, the path it was loaded from): nothing or "default", the same name, the same last path
+    component (a hub id and its local copy, a GGUF named by path or by file name), or the same file or
+    directory. The one rule of the daemon's `model` check and the CLI's "is it already serving that?"."""
+    names = [s for s in served if s]
+    if not requested or requested == "default" or not names:
+        return True
+    for name in names:
+        if requested == name or Path(requested).name == Path(name).name:
+            return True
+    try:
+        wanted = Path(requested).expanduser()
+        return wanted.exists() and any(wanted.resolve() == Path(name).expanduser().resolve() for name in names)
+    except (OSError, ValueError, RuntimeError):  # no such path (a NUL byte, an unknown ~user): not ours
+        return False

@@ -140,6 +140,13 @@ def tiny_engine(served_model):
     return get
 
 
+@pytest.fixture(scope="module")
+def engine(backend, tiny_engine):
+    """The tiny served model's Engine on the module's backend (transformers, or each backend for a module
+    marked tests.backends.both_backends), for the daemon's app in-process (tests.helpers.served_app)."""
+    return tiny_engine(backend)
+
+
 @pytest.fixture(scope="session")
 def load_llama():
     """Load a GGUF file through the llama.cpp backend, with small chunks so tests cross chunk boundaries."""

@@ -10,7 +10,8 @@ Every transport serves these definitions and validates with `validate_arguments`
 A conversation transport (a WebSocket connection, the MCP server, a chat turn) knows its session, so
 there the `session` argument (`source` for branch) may be left out: Tool.context names that argument.
 
-Bad arguments raise ToolArgumentError naming the field (`param`), before anything is touched.
+Arguments are checked against the schema by `jsonschema` (schema_check.py); bad ones raise
+ToolArgumentError naming the field (`param`), before anything is touched.
 No heavy imports here: the MCP server and the CLI import this module.
 """
 
@@ -18,31 +19,15 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from engramctl.agent.schema_check import check, nullable, type_name
 from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
-from engramctl.errors import InvalidName, UsageError
+from engramctl.errors import InvalidName, ToolArgumentError, UnknownTool
 from engramctl.store.names import MAX_LABEL_CHARS, MIN_ID_PREFIX, validate_label, validate_session_name
 
-
-class ToolArgumentError(UsageError):
-    """A tool's arguments do not match its schema; `param` names the field."""
-
-    kind = "invalid_arguments"
-
-    def __init__(self, message: str, param: str | None = None, hint: str | None = None):
-        super().__init__(message, hint)
-        self.param = param
-
-
-class UnknownTool(UsageError):
-    kind = "unknown_tool"
-
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message, hint)
-        self.param = "tool"
+__all__ = ["ToolArgumentError", "UnknownTool", "check"]  # re-exported: the daemon, the MCP server and tests use them
 
 
 # -- schema pieces ----------------------------------------------------------------------------------------
@@ -375,101 +360,6 @@ def result_schemas(include_chat: bool = False) -> dict[str, dict]:
 
 
 # -- validation --------------------------------------------------------------------------------------------
-_TYPES = {"string": str, "boolean": bool, "object": dict, "array": list}
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    return {str: "string", dict: "object", list: "array"}.get(type(value), type(value).__name__)
-
-
-def _is(value: Any, t: str) -> bool:
-    if t == "null":
-        return value is None
-    if t == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if t == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, _TYPES[t])
-
-
-def _shown(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check(schema: Mapping[str, Any], value: Any, where: str) -> None:
-    """Validate `value` against the JSON Schema subset the tools use; ToolArgumentError names `where`."""
-    types = schema.get("type")
-    if types is not None:
-        allowed = [types] if isinstance(types, str) else list(types)
-        if not any(_is(value, t) for t in allowed):
-            want = " or ".join(
-                "an integer" if t == "integer" else f"a {t}" if t != "object" else "an object" for t in allowed
-            )
-            raise ToolArgumentError(f"{where}: must be {want} (got {_type_name(value)} {_shown(value)}).", where)
-    if "enum" in schema and value not in schema["enum"]:
-        raise ToolArgumentError(
-            f"{where}: must be one of {', '.join(map(str, schema['enum']))} (got {_shown(value)}).", where
-        )
-    if isinstance(value, str):
-        if len(value) < schema.get("minLength", 0):
-            raise ToolArgumentError(
-                f"{where}: must not be empty."
-                if schema["minLength"] == 1
-                else f"{where}: must be at least {schema['minLength']} characters.",
-                where,
-            )
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            raise ToolArgumentError(f"{where}: must be at most {schema['maxLength']} characters.", where)
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            raise ToolArgumentError(f"{where}: {_shown(value)} does not match {schema['pattern']}.", where)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            raise ToolArgumentError(f"{where}: must be at least {schema['minimum']} (got {value}).", where)
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            raise ToolArgumentError(f"{where}: must be greater than {schema['exclusiveMinimum']} (got {value}).", where)
-        if "maximum" in schema and value > schema["maximum"]:
-            raise ToolArgumentError(f"{where}: must be at most {schema['maximum']} (got {value}).", where)
-    elif isinstance(value, list):
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            raise ToolArgumentError(f"{where}: at most {schema['maxItems']} items.", where)
-        for i, item in enumerate(value):
-            check(schema.get("items", {}), item, f"{where}[{i}]")
-    elif isinstance(value, dict):
-        props = schema.get("properties", {})
-        for key in schema.get("required", ()):
-            if key not in value or value[key] is None and "null" not in _types(props.get(key, {})):
-                raise ToolArgumentError(f"{_join(where, key)}: is required.", _join(where, key))
-        for key, item in value.items():
-            if key not in props:
-                if schema.get("additionalProperties", True) is False:
-                    raise ToolArgumentError(
-                        f"{_join(where, str(key))}: unknown argument; the arguments are {', '.join(props) or 'none'}.",
-                        _join(where, str(key)),
-                    )
-                continue
-            if item is None and key not in schema.get("required", ()) and "null" not in _types(props[key]):
-                continue  # an optional argument given as null = left out
-            check(props[key], item, _join(where, key))
-
-
-def _types(schema: Mapping[str, Any]) -> list[str]:
-    t = schema.get("type")
-    return [t] if isinstance(t, str) else list(t or ())
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
 # Names the store checks beyond the schema (".", ".." and the like), with its own messages.
 _NAME_FIELDS = {"session": validate_session_name, "new_session": validate_session_name, "label": validate_label}
 
@@ -486,7 +376,7 @@ def validate_arguments(tool: Tool | str, arguments: Any, *, session: str | None 
         except json.JSONDecodeError as e:
             raise ToolArgumentError(f"arguments: not valid JSON ({e.msg} at position {e.pos}).", "arguments") from None
     if not isinstance(arguments, dict):
-        raise ToolArgumentError(f"arguments: must be a JSON object (got {_type_name(arguments)}).", "arguments")
+        raise ToolArgumentError(f"arguments: must be a JSON object (got {type_name(arguments)}).", "arguments")
     args = dict(arguments)
     if session is not None and tool.context and args.get(tool.context) is None:
         args[tool.context] = session
@@ -496,6 +386,9 @@ def validate_arguments(tool: Tool | str, arguments: Any, *, session: str | None 
                 validator(args[key])
             except InvalidName as e:
                 raise ToolArgumentError(f"{key}: {e.message}", key, e.hint) from None
+    props = tool.parameters["properties"]
+    # an argument given as null is left out (a required one is then missing), unless null is a value it takes
+    args = {k: v for k, v in args.items() if v is not None or k not in props or nullable(props[k])}
     check(tool.parameters, args, "")
     return {k: v for k, v in args.items() if v is not None}
 

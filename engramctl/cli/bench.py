@@ -291,9 +291,9 @@ def _with_command(cfg):
 def _warn_daemon(settings, out) -> None:
     """The bench runs in this process; a daemon with a model loaded competes for the same cores."""
     try:
-        from engramctl.cli import daemonlink
+        from engramctl.cli.connect import running
 
-        info = daemonlink.status(settings)
+        info = running(settings)
     except Exception:  # noqa: BLE001 - a status probe must never stop a benchmark
         return
     if info:

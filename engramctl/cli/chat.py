@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
 
 
 class ChatLink(Protocol):
-    """What a chat needs from the daemon (remote.DaemonChatLink implements it over the client)."""
+    """What a chat needs from the daemon (chatlink.DaemonChatLink implements it over the client)."""
 
     model_id: str
 
@@ -301,7 +301,7 @@ def chat(
     engramctl chat -s demo "Summarise that"    one-shot: only the reply on stdout
     echo "hi" | engramctl chat -s demo --json  NDJSON events
     """
-    from engramctl.cli import remote
+    from engramctl.cli import chatlink
 
     out = common.output(json_, quiet)
     st = common.settings(model=model)
@@ -325,7 +325,7 @@ def chat(
         "seed": seed,
     }
     sampling = {**CHAT_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
-    link = remote.connect_chat(st, out, requested_model=model)
+    link = chatlink.connect_chat(st, out, requested_model=model)
     try:
         conv = ChatSession(link, out, name, system=system, sampling=sampling, events=out.json)
         if new:

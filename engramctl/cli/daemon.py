@@ -15,6 +15,7 @@ from engramctl.cli import common
 from engramctl.cli.common import JsonOpt, QuietOpt
 from engramctl.cli.output import EXIT_UNREACHABLE, render_fields
 from engramctl.errors import UsageError
+from engramctl.protocol import same_model
 
 app = typer.Typer(
     name="daemon", help="Start, stop and inspect the background daemon.", no_args_is_help=True, rich_markup_mode=None
@@ -152,19 +153,7 @@ def _where(info: dict) -> str:
 def _mismatch(out: Any, running: dict, model: str | None, backend: str) -> None:
     """Warn when the running daemon is not what these settings ask for (it is not restarted for it)."""
     switch = "To switch: engramctl daemon stop && engramctl daemon start"
-    if model and running.get("model") and not _same_model(running["model"], model):
+    if model and running.get("model") and not same_model(model, running["model"]):
         out.warn(f"it serves {running['model']}, not {model}. {switch} --model {model}")
     elif backend != "auto" and running.get("backend") and running["backend"] != backend:
         out.warn(f"it runs the model on {running['backend']}, not {backend}. {switch} --backend {backend}")
-
-
-def _same_model(served: str, requested: str) -> bool:
-    if served == requested:
-        return True
-    try:
-        return (
-            Path(requested).expanduser().resolve() == Path(served).resolve()
-            or Path(requested).name == Path(served).name
-        )
-    except OSError:
-        return False

@@ -1,4 +1,4 @@
-"""Sessions and snapshots as the CLI shows them, whichever catalog read them (the store, or the daemon).
+"""Sessions and snapshots as the CLI shows them, whichever source read them (the daemon, or the store).
 
 A row is a protocol object's fields by their own names (what `--json` prints), plus what the CLI
 works out from the whole listing: the sessions that need a snapshot (`head_of`, `branch_point_of`),

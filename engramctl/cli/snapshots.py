@@ -1,7 +1,9 @@
 """`engramctl snapshots ...`: list, inspect, delete, branch, pin, export/import, gc.
 
-Reads and changes go to the store directly when no daemon holds it, else through the daemon
-(see catalog.py). Ids may be abbreviated to any unique prefix (store.names.MIN_ID_PREFIX+ hex digits)."""
+Every change (rm, branch, pin, unpin, import, gc) goes through the daemon's client (connect.py: the
+daemon is started first when none runs). Reads (ls, info, export) ask the daemon when it runs, else read
+the store (listing.py). Ids may be abbreviated to any unique prefix (store.names.MIN_ID_PREFIX+ hex
+digits), resolved by the store's rule wherever they are read."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from engramctl.cli.common import JsonOpt, QuietOpt
 from engramctl.cli.complete import complete_session, complete_session_or_snapshot, complete_snapshot
 from engramctl.cli.output import Column, ago, count, short_ids, size, timestamp, yes_no
 from engramctl.errors import NotFound, UsageError
+from engramctl.protocol import Session, Snapshot
 from engramctl.store.names import MIN_ID_PREFIX
 
 app = typer.Typer(
@@ -36,10 +39,25 @@ SessionOpt = typer.Option(
 )
 
 
-def _open(settings: Any):
-    from engramctl.cli.catalog import open_catalog
+def _read(settings: Any, out: Any):
+    """The listing: the daemon's when it runs, else the store's."""
+    from engramctl.cli.listing import open_listing
 
-    return open_catalog(settings)
+    return open_listing(settings, out)
+
+
+def _daemon(settings: Any, out: Any) -> Any:
+    """The daemon's client: every change goes through the daemon (started first when none runs)."""
+    from engramctl.cli.connect import connect
+
+    return connect(settings, out)[0]
+
+
+def _listing_over(client: Any) -> Any:
+    """A listing over the daemon's client: what a change shows before it is made."""
+    from engramctl.cli.listing import over
+
+    return over(client)
 
 
 def _flags(snap: dict) -> str:
@@ -82,9 +100,8 @@ def ls(
 ) -> None:
     """List snapshots, oldest first (all sessions, or one with --session)."""
     out = common.output(json_, quiet)
-    st = common.settings()
-    with _open(st) as cat:
-        snaps = cat.snapshots(session)
+    with _read(common.settings(), out) as listing:
+        snaps = listing.snapshots(session)
     out.table(
         snaps,
         snapshot_columns(snaps, with_session=session is None),
@@ -97,9 +114,8 @@ def ls(
 def info(ref: str = IdArg, json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     """Show everything about one snapshot."""
     out = common.output(json_, quiet)
-    st = common.settings()
-    with _open(st) as cat:
-        snap = cat.snapshot(cat.resolve(ref))
+    with _read(common.settings(), out) as listing:
+        snap = listing.snapshot(ref)
     snap.update(_written_by(snap.get("path")))
     fields = [
         ("id", snap["id"]),
@@ -203,17 +219,17 @@ def rm(
             "give snapshot ids or --session NAME (one of the two).",
             hint="engramctl snapshots rm ID... | engramctl snapshots rm --session NAME",
         )
-    st = common.settings()
-    with _open(st) as cat:
+    client = _daemon(common.settings(), out)
+    with _listing_over(client) as listing:
         if session:
-            _rm_session(out, cat, session, dry_run, yes)
+            _rm_session(out, client, listing, session, dry_run, yes)
         else:
-            _rm_ids(out, cat, refs or [], dry_run, yes, force)
+            _rm_ids(out, client, listing, refs or [], dry_run, yes, force)
 
 
-def _rm_ids(out: Any, cat: Any, refs: list[str], dry_run: bool, yes: bool, force: bool) -> None:
-    ids = list(dict.fromkeys(cat.resolve(r) for r in refs))
-    snaps = [cat.snapshot(i) for i in ids]
+def _rm_ids(out: Any, client: Any, listing: Any, refs: list[str], dry_run: bool, yes: bool, force: bool) -> None:
+    snaps = list({s["id"]: s for s in (listing.snapshot(r) for r in refs)}.values())
+    ids = [s["id"] for s in snaps]
     blocked = [s for s in snaps if (s.get("pinned") or s.get("head_of") or s.get("branch_point_of"))]
     freed = sum(s["nbytes"] for s in snaps if s.get("durable", True))
     preview = {"dry_run": True, "deleted": ids, "freed_bytes": freed, "in_use": [s["id"] for s in blocked]}
@@ -232,7 +248,9 @@ def _rm_ids(out: Any, cat: Any, refs: list[str], dry_run: bool, yes: bool, force
     if not _refuse_or_confirm(out, f"{len(snaps)} snapshot(s) ({size(freed)})", yes):
         out.note("Nothing deleted.")
         raise typer.Exit(1)
-    res = cat.delete(ids, force=force)
+    for sid in ids:
+        client.delete_snapshot(sid, force=force)
+    res = {"deleted": ids, "freed_bytes": freed}
     out.result(
         f"Deleted {len(res['deleted'])} snapshot(s), freed {size(res['freed_bytes'])}.",
         json_obj={"dry_run": False, **res},
@@ -257,12 +275,12 @@ def _rm_table(snaps: list[dict]) -> str:
     return render_table(snaps, snapshot_columns(snaps))
 
 
-def _rm_session(out: Any, cat: Any, name: str, dry_run: bool, yes: bool) -> None:
-    sessions = {s["name"]: s for s in cat.sessions()}
+def _rm_session(out: Any, client: Any, listing: Any, name: str, dry_run: bool, yes: bool) -> None:
+    sessions = {s["name"]: s for s in listing.sessions()}
     if name not in sessions:
         raise NotFound(f"no session named {name!r}.", hint="engramctl ps lists sessions")
     others = {v for s in sessions.values() if s["name"] != name for v in (s.get("head"), s.get("base")) if v}
-    snaps = cat.snapshots(name)
+    snaps = listing.snapshots(name)
     going = [s for s in snaps if s["id"] not in others]
     kept = [s for s in snaps if s["id"] in others]
     freed = sum(s["nbytes"] for s in going if s.get("durable", True))
@@ -290,7 +308,9 @@ def _rm_session(out: Any, cat: Any, name: str, dry_run: bool, yes: bool) -> None
     if not _refuse_or_confirm(out, f"session {name!r} ({len(going)} snapshot(s), {size(freed)})", yes):
         out.note("Nothing deleted.")
         raise typer.Exit(1)
-    res = cat.delete_session(name)
+    deleted = list(client.delete_session(name).get("deleted_snapshots") or [])
+    sizes = {s["id"]: s["nbytes"] for s in snaps if s.get("durable", True)}
+    res = {"session": name, "deleted": deleted, "freed_bytes": sum(sizes.get(i, 0) for i in deleted)}
     out.result(
         f"Deleted session {name!r}: {len(res['deleted'])} snapshot(s), freed {size(res['freed_bytes'])}.",
         json_obj={"dry_run": False, **res},
@@ -313,17 +333,17 @@ def branch(
 ) -> None:
     """Start a new session from a session's latest state or from any snapshot. Nothing is copied."""
     out = common.output(json_, quiet)
-    st = common.settings()
-    with _open(st) as cat:
+    client = _daemon(common.settings(), out)
+    with _listing_over(client) as listing:
         src = source
-        if source not in cat.session_names():
+        if source not in listing.session_names():
             try:
-                src = cat.resolve(source)
+                src = listing.snapshot(source)["id"]
             except UsageError:
                 raise NotFound(
                     f"no session or snapshot named {source!r}.", hint="engramctl ps; engramctl snapshots ls"
                 ) from None
-        res = cat.branch(src, new_session)
+        res = Session.from_json(client.branch_snapshot(src, new_session)).to_json()
     frm = f"session {source!r}" if src == source and len(src) != 32 else f"snapshot {src[:12]}"
     out.result(
         f"Created session {new_session!r} from {frm}. Continue it with: engramctl chat --session {new_session}",
@@ -341,9 +361,9 @@ def pin(
 ) -> None:
     """Pin a snapshot: retention and eviction never delete it."""
     out = common.output(json_, quiet)
-    with _open(common.settings()) as cat:
-        sid = cat.resolve(ref)
-        res = cat.pin(sid, label)
+    with _daemon(common.settings(), out) as client:
+        res = Snapshot.from_json(client.pin_snapshot(ref, label=label)).to_dict()
+    sid = res["id"]
     out.result(f"Pinned {sid[:12]}" + (f" as {label!r}." if label else "."), json_obj=res, quiet_lines=[sid])
 
 
@@ -351,9 +371,9 @@ def pin(
 def unpin(ref: str = IdArg, json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     """Unpin a snapshot: retention may delete it again."""
     out = common.output(json_, quiet)
-    with _open(common.settings()) as cat:
-        sid = cat.resolve(ref)
-        res = cat.unpin(sid)
+    with _daemon(common.settings(), out) as client:
+        res = Snapshot.from_json(client.unpin_snapshot(ref)).to_dict()
+    sid = res["id"]
     out.result(f"Unpinned {sid[:12]}.", json_obj=res, quiet_lines=[sid])
 
 
@@ -375,9 +395,9 @@ def export(
     file = file.expanduser()
     if file.exists() and not force:
         raise UsageError(f"{file} already exists.", hint="add --force to overwrite it")
-    with _open(common.settings()) as cat:
-        sid = cat.resolve(ref)
-        res = transfer.export_snapshot(cat, sid, file)
+    with _read(common.settings(), out) as listing:
+        res = transfer.export_snapshot(listing, ref, file)
+    sid = res["id"]
     out.result(f"Exported {sid[:12]} to {file} ({size(res['nbytes'])}).", json_obj=res, quiet_lines=[str(file)])
 
 
@@ -398,14 +418,13 @@ def import_(
     json_: bool = JsonOpt,
     quiet: bool = QuietOpt,
 ) -> None:
-    """Import a snapshot file as a new session. The file is verified like a restore (checksum,
-    format); with the daemon running it also must fit the loaded model (fingerprint, dtype, layout),
-    else nothing is stored. Without a daemon the model is checked when the daemon first loads it."""
+    """Import a snapshot file as a new session, through the daemon. The file is verified like a restore
+    (checksum, format) and must fit the loaded model (fingerprint, dtype, layout), else nothing is stored."""
     from engramctl.cli import transfer
 
     out = common.output(json_, quiet)
-    with _open(common.settings()) as cat:
-        res = transfer.import_snapshot(cat, file.expanduser(), session, label)
+    with _daemon(common.settings(), out) as client:
+        res = transfer.import_snapshot(client, file.expanduser(), session, label)
     out.result(
         f"Imported {file.name} as session {res['session']!r} (snapshot {res['id'][:12]}, "
         f"{count(res['n_tokens'])} tokens). Continue it with: engramctl chat --session {res['session']}",
@@ -419,8 +438,9 @@ def import_(
 def gc(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     """Apply retention now: keep-last-N per session, TTL, the disk budget. Pins are never deleted."""
     out = common.output(json_, quiet)
-    with _open(common.settings()) as cat:
-        res = cat.gc()
+    with _daemon(common.settings(), out) as client:
+        answer = client.gc_snapshots()
+    res = {k: answer.get(k) for k in ("deleted", "freed_bytes", "messages_removed")}
     deleted = res.get("deleted") or {}
     msg = f"Deleted {len(deleted)} snapshot(s), freed {size(res.get('freed_bytes', 0))}"
     if res.get("messages_removed"):

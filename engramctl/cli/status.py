@@ -74,14 +74,14 @@ def model_line(m: dict | None) -> str:
 def ps(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     """Show the running daemon (model, device, dtype, memory) and the sessions: where their state
     is and when they were last used. Works without a daemon (sessions from the local index)."""
-    from engramctl.cli import daemonlink
-    from engramctl.cli.catalog import open_catalog
+    from engramctl.cli import connect
+    from engramctl.cli.listing import open_listing
 
     out = common.output(json_, quiet)
     st = common.settings()
-    info = daemonlink.status(st)
-    with open_catalog(st) as cat:
-        sessions = cat.sessions()
+    info = connect.running(st)
+    with open_listing(st, out) as listing:
+        sessions = listing.sessions()
     if out.json:
         out.emit_json({"daemon": info, "sessions": sessions})
         return
@@ -101,11 +101,11 @@ def ps(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
 
 def sessions(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     """List the sessions: snapshots, messages, tokens in the latest state, where it is, last use."""
-    from engramctl.cli.catalog import open_catalog
+    from engramctl.cli.listing import open_listing
 
     out = common.output(json_, quiet)
-    with open_catalog(common.settings()) as cat:
-        rows = cat.sessions()
+    with open_listing(common.settings(), out) as listing:
+        rows = listing.sessions()
     cols = SESSION_COLUMNS[:2] + [Column("MESSAGES", "n_messages", ">", count)] + SESSION_COLUMNS[2:]
     cols.insert(len(cols) - 1, Column("BRANCHED FROM", lambda s: (s.get("base") or "")[:12]))
     out.table(rows, cols, quiet_key="name", empty="No sessions yet. Start one with: engramctl chat --session NAME")
@@ -114,12 +114,12 @@ def sessions(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
 def tiers(json_: bool = JsonOpt) -> None:
     """Show the tier plan: the detected hardware, the budget of each tier and the rule behind it,
     what each tier holds now, and the retention rules."""
-    from engramctl.cli.catalog import open_catalog
+    from engramctl.cli.listing import open_listing
 
     out = common.output(json_, False)
     st = common.settings()
-    with open_catalog(st) as cat:
-        plan = cat.tiers()
+    with open_listing(st, out) as listing:
+        plan = listing.tiers()
     retention = {
         "keep_last": st.keep_last,
         "session_ttl_s": st.session_ttl_s,

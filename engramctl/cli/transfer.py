@@ -1,10 +1,10 @@
 """`snapshots export` / `snapshots import`: a snapshot as one standalone, verified file.
 
-The file format is engramctl.store.exchange's (a normal snapshot file that also carries the
-transcript the snapshot was taken at). Export reads the stored file (checksum and format verified)
-and asks the catalog for the snapshot's own transcript. Import goes through the catalog: with a
-daemon running, the daemon verifies the file like a restore (checksum, format, and the model
-fingerprint, dtype and layout against the loaded model) before storing anything.
+The file format is engramctl.store.exchange's (a normal snapshot file that also carries the transcript
+the snapshot was taken at). Export is a read: the stored file (checksum and format verified) and the
+snapshot's own transcript from the listing. Import is a change: the daemon verifies the file like a
+restore (checksum, format, and the model fingerprint, dtype and layout against the loaded model) before
+storing anything.
 """
 
 from __future__ import annotations
@@ -13,16 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from engramctl.errors import EngramError
+from engramctl.protocol import Snapshot
 
 
-def export_snapshot(cat: Any, sid: str, dest: Path) -> dict:
+def export_snapshot(listing: Any, ref: str, dest: Path) -> dict:
     from engramctl.store import exchange, snapshot_file
 
-    snap = cat.snapshot(sid)
+    snap = listing.snapshot(ref)
+    sid = snap["id"]
     if not snap.get("durable", True):
         raise EngramError(f"snapshot {sid} is still being written to disk.", hint="try again in a moment")
-    payload = snapshot_file.read(cat.snapshot_path(sid))  # verifies checksum and format
-    messages = cat.snapshot_transcript(sid)
+    payload = snapshot_file.read(listing.snapshot_path(sid))  # verifies checksum and format
+    messages = listing.snapshot_transcript(sid)
     buf = exchange.pack(payload, messages, snap["session"])
     dest.parent.mkdir(parents=True, exist_ok=True)
     snapshot_file.write_atomic(dest, buf)
@@ -36,7 +38,7 @@ def export_snapshot(cat: Any, sid: str, dest: Path) -> dict:
     }
 
 
-def import_snapshot(cat: Any, file: Path, session: str | None, label: str | None) -> dict:
+def import_snapshot(client: Any, file: Path, session: str | None, label: str | None) -> dict:
     """A new session from an export file (default name: the one recorded in the file)."""
-    rec = cat.import_file(file, session, label)
-    return {**rec, "file": str(file.resolve())}
+    res = client.import_snapshot(file.read_bytes(), session=session, label=label)
+    return {**Snapshot.from_json(res).to_dict(), "messages": res.get("messages"), "file": str(file.resolve())}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -21,6 +20,7 @@ from engramctl.daemon.service import ConversationService
 from engramctl.daemon.worker import Worker
 from engramctl.engine.engine import Engine
 from engramctl.errors import ModelNotFound
+from engramctl.protocol import same_model
 from engramctl.settings import Settings
 from engramctl.store.store import Store
 
@@ -40,14 +40,11 @@ class Daemon:
         self.worker = Worker(settings.max_queue)
         self.started = time.time()
         self.model_id = engine.info.model_id
-        aliases = {"default", self.model_id, Path(self.model_id).name}
-        if settings.model:
-            aliases |= {settings.model, Path(settings.model).name}
-        self.model_aliases = frozenset(a for a in aliases if a)
+        self.model_names = (self.model_id, settings.model)  # what a request's `model` may name (same_model)
         self._closed = False
 
     def check_model(self, name: str) -> None:
-        if name not in self.model_aliases:
+        if not same_model(name, *self.model_names):
             raise ModelNotFound(
                 f"the model {name!r} does not exist; this daemon serves {self.model_id!r} (or use 'default').",
                 hint="GET /v1/models lists it",

@@ -1,5 +1,5 @@
-"""Errors on the wire: which HTTP status each typed error gets, the JSON body every failure has
-(protocol.ErrorBody), and pydantic's validation errors as one sentence.
+"""Errors on the wire: the JSON body every failure has (protocol.ErrorBody), and pydantic's validation
+errors as one sentence. Each error class declares its own status and kind (engramctl/errors.py).
 
 `type` is OpenAI's coarse class, `code` the precise `EngramError.kind`, which the client maps back to
 the same exception class. No fastapi or pydantic import here, so the client may import this module.
@@ -9,75 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from engramctl.errors import (
+from engramctl.errors import (  # re-exported: the daemon and the client import them from here
+    AuthenticationFailed,
     Cancelled,
-    ContextOverflow,
     EngramError,
-    ModelNotFound,
-    NotFound,
-    SnapshotError,
-    UnsupportedModel,
-    UsageError,
+    QueueFull,
+    RequestTooLarge,
+    ShuttingDown,
 )
 from engramctl.protocol import ErrorBody
 
-__all__ = ["Cancelled"]  # re-exported: the daemon and client import it from here
-
-
-class QueueFull(EngramError):
-    """More generation requests are waiting than the daemon's queue holds."""
-
-    kind = "queue_full"
-
-
-class ShuttingDown(EngramError):
-    kind = "shutting_down"
-
-
-class AuthenticationFailed(EngramError):
-    """The daemon refused the token (exit code 1, like any other error)."""
-
-    kind = "authentication_error"
-
-
-class RequestTooLarge(UsageError):
-    kind = "request_too_large"
-
-
-# kind -> HTTP status where the class alone does not decide it
-_STATUS_BY_KIND = {
-    "snapshot_in_use": 409,
-    "already_exists": 409,
-    "store_locked": 503,
-    "store_closed": 503,
-}
+__all__ = ["AuthenticationFailed", "Cancelled", "QueueFull", "RequestTooLarge", "ShuttingDown"]
 
 
 def status_for(exc: BaseException) -> int:
-    kind = getattr(exc, "kind", None)
-    if kind in _STATUS_BY_KIND:
-        return _STATUS_BY_KIND[kind]
-    if isinstance(exc, AuthenticationFailed):
-        return 401
-    if isinstance(exc, RequestTooLarge):
-        return 413
-    if isinstance(exc, QueueFull):
-        return 429
-    if isinstance(exc, (ShuttingDown,)):
-        return 503
-    if isinstance(exc, Cancelled):
-        return 499  # nginx's "client closed request"; nobody is there to read it
-    if isinstance(exc, (NotFound, ModelNotFound)):
-        return 404
-    if isinstance(exc, ContextOverflow):
-        return 400
-    if isinstance(exc, SnapshotError):
-        return 409  # intact store, but this snapshot cannot be used with the loaded model
-    if isinstance(exc, UsageError):
-        return 400
-    if isinstance(exc, UnsupportedModel):
-        return 400
-    return 500
+    """The HTTP status of an exception: the one its class declares (engramctl.errors), else 500."""
+    return exc.status if isinstance(exc, EngramError) else 500
 
 
 def error_type(status: int) -> str:
@@ -102,7 +49,7 @@ def body_for(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """(status, JSON body) for an exception; unexpected ones get a generic 500 message."""
     status = status_for(exc)
     if isinstance(exc, EngramError):
-        return status, error_body(exc.message, status, exc.kind, exc.hint)
+        return status, error_body(exc.message, status, exc.kind, exc.hint, exc.param)
     return status, error_body(f"internal error: {type(exc).__name__}: {exc}", status, "internal_error")
 
 

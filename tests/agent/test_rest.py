@@ -4,6 +4,7 @@ real model: the token, every tool end to end, bad arguments change nothing, the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -11,34 +12,24 @@ from fastapi.testclient import TestClient
 from starlette.testclient import WebSocketDenialResponse
 
 from engramctl.agent.tools import STATE_TOOLS, openai_tools, result_schemas
-from engramctl.daemon.app import create_app
-from engramctl.engine.engine import Engine
-from engramctl.settings import load_settings
-from engramctl.store.store import Store
 from tests.agent.conftest import TOKEN
 from tests.agent.test_tools import BAD
 from tests.backends import both_backends
+from tests import helpers
+from tests.helpers import served_app
 
 GREEDY = {"temperature": 0, "max_tokens": 3}
 
 
-@pytest.fixture(scope="module")
-def engine(backend, tiny_engine) -> Engine:
-    return tiny_engine(backend)  # transformers, or each backend for a test marked both_backends
+@pytest.fixture
+def client(engine, engram_home):
+    with served_app(engine, TOKEN, max_queue=4) as c:
+        yield c
 
 
 @pytest.fixture
-def app(engine, engram_home):
-    settings = load_settings({"api_key": TOKEN, "max_queue": 4})
-    settings.paths.ensure()
-    app = create_app(settings, engine=engine, store=Store.open(settings))
-    yield app
-    app.state.daemon.close()
-
-
-@pytest.fixture
-def client(app):
-    return TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"})
+def app(client):
+    return client.app
 
 
 def call(client, tool: str, **arguments):
@@ -56,19 +47,7 @@ def ok(client, tool: str, **arguments) -> dict:
     return body["result"]
 
 
-def chat(client, session: str, text: str, **extra) -> dict:
-    r = client.post(
-        "/v1/chat/completions",
-        json={
-            "model": "default",
-            "session": session,
-            "messages": [{"role": "user", "content": text}],
-            **GREEDY,
-            **extra,
-        },
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
+chat = functools.partial(helpers.chat, max_tokens=GREEDY["max_tokens"])
 
 
 def stored(client) -> dict:

@@ -1,4 +1,5 @@
-"""CLI test helpers: a CliRunner that keeps stdout and stderr apart, and a store with known content."""
+"""CLI test helpers: a CliRunner that keeps stdout and stderr apart, a store with known content, and a
+daemon over it for the commands that change something."""
 
 from __future__ import annotations
 
@@ -70,6 +71,16 @@ def seed_store(spec: dict[str, int], *, pin: list[tuple[str, int]] = (), label: 
 @pytest.fixture
 def seeded() -> Seeded:
     return seed_store({"demo": 3, "other": 2})
+
+
+@pytest.fixture
+def daemon(tiny_engine, engram_home):
+    """A daemon over this test's ENGRAM_HOME (tests.helpers.inprocess: real HTTP, the tiny model), which
+    every change goes through. Ask for it after `seeded`: the store is seeded before the daemon opens it."""
+    from tests.helpers.inprocess import InProcessDaemon
+
+    with InProcessDaemon(tiny_engine("transformers")) as d:
+        yield d
 
 
 class Runner:

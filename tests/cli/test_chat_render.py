@@ -201,7 +201,7 @@ def test_one_line_fence():
 def test_autostart_prints_the_daemons_notices_once(monkeypatch, engram_home):
     """The fallback-model line is worded once, by the daemon (runner.load_model -> /v1/status
     notices); the CLI prints what the daemon it started reports."""
-    from engramctl.cli import remote
+    from engramctl.cli import chatlink
     from engramctl.daemon import runner
     from engramctl.settings import load_settings
 
@@ -211,6 +211,6 @@ def test_autostart_prints_the_daemons_notices_once(monkeypatch, engram_home):
         runner, "start_background", lambda settings, wait=True: {"ready": True, "model": "fallback", "notices": [line]}
     )
     out, o, e = outputs()
-    link = remote.connect_chat(load_settings({"no_autostart": False}), out, requested_model=None)
+    link = chatlink.connect_chat(load_settings({"no_autostart": False}), out, requested_model=None)
     link.close()
     assert e.getvalue().count(line) == 1 and o.getvalue() == "" and link.model_id == "fallback"

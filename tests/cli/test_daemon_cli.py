@@ -340,12 +340,12 @@ def test_stats_after_a_stopped_reply_show_what_the_session_kept(live):
     shows the daemon's snapshot of the partial reply (the session's head), not the state before it."""
     import io
 
-    from engramctl.cli import remote
+    from engramctl.cli import chatlink
     from engramctl.cli.chat import ChatSession
     from engramctl.cli.output import HUMAN, Output
     from engramctl.client import Client
 
-    class StopAfterThreeTokens(remote.DaemonChatLink):
+    class StopAfterThreeTokens(chatlink.DaemonChatLink):
         def stream(self, session, messages, sampling):
             events, n = super().stream(session, messages, sampling), 0
             try:

@@ -1,4 +1,5 @@
-"""`engramctl snapshots ...` against a real store (no daemon): every command in human, --json and -q."""
+"""`engramctl snapshots ...` in human, --json and -q: reads against the store without a daemon, and
+through a daemon (tests.helpers.inprocess, real HTTP) every change and the reads beside it."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def test_id_prefixes_follow_the_stores_rule(cli, seeded):
     assert cli("snapshots", "info", missing, code=1).stderr.startswith(f"Error: No snapshot id starts with '{missing}'")
 
 
-def test_rm_preview_dry_run_yes(cli, seeded):
+def test_rm_preview_dry_run_yes(cli, seeded, daemon):
     old = seeded.sessions["demo"][0]
     dry = cli("snapshots", "rm", old, "--dry-run")
     assert "Will delete 1 snapshot(s), freeing" in dry.stderr and old[:12] in dry.stdout
@@ -96,7 +97,7 @@ def test_rm_preview_dry_run_yes(cli, seeded):
     assert q.stdout.split() == [second]
 
 
-def test_rm_refuses_without_terminal_and_asks_on_one(cli, seeded, monkeypatch):
+def test_rm_refuses_without_terminal_and_asks_on_one(cli, seeded, daemon, monkeypatch):
     old = seeded.sessions["demo"][0]
     refused = cli("snapshots", "rm", old, input="y\n", code=2)
     assert "stdin is not a terminal" in refused.stderr and "--yes" in refused.stderr
@@ -111,7 +112,7 @@ def test_rm_refuses_without_terminal_and_asks_on_one(cli, seeded, monkeypatch):
     assert old not in cli("snapshots", "ls", "-q").stdout
 
 
-def test_rm_in_use_needs_force(cli, seeded):
+def test_rm_in_use_needs_force(cli, seeded, daemon):
     head = seeded.sessions["demo"][-1]
     r = cli("snapshots", "rm", head, "--yes", code=2)
     assert "in use" in r.stderr and "head of demo" in r.stderr and "--force" in r.stderr
@@ -122,7 +123,7 @@ def test_rm_in_use_needs_force(cli, seeded):
     assert rows[-1]["head_of"] == ["demo"]
 
 
-def test_rm_session(cli, seeded):
+def test_rm_session(cli, seeded, daemon):
     cli("snapshots", "branch", seeded.sessions["demo"][0], "fork")
     preview = cli("snapshots", "rm", "--session", "demo", "--dry-run")
     assert "Will delete session 'demo': 2 snapshot(s)" in preview.stderr
@@ -142,7 +143,7 @@ def test_rm_usage(cli, seeded):
     assert "one of the two" in cli("snapshots", "rm", seeded.all_ids[0], "--session", "demo", code=2).stderr
 
 
-def test_branch_from_session_and_prefix(cli, seeded):
+def test_branch_from_session_and_prefix(cli, seeded, daemon):
     human = cli("snapshots", "branch", "demo", "fork1")
     assert "Created session 'fork1' from session 'demo'" in human.stderr and human.stdout == ""
     first = seeded.sessions["demo"][0]
@@ -153,7 +154,7 @@ def test_branch_from_session_and_prefix(cli, seeded):
     assert cli("snapshots", "branch", "nosuch", "x", code=1).stderr.startswith("Error: No session or snapshot")
 
 
-def test_pin_unpin(cli, seeded):
+def test_pin_unpin(cli, seeded, daemon):
     sid = seeded.sessions["other"][0]
     r = cli("snapshots", "pin", sid, "--label", "before refactor")
     assert "Pinned" in r.stderr and r.stdout == ""
@@ -166,7 +167,8 @@ def test_pin_unpin(cli, seeded):
     assert "Unpinned" in cli("snapshots", "unpin", sid).stderr
 
 
-def test_export_import_roundtrip(cli, seeded, tmp_path):
+def test_export_without_a_daemon(cli, seeded, tmp_path):
+    """Export is a read: the stored file and the snapshot's own transcript, no daemon needed."""
     sid = seeded.sessions["demo"][1]
     out = tmp_path / "x.safetensors"
     r = cli("snapshots", "export", sid, str(out))
@@ -176,19 +178,37 @@ def test_export_import_roundtrip(cli, seeded, tmp_path):
     assert data["messages"] == 4 and data["n_tokens"] == 16
     assert cli("snapshots", "export", sid, str(out), "--force", "-q").stdout.strip() == str(out)
 
-    assert "already exists" in cli("snapshots", "import", str(out), code=2).stderr  # session 'demo' exists
+
+def _talk(cli, daemon, session: str, *questions: str) -> list[str]:
+    """Real turns of the daemon's model (an import must fit it), written to disk: their snapshot ids."""
+    from engramctl.client import Client
+
+    with Client(daemon.settings, autostart=False) as c:
+        for q in questions:
+            c.chat([{"role": "user", "content": q}], session=session, max_tokens=3, temperature=0)
+    daemon.store.flush()
+    return [s["id"] for s in cli.json("snapshots", "ls", "--session", session)]
+
+
+def test_export_import_roundtrip(cli, daemon, tmp_path):
+    sid = _talk(cli, daemon, "talk", "Hello there", "Tell me more")[-1]
+    out = tmp_path / "x.safetensors"
+    exported = cli.json("snapshots", "export", sid, str(out))
+    assert exported["messages"] == 4 and exported["id"] == sid
+
+    assert "already exists" in cli("snapshots", "import", str(out), code=2).stderr  # session 'talk' exists
     imp = cli.json("snapshots", "import", str(out), "--session", "restored", "--label", "imported")
-    assert imp["session"] == "restored" and imp["n_tokens"] == 16 and imp["messages"] == 4
-    assert imp["label"] == "imported"
+    assert imp["session"] == "restored" and imp["n_tokens"] == exported["n_tokens"] and imp["messages"] == 4
+    assert imp["label"] == "imported" and imp["file"] == str(out.resolve())
     q = cli("snapshots", "import", str(out), "--session", "restored2", "-q")
     assert len(q.stdout.strip()) == 32
     h = cli("snapshots", "import", str(out), "--session", "restored3")
     assert "Imported x.safetensors as session 'restored3'" in h.stderr
 
 
-def test_import_rejects_damaged_file(cli, seeded, tmp_path):
+def test_import_rejects_damaged_file(cli, daemon, tmp_path):
     out = tmp_path / "x.safetensors"
-    cli("snapshots", "export", seeded.sessions["demo"][0], str(out))
+    cli("snapshots", "export", _talk(cli, daemon, "talk", "Hello there")[0], str(out))
     raw = bytearray(out.read_bytes())
     raw[-5] ^= 0xFF
     out.write_bytes(bytes(raw))
@@ -200,17 +220,51 @@ def test_import_rejects_damaged_file(cli, seeded, tmp_path):
     assert cli("snapshots", "import", str(junk), "--session", "bad", code=1).stderr.startswith("Error: ")
 
 
-def test_gc_modes(cli, monkeypatch):
+def test_gc_modes(cli, monkeypatch, tiny_engine):
+    from tests.helpers.inprocess import InProcessDaemon
+
     monkeypatch.setenv("ENGRAM_KEEP_LAST", "1")
     ids = seed_store({"long": 4}).sessions["long"]
-    dry = cli("snapshots", "ls", "-q").stdout.split()
-    assert len(dry) >= 1
-    res = cli.json("snapshots", "gc")
-    assert set(res["deleted"]) <= set(ids[:-1])
-    assert ids[-1] in cli("snapshots", "ls", "-q").stdout
-    h = cli("snapshots", "gc")
-    assert h.stderr.startswith("Deleted 0 snapshot(s)")
-    assert cli("snapshots", "gc", "-q").stdout == ""
+    with InProcessDaemon(tiny_engine("transformers")):  # started after the env it reads
+        assert len(cli("snapshots", "ls", "-q").stdout.split()) >= 1
+        res = cli.json("snapshots", "gc")
+        assert set(res["deleted"]) <= set(ids[:-1])
+        assert ids[-1] in cli("snapshots", "ls", "-q").stdout
+        h = cli("snapshots", "gc")
+        assert h.stderr.startswith("Deleted 0 snapshot(s)")
+        assert cli("snapshots", "gc", "-q").stdout == ""
+
+
+def test_changes_need_the_daemon(cli, seeded):
+    """Every change goes through the daemon; with none running and autostart off (ENGRAM_NO_AUTOSTART,
+    set for every test), it is exit code 3 with the way to start one, and nothing changes."""
+    sid = seeded.sessions["demo"][0]
+    before = cli.json("snapshots", "ls")
+    for args in (
+        ["rm", sid, "--yes"],
+        ["rm", "--session", "other", "--yes"],
+        ["branch", "demo", "fork"],
+        ["pin", sid],
+        ["unpin", sid],
+        ["gc"],
+    ):
+        r = cli("snapshots", *args, code=3)
+        assert r.stderr.startswith("Error: No engramctl daemon answers at "), (args, r.stderr)
+        assert "Hint: start it with `engramctl daemon start`" in r.stderr and "ENGRAM_NO_AUTOSTART" in r.stderr
+    assert cli.json("snapshots", "ls") == before
+
+
+def test_reads_are_the_same_with_and_without_a_daemon(cli, seeded, tiny_engine):
+    """One listing, two sources: the store's rows without a daemon are the daemon's rows."""
+    from tests.helpers.inprocess import InProcessDaemon
+
+    sid = seeded.sessions["demo"][1]
+    local = cli.json("snapshots", "ls"), cli.json("snapshots", "info", sid[:12]), cli.json("sessions")
+    with InProcessDaemon(tiny_engine("transformers")):
+        remote = cli.json("snapshots", "ls"), cli.json("snapshots", "info", sid[:12]), cli.json("sessions")
+    assert remote[0] == local[0] and remote[1] == local[1]
+    assert [{k: v for k, v in s.items() if k != "hot"} for s in remote[2]] == local[2]
+    assert [s["hot"] for s in remote[2]] == [False, False]  # the daemon says what it holds in memory
 
 
 def test_path(cli, engram_home):

@@ -1,4 +1,4 @@
-"""`ps`, `tiers` and `models` without a daemon, in every output mode."""
+"""`ps`, `tiers` and `models` without a daemon, in every output mode (`sessions` after a branch, which needs one)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_ps_without_daemon(cli, seeded):
     assert sorted(cli("ps", "-q").stdout.split()) == ["demo", "other"]
 
 
-def test_sessions(cli, seeded):
+def test_sessions(cli, seeded, daemon):
     cli("snapshots", "branch", "demo", "fork")
     human = cli("sessions")
     assert human.stdout.splitlines()[0].split()[:4] == ["SESSION", "SNAPSHOTS", "MESSAGES", "TOKENS"]
@@ -175,7 +175,7 @@ def test_ps_shows_backend_and_weights(cli, seeded, monkeypatch):
     status = {"pid": 4242, "ready": False, "state": "running", "url": "http://127.0.0.1:11535", "device": "cpu"}
     status |= {"model": "granite-4.0-h-350m-Q8_0.gguf", "family": "granitehybrid", "dtype": "float32"}
     status |= {"backend": "llama.cpp", "weight_type": "Q8_0", "weights_bytes": 380 * 2**20, "rss_bytes": 512 * 2**20}
-    monkeypatch.setattr("engramctl.cli.daemonlink.status", lambda settings: status)
+    monkeypatch.setattr("engramctl.cli.connect.running", lambda settings: status)
     lines = cli("ps").stdout.splitlines()
     assert "BACKEND  llama.cpp" in lines
     assert "MEMORY   weights 380.0 MiB Q8_0, process 512.0 MiB" in lines

@@ -9,6 +9,7 @@ import pytest
 
 from tests.cuda._common import load_backend, record, requires_cuda
 from tests.daemon.conftest import greedy_reference, start_daemon
+from tests.helpers import chat
 
 pytestmark = requires_cuda
 
@@ -23,25 +24,12 @@ def daemon(zoo, tmp_path_factory):
     d.stop()
 
 
-def _chat(h, session: str, content: str, max_tokens: int) -> dict:
-    body = {
-        "model": "default",
-        "session": session,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "messages": [{"role": "user", "content": content}],
-    }
-    r = h.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def test_chat_on_cuda_over_http(daemon, zoo):
     reference = load_backend(zoo.path(FAMILY), chunk_tokens=256)  # the backend's default chunk
     with daemon.http() as h:
         status = h.get("/v1/status").json()
         assert status["device"].startswith("cuda") and status["dtype"] == "float32", status
-        r1 = _chat(h, "g", FIRST[0]["content"], 8)
+        r1 = chat(h, "g", FIRST[0]["content"], 8)
         assert r1["choices"][0]["message"]["content"] == greedy_reference(reference, FIRST, 8)
         head1 = r1["engram"]["snapshot_id"]
         info = h.post("/get_snapshot_info", json={"snapshot_id": head1}).json()
@@ -49,9 +37,9 @@ def test_chat_on_cuda_over_http(daemon, zoo):
         tiers = {t["name"]: t for t in h.get("/v1/tiers").json()["tiers"]}
         assert tiers["vram"]["budget_bytes"] > 0 and tiers["vram"]["used_bytes"] > 0 and tiers["vram"]["snapshots"] >= 2
 
-        r2 = _chat(h, "g", "Second question?", 6)  # continues the daemon's live state
+        r2 = chat(h, "g", "Second question?", 6)  # continues the daemon's live state
         assert r2["engram"]["resumed"] and r2["engram"]["tier"] == "live"
-        _chat(h, "other", "Something else.", 4)  # the live state is another session's now
+        chat(h, "other", "Something else.", 4)  # the live state is another session's now
         body = {
             "snapshot_id": head1,
             "session": "g-again",

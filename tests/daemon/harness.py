@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 # the daemon is started as conftest starts it; launch also stays harness.launch for test_full_disk
+from tests import helpers
 from tests.daemon.conftest import Daemon, launch, wait_ready
 
 
@@ -57,12 +58,8 @@ def start(
 
 
 def chat(h: httpx.Client, session: str | None, messages: list[dict], max_tokens: int = 8, **extra) -> dict:
-    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
-    if session is not None:
-        body["session"] = session
-    r = h.post("/v1/chat/completions", json=body)
-    r.raise_for_status()
-    return r.json()
+    """tests.helpers.chat with the reliability runs' longer turns."""
+    return helpers.chat(h, session, messages, max_tokens, **extra)
 
 
 def stream_chat(h: httpx.Client, session: str, content: str, max_tokens: int = 8) -> tuple[str, dict, float]:

@@ -6,14 +6,11 @@ from __future__ import annotations
 import stat
 
 import pytest
-from fastapi.testclient import TestClient
 
-from engramctl.daemon.app import create_app
 from engramctl.daemon.auth import ensure_token, token_path
-from engramctl.engine.engine import Engine
 from engramctl.settings import load_settings
-from engramctl.store.store import Store
 from tests.backends import both_backends, weight_dtype
+from tests.helpers import chat, served_app
 
 TOKEN = "test-token-123"
 USER = [{"role": "user", "content": "Hello there"}]
@@ -44,19 +41,10 @@ ROUTES = [  # every route but /health
 ]
 
 
-@pytest.fixture(scope="module")
-def engine(backend, tiny_engine) -> Engine:
-    return tiny_engine(backend)  # transformers, or each backend for a test marked both_backends
-
-
 @pytest.fixture
 def app_client(engine, engram_home):
-    settings = load_settings({"api_key": TOKEN, "max_queue": 2})
-    settings.paths.ensure()
-    app = create_app(settings, engine=engine, store=Store.open(settings))
-    client = TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"})
-    yield client
-    app.state.daemon.close()
+    with served_app(engine, TOKEN, max_queue=2) as client:
+        yield client
 
 
 def _chat(client, **body):
@@ -359,29 +347,14 @@ def _corrupt(path):
 
 @both_backends
 def test_corrupt_head_falls_back_one_step_then_to_the_transcript(engine, engram_home):
-    settings = load_settings({"api_key": TOKEN, "tier_ram_bytes": 0})  # nothing hot: loads read the files
-    settings.paths.ensure()
-    store = Store.open(settings)
-    app = create_app(settings, engine=engine, store=store)
-    daemon = app.state.daemon
-    c = TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"})
-    try:
+    with served_app(engine, TOKEN, tier_ram_bytes=0) as c:  # nothing hot: loads read the files
+        daemon, store = c.daemon, c.daemon.store
 
         def turn(text):
-            r = c.post(
-                "/v1/chat/completions",
-                json={
-                    "model": "default",
-                    "session": "c",
-                    "max_tokens": 3,
-                    "temperature": 0,
-                    "messages": [{"role": "user", "content": text}],
-                },
-            )
-            assert r.status_code == 200, r.text
+            r = chat(c, "c", text, max_tokens=3)
             store.flush()
             daemon.service.invalidate()  # as after a restart: no state in memory
-            return r.json()
+            return r
 
         turn("one")
         second = turn("two")
@@ -400,8 +373,6 @@ def test_corrupt_head_falls_back_one_step_then_to_the_transcript(engine, engram_
         assert [m["content"] for m in msgs if m["role"] == "user"] == ["one", "two", "three", "four"]
         # the re-prefilled state matches the conversation: the next turn continues it
         assert turn("five")["engram"]["restored_tokens"] > fourth["usage"]["prompt_tokens"]
-    finally:
-        daemon.close()
 
 
 @both_backends

@@ -20,45 +20,27 @@ import json
 import threading
 
 import pytest
-from fastapi.testclient import TestClient
 
-from engramctl.daemon.app import create_app
 from engramctl.daemon.service import ChatRequest
 from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import Cancelled
-from engramctl.settings import load_settings
-from engramctl.store.store import Store
 from tests.backends import BACKENDS, both_backends
 from tests.daemon.conftest import greedy_reference
+from tests.helpers import chat, served_app
 
-TOKEN = "backends-token"
 GREEDY = {"temperature": 0, "max_tokens": 5}
 QUESTIONS = ["Hello there", "Tell me more", "And then?", "Why is that?"]
 LONG_PROMPT = "word " * 400  # ~1,200 tokens: several prefill chunks on either backend
 
 
-def _app(engine, **settings):
-    s = load_settings({"api_key": TOKEN, **settings})
-    s.paths.ensure()
-    app = create_app(s, engine=engine, store=Store.open(s))
-    return app, TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"})
-
-
 @pytest.fixture
 def client(backend, tiny_engine, engram_home):
-    app, c = _app(tiny_engine(backend))
-    c.daemon = app.state.daemon
-    yield c
-    app.state.daemon.close()
+    with served_app(tiny_engine(backend)) as c:
+        yield c
 
 
 def _chat(client, messages, session=None, **extra) -> dict:
-    body = {"model": "default", "messages": messages, **GREEDY, **extra}
-    if session is not None:
-        body["session"] = session
-    r = client.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return chat(client, session, messages, **{**GREEDY, **extra})
 
 
 def _say(client, session: str, text: str) -> dict:
@@ -190,8 +172,7 @@ def test_a_store_written_by_the_other_backend_goes_on_from_transcripts(writer, t
     """The daemon restarted on the other backend over the same data: nothing is lost, nothing foreign is
     restored (its state is not interchangeable), and every refusal names the two backends."""
     reader = next(b for b in BACKENDS if b != writer)
-    app, c = _app(tiny_engine(writer))
-    try:
+    with served_app(tiny_engine(writer)) as c:
         first = _say(c, "s", QUESTIONS[0])
         second = _say(c, "s", QUESTIONS[1])
         anon = [{"role": "user", "content": "Hello there"}]
@@ -199,12 +180,9 @@ def test_a_store_written_by_the_other_backend_goes_on_from_transcripts(writer, t
         export = c.post("/get_snapshot_transcript", json={"snapshot_id": second["engram"]["snapshot_id"]}).json()
         from engramctl.store import exchange
 
-        packed = exchange.pack(app.state.daemon.store.load(second["engram"]["snapshot_id"]), export["messages"], "s")
-    finally:
-        app.state.daemon.close()
+        packed = exchange.pack(c.daemon.store.load(second["engram"]["snapshot_id"]), export["messages"], "s")
 
-    app, c = _app(tiny_engine(reader))
-    try:
+    with served_app(tiny_engine(reader)) as c:
         # a restore of the other backend's snapshot is refused, naming both, and changes nothing
         r = c.post("/restore_snapshot", json={"snapshot_id": second["engram"]["snapshot_id"]})
         assert r.status_code == 409, r.text
@@ -235,5 +213,3 @@ def test_a_store_written_by_the_other_backend_goes_on_from_transcripts(writer, t
         assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and not r["engram"]["resumed"]
         assert r["usage"]["prompt_tokens"] == anon_first["usage"]["prompt_tokens"]  # one tokenizer, two backends
         assert _reply(r) == greedy_reference(tiny_engine(reader, "reference").backend, anon, GREEDY["max_tokens"])
-    finally:
-        app.state.daemon.close()

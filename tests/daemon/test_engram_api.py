@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests import helpers
 from tests.backends import both_backends
 from tests.daemon.conftest import start_daemon
 
@@ -35,19 +36,8 @@ def tok(reference_backend):
 
 
 def chat(h, conversation: str, content: str, max_tokens: int = 4, **extra) -> dict:
-    r = h.post(
-        "/v1/chat/completions",
-        json={
-            "model": "default",
-            "conversation_id": conversation,
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            **extra,
-        },
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
+    """A turn named the Engram way (conversation_id)."""
+    return helpers.chat(h, None, content, max_tokens, conversation_id=conversation, **extra)
 
 
 def post(h, path: str, body: dict, status: int = 200) -> dict:
@@ -340,15 +330,7 @@ def test_delete_by_turn_or_branch(h):
 def test_conversation_id_on_chat_completions(h):
     a = chat(h, "named-conv", "Hello there")
     assert a["engram"]["session"] == "named-conv"
-    b = h.post(
-        "/v1/chat/completions",
-        json={
-            "model": "default",
-            "session": "named-conv",
-            "max_tokens": 2,
-            "messages": [{"role": "user", "content": "More"}],
-        },
-    ).json()
+    b = helpers.chat(h, "named-conv", "More", 2)
     assert b["engram"]["restored_tokens"] == a["usage"]["total_tokens"]  # the same conversation
     r = h.post(
         "/v1/chat/completions",

@@ -14,6 +14,7 @@ import pytest
 
 from tests.backends import both_backends, served_id
 from tests.daemon.conftest import greedy_reference, start_daemon
+from tests.helpers import chat
 
 LONG = 3000  # max_tokens of generations the tests cut short (greedy on this model does not stop by itself)
 
@@ -222,36 +223,21 @@ def test_snapshot_routes(daemon):
         assert {t["name"] for t in tiers["tiers"]} == {"vram", "ram", "disk"}
 
 
-def _turn(h, session: str, content: str, max_tokens: int = 4) -> dict:
-    r = h.post(
-        "/v1/chat/completions",
-        json={
-            "model": "default",
-            "session": session,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "messages": [{"role": "user", "content": content}],
-        },
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def test_pin_label_unpin_transcript_and_gc_of_any_snapshot(daemon):
     with daemon.http() as h:
-        first = _turn(h, "mgmt", "Hi")
+        first = chat(h, "mgmt", "Hi")
         prompt = h.post("/list_snapshots", json={"session": "mgmt"}).json()["snapshots"][0]["snapshot_id"]
         p = h.post("/pin_snapshot", json={"snapshot_id": prompt[:24], "label": "kept"}).json()
         assert p["success"] and p["snapshot_id"] == prompt and p["pinned"] and p["label"] == "kept"
         assert h.post("/label_snapshot", json={"snapshot_id": prompt[:24], "label": None}).json()["label"] is None
-        second = _turn(h, "mgmt", "More")
+        second = chat(h, "mgmt", "More")
         # the snapshot's own transcript, even after its session went another way
         assert h.post("/restore_snapshot", json={"snapshot_id": first["engram"]["snapshot_id"]}).json()["success"]
-        _turn(h, "mgmt", "Other way")
+        chat(h, "mgmt", "Other way")
         t = h.post("/get_snapshot_transcript", json={"snapshot_id": second["engram"]["snapshot_id"]}).json()
         assert [m["content"] for m in t["messages"] if m["role"] == "user"] == ["Hi", "More"] and t["n_messages"] == 4
         for i in range(2):  # 10 snapshots: keep-last-8 passes over the pinned one after each write
-            _turn(h, "mgmt", f"turn {i}", max_tokens=2)
+            chat(h, "mgmt", f"turn {i}", max_tokens=2)
         _wait(lambda: h.get("/v1/status").json()["pending_writes"] == 0, what="the writes (each applies keep-last)")
         ids = [s["snapshot_id"] for s in h.post("/list_snapshots", json={"session": "mgmt"}).json()["snapshots"]]
         assert ids[0] == prompt and len(ids) == 9
@@ -269,7 +255,7 @@ def test_import_through_the_daemon_is_verified_against_the_model(daemon):
 
     raw = {"Content-Type": "application/octet-stream"}
     with daemon.http() as h:
-        sid = _turn(h, "exp", "Hello")["engram"]["snapshot_id"]
+        sid = chat(h, "exp", "Hello")["engram"]["snapshot_id"]
         messages = h.post("/get_snapshot_transcript", json={"snapshot_id": sid}).json()["messages"]
         data_dir = load_settings({}, env={"ENGRAM_HOME": str(daemon.home)}).paths.data_dir
         tokens = h.post("/get_snapshot_info", json={"snapshot_id": sid}).json()["tokens"]
@@ -282,20 +268,20 @@ def test_import_through_the_daemon_is_verified_against_the_model(daemon):
         assert {s["name"] for s in h.get("/v1/sessions").json()["sessions"]} == sessions  # nothing stored
         imp = h.post("/import_snapshot", params={"session": "exp-copy"}, content=own, headers=raw).json()
         assert imp["session"] == "exp-copy" and imp["tokens"] == tokens and imp["messages"] == 2
-        assert _turn(h, "exp-copy", "Go on")["engram"]["restored_tokens"] == tokens
+        assert chat(h, "exp-copy", "Go on")["engram"]["restored_tokens"] == tokens
 
 
 def test_reset_session_starts_over_and_keeps_the_old_snapshots(daemon):
     with daemon.http() as h:
-        first = _turn(h, "clr", "Hello there")
-        _turn(h, "clr", "And more")
+        first = chat(h, "clr", "Hello there")
+        chat(h, "clr", "And more")
         old = [s["snapshot_id"] for s in h.post("/list_snapshots", json={"session": "clr"}).json()["snapshots"]]
         assert h.get("/v1/status").json()["hot"]["session"] == "clr"
         r = h.post("/v1/sessions/clr/reset").json()
         assert r["success"] and r["head"] is None and r["n_messages"] == 0 and r["previous_head"] == old[-1]
         assert r["n_snapshots"] == len(old) == 4
         assert h.get("/v1/status").json()["hot"] is None  # the hot state of the old conversation is gone
-        again = _turn(h, "clr", "Hello there")
+        again = chat(h, "clr", "Hello there")
         assert not again["engram"]["resumed"] and again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
         now = [s["snapshot_id"] for s in h.post("/list_snapshots", json={"session": "clr"}).json()["snapshots"]]
@@ -335,15 +321,7 @@ def test_disconnect_mid_stream_cancels_and_records_the_partial_reply(daemon):
         head = h.post("/get_snapshot_info", json={"session": "cut"}).json()
         assert prompt_tokens < head["tokens"] < prompt_tokens + 200  # cut long before max_tokens
         assert not h.get("/v1/status").json()["queue"]["busy"]
-        nxt = h.post(
-            "/v1/chat/completions",
-            json={
-                "model": "default",
-                "session": "cut",
-                "max_tokens": 2,
-                "messages": [{"role": "user", "content": "Next"}],
-            },
-        ).json()
+        nxt = chat(h, "cut", "Next", 2)
         # the state holds exactly what was consumed: the next turn continues from it
         assert nxt["engram"]["restored_tokens"] == head["tokens"] and nxt["engram"]["tier"] == "live"
 

@@ -7,18 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from engramctl.agent.tools import TOOLS, ToolArgumentError, validate_arguments
 from engramctl.daemon.engram_api import answers
-from engramctl.daemon.app import create_app
-from engramctl.engine.engine import Engine
-from engramctl.engine.hf_backend import TransformersBackend
 from engramctl.protocol import Session, Snapshot
-from engramctl.settings import load_settings
 from engramctl.store.names import MIN_ID_PREFIX
-from engramctl.store.store import Store
+from tests.helpers import chat, served_app
 
 TOKEN = "wire-token"
 # The routes that parse a JSON body: /gc_snapshots reads none and /import_snapshot reads raw file bytes.
@@ -30,33 +25,14 @@ JSON_ROUTES = (
 ENGRAM_ROUTES = {"/save_snapshot", "/restore_snapshot", "/list_snapshots", "/get_snapshot_info", "/delete_snapshot"}
 
 
-@pytest.fixture(scope="module")
-def engine(zoo):
-    backend = TransformersBackend.load(zoo.path("granitemoehybrid"), "tiny-gmh", "cpu", torch.float32)
-    return Engine(backend, backend.tokenizer)
-
-
 @pytest.fixture
 def client(engine, engram_home):
-    settings = load_settings({"api_key": TOKEN})
-    settings.paths.ensure()
-    app = create_app(settings, engine=engine, store=Store.open(settings))
-    with TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-        c.daemon = app.state.daemon
+    with served_app(engine, TOKEN) as c:
         yield c
 
 
 def _turn(client, session: str) -> str:
-    body = {
-        "model": "default",
-        "session": session,
-        "max_tokens": 3,
-        "temperature": 0,
-        "messages": [{"role": "user", "content": "Hi"}],
-    }
-    r = client.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()["engram"]["snapshot_id"]
+    return chat(client, session, "Hi", max_tokens=3)["engram"]["snapshot_id"]
 
 
 def test_a_body_that_is_not_utf8_is_a_400_with_the_error_shape(client):

@@ -156,33 +156,16 @@ def _claim_terabytes(buf: bytes) -> bytes:
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_session_with_damaged_files_falls_back_to_its_transcript(damage, tiny_engine, engram_home):
-    from fastapi.testclient import TestClient
+    from tests.helpers import chat, served_app
 
-    from engramctl.daemon.app import create_app
-    from engramctl.settings import load_settings
-    from engramctl.store.store import Store
-
-    settings = load_settings({"api_key": "t", "tier_ram_bytes": 0})  # nothing hot: a turn reads the files
-    settings.paths.ensure()
-    store = Store.open(settings)
-    app = create_app(settings, engine=tiny_engine("transformers"), store=store)
-    c = TestClient(app, raise_server_exceptions=False, headers={"Authorization": "Bearer t"})
-    try:
+    with served_app(tiny_engine("transformers"), tier_ram_bytes=0) as c:  # nothing hot: a turn reads the files
+        store = c.daemon.store
 
         def turn(text):
-            r = c.post(
-                "/v1/chat/completions",
-                json={
-                    "session": "s",
-                    "max_tokens": 2,
-                    "temperature": 0,
-                    "messages": [{"role": "user", "content": text}],
-                },
-            )
-            assert r.status_code == 200, r.text
+            r = chat(c, "s", text, max_tokens=2)
             store.flush()
-            app.state.daemon.service.invalidate()  # as after a restart: no state in memory
-            return r.json()
+            c.daemon.service.invalidate()  # as after a restart: no state in memory
+            return r
 
         turn("one")
         turn("two")
@@ -195,8 +178,6 @@ def test_a_session_with_damaged_files_falls_back_to_its_transcript(damage, tiny_
         msgs = c.get("/v1/sessions/s").json()["messages"]
         assert [m["content"] for m in msgs if m["role"] == "user"] == ["one", "two", "three"]
         assert turn("four")["engram"]["resumed"]  # the re-prefilled state was snapshotted and is used again
-    finally:
-        app.state.daemon.close()
 
 
 def test_every_kind_of_damage_is_a_snapshot_error():

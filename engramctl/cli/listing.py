@@ -1,0 +1,144 @@
+"""What the CLI reads: sessions, snapshots, a snapshot's transcript, the tier plan.
+
+From the daemon when one runs (it owns the store, and knows what it holds in memory); else from the
+store, opened by this process only to read it, so `snapshots ls`, `ps` and the like work without starting a
+daemon. Both hand out protocol objects (Snapshot, Session); rows.py makes the CLI's rows of them once.
+Changes never come here: they go through the daemon (connect.py). Torch is imported only with the store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engramctl.cli.rows import session_rows, snapshot_rows
+from engramctl.protocol import Session, Snapshot
+
+
+class DaemonSource:
+    """Reads over the daemon's client."""
+
+    def __init__(self, client: Any):
+        self.client = client
+
+    def close(self) -> None:
+        self.client.close()
+
+    def sessions(self) -> tuple[list[Session], set[str] | None]:
+        listed = self.client.sessions()
+        return [Session.from_json(s) for s in listed], {s["name"] for s in listed if s.get("hot")}
+
+    def snapshots(self, session: str | None) -> list[Snapshot]:
+        if session is not None:
+            self.client.session(session)  # NotFound for an unknown session, like the store
+        return [Snapshot.from_json(x) for x in self.client.list_snapshots(session)]
+
+    def snapshot(self, ref: str) -> Snapshot:
+        return Snapshot.from_json(self.client.snapshot_info(ref))  # the daemon resolves a prefix by the store's rule
+
+    def snapshot_transcript(self, sid: str) -> list[dict]:
+        return list(self.client.snapshot_transcript(sid).get("messages") or [])
+
+    def tiers(self) -> dict:
+        return self.client.tiers()
+
+
+class StoreSource:
+    """Reads from the store, opened by this process while no daemon runs."""
+
+    def __init__(self, store: Any):
+        self.store = store
+
+    def close(self) -> None:
+        self.store.close()
+
+    def sessions(self) -> tuple[list[Session], set[str] | None]:
+        return [Session.from_info(s) for s in self.store.list_sessions()], None  # nothing is in memory
+
+    def snapshots(self, session: str | None) -> list[Snapshot]:
+        return [Snapshot.from_record(r) for r in self.store.list(session)]
+
+    def snapshot(self, ref: str) -> Snapshot:
+        return Snapshot.from_record(self.store.info(self.store.resolve(ref)))
+
+    def snapshot_transcript(self, sid: str) -> list[dict]:
+        return self.store.snapshot_transcript(sid)
+
+    def tiers(self) -> dict:
+        """The store's plan, with the N-gram tables written under the data dir's ngram/ claimed on it
+        (the tables a model would load; the planner decides RAM or disk as the daemon's would)."""
+        from engramctl.ngram.table_spec import installed_tables
+        from engramctl.tiers.plan import claim_tables, plan_json
+
+        root = self.store.settings.paths.data_dir
+        tables = installed_tables(root / "ngram", recursive=True)
+        if not tables:
+            return self.store.plan_json()
+        claims = [(str(path.relative_to(root)), meta.spec.size_bytes) for path, meta in tables]
+        return plan_json(claim_tables(self.store.plan, claims), self.store.usage())
+
+
+class Listing:
+    """The CLI's rows of sessions and snapshots (rows.py), whichever source read them."""
+
+    def __init__(self, source: Any, settings: Any):
+        self.source, self.settings = source, settings
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self) -> "Listing":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def sessions(self) -> list[dict]:
+        sessions, hot = self.source.sessions()
+        return session_rows(sessions, self.source.snapshots(None), hot)
+
+    def session_names(self) -> list[str]:
+        return [s.name for s in self.source.sessions()[0]]
+
+    def snapshots(self, session: str | None = None) -> list[dict]:
+        return snapshot_rows(self.source.snapshots(session), self.source.sessions()[0])
+
+    def snapshot(self, ref: str) -> dict:
+        """One snapshot by id or unique id prefix (store.names' rule), with the path of its file."""
+        row = snapshot_rows([self.source.snapshot(ref)], self.source.sessions()[0])[0]
+        row["path"] = str(self.snapshot_path(row["id"]))
+        return row
+
+    def snapshot_path(self, sid: str) -> Path:
+        from engramctl.store.names import snapshot_filename
+
+        return self.settings.paths.data_dir / "snapshots" / snapshot_filename(sid)  # the layout of store/files.py
+
+    def snapshot_transcript(self, sid: str) -> list[dict]:
+        """The transcript exactly as it was when `sid` was taken."""
+        return self.source.snapshot_transcript(sid)
+
+    def tiers(self) -> dict:
+        return self.source.tiers()
+
+
+def over(client: Any) -> Listing:
+    """A listing over a client the caller connected (a change command previews through it)."""
+    return Listing(DaemonSource(client), client.settings)
+
+
+def open_listing(settings: Any, out: Any) -> Listing:
+    """The running daemon's listing, else the store's. A daemon still loading its model may not hold the
+    store yet: then the store is read, or, once the daemon holds it, the daemon is waited for."""
+    from engramctl.cli import connect
+    from engramctl.store.errors import StoreLocked
+    from engramctl.store.store import Store
+
+    info = connect.running(settings)
+    if info is None or not info.get("ready"):
+        try:
+            return Listing(StoreSource(Store.open(settings)), settings)
+        except StoreLocked:
+            if connect.running(settings) is None:  # another engramctl command has it open for a moment
+                raise
+    return over(connect.connect(settings, out, start=False)[0])

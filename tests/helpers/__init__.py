@@ -1,0 +1,49 @@
+"""What many test modules share, written once: a chat turn over HTTP and the daemon's app in-process.
+
+    chat(h, "s", "hi")                        one greedy turn (an httpx.Client or a TestClient): the response
+    with served_app(engine, max_queue=2) as c: the daemon's app on a tiny engine, a TestClient with the token
+        c.daemon                              its Daemon (store, service, worker)
+
+A real daemon over real HTTP: tests.daemon.conftest (a subprocess) and tests.helpers.inprocess (a thread).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+TOKEN = "test-token"
+
+
+def chat(h: Any, session: str | None, content: str | list[dict], max_tokens: int = 4, **extra: Any) -> dict:
+    """One greedy, non-streamed turn through POST /v1/chat/completions; fails the test on a non-200.
+    `content`: the user's message, or the whole message list; `session` None sends none (a stateless
+    client; `conversation_id=` in `extra` names it the Engram way)."""
+    messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
+    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
+    if session is not None:
+        body["session"] = session
+    r = h.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@contextmanager
+def served_app(engine: Any, token: str = TOKEN, **settings: Any) -> Iterator[Any]:
+    """The daemon's app (create_app) on `engine` over a fresh store in ENGRAM_HOME, as a Starlette
+    TestClient that sends the token; `.daemon` is the app's Daemon. Closed (store flushed) at the end."""
+    from fastapi.testclient import TestClient
+
+    from engramctl.daemon.app import create_app
+    from engramctl.settings import load_settings
+    from engramctl.store.store import Store
+
+    s = load_settings({"api_key": token, **settings})
+    s.paths.ensure()
+    app = create_app(s, engine=engine, store=Store.open(s))
+    client = TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {token}"})
+    client.daemon = app.state.daemon
+    try:
+        yield client
+    finally:
+        app.state.daemon.close()
