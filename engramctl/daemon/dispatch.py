@@ -33,7 +33,7 @@ from engramctl.daemon.service import ChatRequest
 from engramctl.daemon.streaming import job_result, turn_info, usage_json
 from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import NotFound, UsageError
-from engramctl.protocol import Snapshot, TurnInfo
+from engramctl.protocol import Snapshot
 from engramctl.store.names import is_id_prefix, is_snapshot_id
 
 # A checkpoint as list_checkpoints shows it: these fields of the wire Snapshot, plus is_head / in_history.
