@@ -73,9 +73,9 @@ class StoreSource:
         root = self.store.settings.paths.data_dir
         tables = installed_tables(root / "ngram", recursive=True)
         if not tables:
-            return self.store.plan_json()
+            return self.store.tiers.plan_json()
         claims = [(str(path.relative_to(root)), meta.spec.size_bytes) for path, meta in tables]
-        return plan_json(claim_tables(self.store.plan, claims), self.store.usage())
+        return plan_json(claim_tables(self.store.tiers.plan, claims), self.store.tiers.usage())
 
 
 class Listing:
