@@ -372,7 +372,13 @@ def test_disconnect_while_waiting_for_a_non_streamed_reply_cancels_it(daemon):
         with pytest.raises(httpx.ReadTimeout):
             h.post("/v1/chat/completions", json=body)
     with daemon.http() as h:
-        msgs = _wait(lambda: h.get("/v1/sessions/gone").json().get("messages") or None, what="the partial reply")
+
+        def partial_reply():
+            # the user's message is recorded with the prompt's snapshot, before any reply: wait for the reply's
+            msgs = h.get("/v1/sessions/gone").json().get("messages") or []
+            return msgs if msgs and msgs[-1]["role"] == "assistant" else None
+
+        msgs = _wait(partial_reply, what="the partial reply")
         assert msgs[-1]["finish_reason"] == "cancelled"
         assert not h.get("/v1/status").json()["queue"]["busy"]
 
