@@ -168,29 +168,31 @@ class Loaded:
 
 
 def load_model(cfg: BenchConfig, settings, note: Callable[[str], None]) -> Loaded:
-    """A preset is built in memory (transformers) or converted once to a cached GGUF (llama.cpp);
-    --model goes through the daemon's loader."""
-    if cfg.model is None and cfg.backend != "llama.cpp":
-        from engramctl.bench.presets import preset_engine
-
-        dtype = "float32" if cfg.dtype == "auto" else cfg.dtype
-        device = "cpu" if cfg.device == "auto" else cfg.device
-        return Loaded(
-            preset_engine(cfg.preset or "tiny", seed=cfg.seed, dtype=dtype, device=device), "preset", None, None
-        )
+    """--model, or the preset written once to a cached model directory (transformers) or GGUF (llama.cpp),
+    through the daemon's loader."""
     from engramctl.engine.gguf_source import resolve_gguf
     from engramctl.engine.llama_lib import n_cpu_threads
     from engramctl.engine.loading import load_engine
 
+    cache, device, dtype, backend, model_id = settings.paths.cache_dir, cfg.device, cfg.dtype, cfg.backend, None
     gguf = None
-    if cfg.model is None:
+    if cfg.model is not None:
+        ref, source = cfg.model, "model"
+    elif backend == "llama.cpp":
         from engramctl.bench.gguf_presets import preset_gguf
 
-        gguf = preset_gguf(cfg.preset or "tiny", cfg.seed, cfg.gguf_type, settings.paths.cache_dir, note)
-    ref, source = (str(gguf), "preset") if gguf is not None else (cfg.model, "model")
-    backend = "llama.cpp" if gguf is not None else cfg.backend
+        gguf = preset_gguf(cfg.preset or "tiny", cfg.seed, cfg.gguf_type, cache, note)
+        ref, source = str(gguf), "preset"
+    else:
+        from engramctl.bench.preset_dir import preset_dir
+        from engramctl.bench.presets import preset_id
+
+        ref, source, backend = str(preset_dir(cfg.preset or "tiny", cfg.seed, cache, note)), "preset", "transformers"
+        model_id = preset_id(cfg.preset or "tiny", cfg.seed)
+        device = "cpu" if device == "auto" else device  # a preset's timings compare across machines on the CPU
+        dtype = "float32" if dtype == "auto" else dtype
     engine = load_engine(
-        ref, settings.paths.cache_dir, cfg.device, cfg.dtype, backend=backend, progress=note, threads=cfg.threads
+        ref, cache, device, dtype, backend=backend, progress=note, threads=cfg.threads, model_id=model_id
     )
     if engine.info.backend != "llama.cpp":
         return Loaded(engine, source, None, None)
@@ -272,7 +274,7 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
         sp = None
         if cfg.prefill_tokens:
             with LoadMeter() as m:
-                sp = _speed(cfg, loaded, progress)
+                sp = _speed(cfg, settings, loaded, progress)
             during["speed"] = m.result
         rows: list[dict[str, Any]] = []
         if cfg.contexts:
@@ -362,7 +364,7 @@ def speed_runs(runs: int) -> int:
     return 2 * runs + 1
 
 
-def _speed(cfg: BenchConfig, loaded: Loaded, progress: Progress) -> dict[str, Any]:
+def _speed(cfg: BenchConfig, settings, loaded: Loaded, progress: Progress) -> dict[str, Any]:
     """The speed workload with its references: raw llama.cpp on the same GGUF, and for a preset served by
     llama.cpp the same preset on transformers. Each reference is loaded for this phase only and freed after."""
     import gc
@@ -412,9 +414,11 @@ def _speed(cfg: BenchConfig, loaded: Loaded, progress: Progress) -> dict[str, An
     out["raw_skipped"] = raw_skipped
     out["transformers_skipped"] = None
     if compare:
-        from engramctl.bench.presets import preset_engine
+        import dataclasses
 
-        tf = preset_engine(cfg.preset or "tiny", seed=cfg.seed, dtype="float32", device="cpu")
+        # threads None: torch keeps the thread count the llama.cpp engine left it (its threads stay llama.cpp's)
+        ref_cfg = dataclasses.replace(cfg, backend="transformers", device="cpu", dtype="float32", threads=None)
+        tf = load_model(ref_cfg, settings, progress.note).engine
         try:
             out["transformers"] = speed.transformers_decode(
                 tf,

@@ -1,6 +1,8 @@
 """`engramctl bench`: restore against re-prefill, per tier, against the bandwidth floor, and the
 multi-turn savings, measured on this machine; `engramctl bench ngram`: N-gram memory tables in RAM and on
-disk, with and without prefetch (the shape of the Engram paper's Table 4). Registered by the root app as
+disk, with and without prefetch (the shape of the Engram paper's Table 4; scripts/ngram_standin.py runs the
+same harness on a stand-in backbone). The reports are drawn by cli/bench_report.py and cli/bench_ngram_report.py.
+Registered by the root app as
 
     app.add_typer(bench.app, name="bench")   # `bench` runs bench(); `bench ngram` runs ngram()
 
@@ -186,7 +188,7 @@ def bench(
     if model is not None and preset is not None:
         raise UsageError("--model and --preset cannot be combined.", hint="pick one")
     if plot is not None:
-        from engramctl.bench.report import require_matplotlib
+        from engramctl.cli.bench_plot import require_matplotlib
 
         if not plot.lower().endswith(".png"):
             raise UsageError(f"--plot {plot!r} must name a .png file.")
@@ -236,14 +238,14 @@ def bench(
     with _RichProgress() as progress:
         result = run_bench(cfg, st, progress)
     if plot is not None:
-        from engramctl.bench.report import plot as draw
+        from engramctl.cli.bench_plot import plot as draw
 
         draw(result, plot)
         result["plot"] = plot
     if json_out:
         out.emit_json(result)
     else:
-        from engramctl.bench.report import render
+        from engramctl.cli.bench_report import render
 
         out.line(render(result))
     if plot is not None:
@@ -349,11 +351,6 @@ def ngram(
         "--preset",
         help="The bench preset model the engine serves (default granite-4.0-h-350m; --quick tiny).",
     ),
-    stand_in: bool = typer.Option(
-        False, "--stand-in", help="Run the bench's stand-in MLP backbone instead of the engine (--hidden, --layers)."
-    ),
-    hidden: int = typer.Option(512, "--hidden", min=8, help="Stand-in backbone width."),
-    layers: int = typer.Option(8, "--layers", min=2, help="Stand-in backbone blocks."),
     engram_layer: int = typer.Option(1, "--engram-layer", min=0, help="Block index of the Engram layer (0-based)."),
     read: str = typer.Option(
         "pread", "--read", metavar="pread|direct", help="Disk reads: pread after posix_fadvise eviction, or O_DIRECT."
@@ -371,7 +368,7 @@ def ngram(
     keep_data: bool = typer.Option(False, "--keep-data", help="Keep the bench's tables (a bench-ngram-* dir)."),
 ) -> None:
     """N-gram memory (Engram) tables in the RAM and disk tiers, on the engine serving a bench preset model
-    (random weights) or the --stand-in backbone: tokens/s of (A) the backbone alone, (B) with an
+    (random weights): tokens/s of (A) the backbone alone, (B) with an
     Engram layer whose table is in RAM, (C) the table on disk read at the layer, (D) on disk and prefetched
     while the earlier blocks compute, (E) D across table sizes, and (F) on real text, the hit rate of an LRU
     RAM cache of disk rows per n-gram order and the unique rows per step. Tables on stdout, progress on
@@ -388,16 +385,11 @@ def ngram(
     d = NGRAM_QUICK if quick else NGRAM_FULL
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be cpu or cuda; got {device!r}.")
-    if stand_in and preset:
-        raise UsageError("--preset names the model the engine serves; --stand-in runs no engine: give one.")
-    if not stand_in:
-        from engramctl.bench.presets import preset_name
+    from engramctl.bench.presets import preset_name
 
-        preset = preset_name(preset or ("tiny" if quick else "granite-4.0-h-350m"))
+    preset = preset_name(preset or ("tiny" if quick else "granite-4.0-h-350m"))
     cfg = NgramBenchConfig(
-        preset=None if stand_in else preset,
-        hidden=hidden,
-        layers=layers,
+        preset=preset,
         engram_layer=engram_layer,
         batch=batch,
         prefill_tokens=d["prefill"] if prefill_tokens is None else prefill_tokens,
@@ -419,7 +411,7 @@ def ngram(
     parts += ["--sizes", ",".join(str(x) for x in cfg.sizes), "--batch", str(batch)]
     parts += ["--prefill-tokens", str(cfg.prefill_tokens), "--chunk", str(chunk)]
     parts += ["--decode-tokens", str(cfg.decode_tokens)]
-    parts += ["--stand-in", "--hidden", str(hidden), "--layers", str(layers)] if stand_in else ["--preset", preset]
+    parts += ["--preset", preset]
     parts += ["--engram-layer", str(engram_layer), "--read", read, "--io-threads", str(io_threads)]
     parts += [x for c in cfg.corpus for x in ("--corpus", c)] + ["--corpus-tokens", str(cfg.corpus_tokens)]
     parts += ["--seed", str(seed), "--device", device] + (["--threads", str(threads)] if threads else [])
@@ -432,7 +424,7 @@ def ngram(
     if json_out:
         out.emit_json(result)
     else:
-        from engramctl.bench.ngram_report import render
+        from engramctl.cli.bench_ngram_report import render
 
         out.line(render(result))
 

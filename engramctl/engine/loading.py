@@ -206,12 +206,16 @@ def load_engine(
     ngram: "NgramConfig | None" = None,
     tables: "TableSetup | None" = None,
     threads: int | None = None,
+    model_id: str | None = None,
+    chunk_tokens: int | None = None,
 ):
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
     weight type (never converted to float32); `dtype` applies to transformers only. `ngram` gives the
     transformers model Engram layers (engine/ngram_hooks.py), their tables held as `tables` says. `threads`: the
-    CPU threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use."""
+    CPU threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use.
+    `model_id`: the name the engine reports (default: the GGUF's file name, the hub id or the directory's path);
+    `chunk_tokens`: tokens per forward pass at prefill (default: the backend's)."""
     from engramctl.engine.engine import Engine
     from engramctl.errors import BackendUnavailable
 
@@ -227,12 +231,13 @@ def load_engine(
     if chosen == "transformers" and is_gguf_ref(ref) and not Path(ref).expanduser().is_file():
         ref = str(resolve_gguf(ref, say)[0])  # a hub GGUF: fetched, then converted like a local one
     if chosen == "llama.cpp":
-        path, model_id = resolve_gguf(ref, say)
+        path, gguf_id = resolve_gguf(ref, say)
         try:
             from engramctl.engine.llama_backend import LlamaCppBackend
             from engramctl.engine.llama_lib import OPENMP_NOTICE, openmp_linked
 
-            lb = LlamaCppBackend(path, model_id, device=device, threads=threads)
+            chunk = {} if chunk_tokens is None else {"chunk_tokens": chunk_tokens}
+            lb = LlamaCppBackend(path, model_id or gguf_id, device=device, threads=threads, **chunk)
             if dtype != "auto":
                 say(
                     f"--dtype {dtype} applies to transformers; "
@@ -264,6 +269,8 @@ def load_engine(
     resolved = resolve_model(ref, cache_dir, progress=progress)
     dev = pick_device(device)
     tb = TransformersBackend.load(
-        resolved.model_dir, resolved.model_id, dev, pick_dtype(dtype, dev), ngram=ngram, tables=tables
+        resolved.model_dir, model_id or resolved.model_id, dev, pick_dtype(dtype, dev), ngram=ngram, tables=tables
     )
+    if chunk_tokens is not None:
+        tb.chunk_tokens = chunk_tokens
     return Engine(tb, tb.tokenizer)

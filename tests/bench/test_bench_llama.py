@@ -52,7 +52,7 @@ def test_the_preset_is_converted_once_and_said_on_stderr(llama_run):
 
 
 def test_header_names_backend_weight_type_and_resident_bytes(llama_run):
-    from engramctl.bench.report import render
+    from engramctl.cli.bench_report import render
 
     report, _, _ = llama_run
     mo = report["model"]
