@@ -1,11 +1,11 @@
 """`engramctl bench ngram`'s result as text (the JSON object of engramctl.bench.workloads.ngram.bench), its
-tables drawn like `engramctl bench`'s (bench_report.table)."""
+tables drawn like `engramctl bench`'s (bench_format.table)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from engramctl.cli.bench_report import table
+from engramctl.cli.bench_format import table
 from engramctl.units import human_bytes
 
 NAMES = {

@@ -105,7 +105,7 @@ def test_the_sweep_and_the_stateful_chat_ran_on_llama_cpp(llama_run):
 
 
 def test_restore_target_is_bytes_over_memcpy_at_2048():
-    from engramctl.bench.runner import targets
+    from engramctl.bench.targets import targets
 
     row = {
         "tokens": 2048,
