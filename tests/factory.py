@@ -122,13 +122,7 @@ def _config(family: str):
             num_hidden_layers=4,
             **attn,
             attn_layer_indices=[1],
-            mamba_n_heads=8,
-            mamba_d_head=16,
-            mamba_d_state=16,
-            mamba_n_groups=1,
-            mamba_d_conv=4,
-            mamba_expand=2,
-            mamba_chunk_size=64,
+            **{k: v for k, v in presets.granite_kwargs("tiny").items() if k.startswith("mamba_")},  # its mixers
         )
     if family == "zamba2":  # L H L L; H = the shared attention block followed by a mamba2 layer
         return Zamba2Config(

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -52,28 +49,16 @@ def preset_key(preset: str, seed: int) -> str:
 def preset_dir(preset: str, seed: int, cache_dir: Path, say: Callable[[str], None] = lambda _m: None) -> Path:
     """The cached model directory of `preset` at `seed`, building it first when it is not there."""
     from engramctl.bench.presets import preset_name
+    from engramctl.engine.loading import build_once
 
     preset = preset_name(preset)
-    folder = Path(cache_dir) / "bench-models"
-    final = folder / f"{preset}-s{seed}-{preset_key(preset, seed)}"
-    if (final / "config.json").is_file():  # only os.replace creates `final`, so it is complete
-        return final
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    say(f"building preset {preset} (seed {seed}); one-time, cached as {final}")
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=folder))  # 0700
-    try:
+    final = Path(cache_dir) / "bench-models" / f"{preset}-s{seed}-{preset_key(preset, seed)}"
+
+    def build(tmp: Path) -> None:
+        say(f"building preset {preset} (seed {seed}); one-time, cached as {final}")
         _save(preset, seed, tmp)
-        for f in tmp.iterdir():  # durable before visible
-            with f.open("rb") as fh:
-                os.fsync(fh.fileno())
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            if not (final / "config.json").is_file():  # not a concurrent builder winning the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return build_once(final, build)
 
 
 def _save(preset: str, seed: int, out: Path) -> None:

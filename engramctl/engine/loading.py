@@ -93,27 +93,36 @@ def _gguf_key(path: Path) -> str:
 
 
 def _gguf_cache(path: Path, cache_dir: Path, say: Callable[[str], None]) -> Path:
-    models = cache_dir / "models"
-    final = models / f"{path.stem}-{_gguf_key(path)}"
-    if (final / "config.json").is_file():  # only os.replace creates `final`, so it is complete
+    def convert(tmp: Path) -> None:
+        say(f"converting {path.name} to safetensors (one-time, ~35 s)")
+        _convert(path, tmp)
+
+    return build_once(cache_dir / "models" / f"{path.stem}-{_gguf_key(path)}", convert)
+
+
+def build_once(final: Path, build: Callable[[Path], None]) -> Path:
+    """The model directory `final`, built first by build(tmp) when absent. Only the rename of a complete,
+    fsynced sibling makes `final` appear, so a present one is complete; a builder that crashed leaves a
+    .tmp-* sibling, removed an hour later (sparing a live one)."""
+    if (final / "config.json").is_file():
         return final
-    models.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for stale in models.glob(f".tmp-{final.name}-*"):  # left by a crash; spare a live converter
+    parent = final.parent
+    parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for stale in parent.glob(f".tmp-{final.name}-*"):
         if time.time() - stale.stat().st_mtime > 3600:
             shutil.rmtree(stale, ignore_errors=True)
-    say(f"converting {path.name} to safetensors (one-time, ~35 s)")
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=models))  # 0700
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=parent))  # 0700
     try:
-        _convert(path, tmp)
+        build(tmp)
         for f in tmp.iterdir():  # durable before visible: a power cut must not leave a torn cache
             with f.open("rb") as fh:
                 os.fsync(fh.fileno())
         try:
             os.replace(tmp, final)
         except OSError:
-            if not (final / "config.json").is_file():  # not a concurrent converter winning the race
+            if not (final / "config.json").is_file():  # not a concurrent builder winning the race
                 raise
-        fd = os.open(models, os.O_RDONLY)  # make the rename itself durable
+        fd = os.open(parent, os.O_RDONLY)  # make the rename itself durable
         os.fsync(fd)
         os.close(fd)
     finally:
