@@ -40,7 +40,8 @@ def load_model(cfg: BenchConfig, settings, note: Callable[[str], None]) -> Loade
 
         ref, source, backend = str(preset_dir(cfg.preset or "tiny", cfg.seed, cache, note)), "preset", "transformers"
         model_id = preset_id(cfg.preset or "tiny", cfg.seed)
-        device = "cpu" if device == "auto" else device  # a preset's timings compare across machines on the CPU
+        # a preset defaults to float32 on the CPU (BENCHMARKS.md's figures), not to the settings' auto
+        device = "cpu" if device == "auto" else device
         dtype = "float32" if dtype == "auto" else dtype
     engine = load_engine(
         ref, cache, device, dtype, backend=backend, progress=note, threads=cfg.threads, model_id=model_id
