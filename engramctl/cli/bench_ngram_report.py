@@ -21,7 +21,7 @@ def _num(x: Any, digits: int = 1) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return table(header, rows).splitlines()
+    return table(header, rows).split("\n")
 
 
 def render(r: dict[str, Any]) -> str:
