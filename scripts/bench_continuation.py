@@ -47,13 +47,19 @@ def main() -> int:
 
     import torch
 
-    from engramctl.bench.presets import VOCAB, preset_engine
+    from engramctl.bench.preset_dir import preset_dir
+    from engramctl.bench.presets import VOCAB
     from engramctl.bench.timing import Clock, machine_load, wait_idle
 
     load_before = wait_idle(args.wait_idle_s) if args.wait_idle_s > 0 else machine_load()
     print(f"load before: {load_before}", file=sys.stderr)
     with Clock() as build:
-        backend = preset_engine(args.preset, dtype="float32", device=args.device).backend
+        from engramctl.engine.loading import load_engine
+        from engramctl.settings import load_settings
+
+        cache = load_settings().paths.cache_dir
+        model_dir = preset_dir(args.preset, 0, cache, lambda m: print(m, file=sys.stderr))
+        backend = load_engine(str(model_dir), cache, args.device, "float32", backend="transformers").backend
     print(
         f"built {args.preset} in {build.sample.wall_s:.1f} s; scan mixers fitted: {len(backend.scan_chunks.mixers)}, "
         f"chunk {backend.scan_chunks.base_tokens[:1]}, torch threads {torch.get_num_threads()}",

@@ -49,11 +49,11 @@ def build_model(shape: str, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, GraniteMoeHybridConfig
 
-    from engramctl.bench.presets import _granite_kwargs
+    from engramctl.bench.presets import granite_kwargs
 
     # the 350M preset's shape (bench/presets.py), with this script's small vocabulary
     cfg = GraniteMoeHybridConfig(
-        **{**_granite_kwargs("granite-4.0-h-350m"), "vocab_size": 512},
+        **{**granite_kwargs("granite-4.0-h-350m"), "vocab_size": 512},
         pad_token_id=PAD_ID,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,

@@ -44,12 +44,20 @@ def load_backend():
     """Load a saved model directory through the real loading code (from_pretrained)."""
     import torch
 
-    from engramctl.engine.hf_backend import TransformersBackend
+    from engramctl.engine.loading import load_engine
 
     def load(model_dir: Path, dtype=torch.float32, chunk_tokens: int = 16):
-        backend = TransformersBackend.load(model_dir, model_dir.name, "cpu", dtype)
-        backend.chunk_tokens = chunk_tokens  # small chunks so tests cross chunk boundaries
-        return backend
+        # a model directory is loaded as it is: the cache dir (for GGUF conversions) goes unused
+        engine = load_engine(
+            str(model_dir),
+            model_dir.parent,
+            "cpu",
+            str(dtype).removeprefix("torch."),
+            backend="transformers",
+            model_id=model_dir.name,
+            chunk_tokens=chunk_tokens,  # small chunks so tests cross chunk boundaries
+        )
+        return engine.backend
 
     return load
 
@@ -121,20 +129,12 @@ def tiny_engine(served_model):
 
     def get(backend: str, model_id: str = "tiny-gmh"):
         if (backend, model_id) not in engines:
-            from engramctl.engine.engine import Engine
+            from engramctl.engine.loading import load_engine
 
             path = served_model(backend)
-            if backend == "transformers":
-                import torch
-
-                from engramctl.engine.hf_backend import TransformersBackend
-
-                b = TransformersBackend.load(path, model_id, "cpu", torch.float32)
-            else:
-                from engramctl.engine.llama_backend import LlamaCppBackend
-
-                b = LlamaCppBackend(path, model_id)
-            engines[backend, model_id] = Engine(b, b.tokenizer)
+            engines[backend, model_id] = load_engine(
+                str(path), path.parent, "cpu", "float32", backend=backend, model_id=model_id
+            )
         return engines[backend, model_id]
 
     return get
@@ -152,8 +152,9 @@ def load_llama():
     """Load a GGUF file through the llama.cpp backend, with small chunks so tests cross chunk boundaries."""
 
     def load(path: Path, chunk_tokens: int = 16):
-        from engramctl.engine.llama_backend import LlamaCppBackend
+        from engramctl.engine.loading import load_engine
 
-        return LlamaCppBackend(path, path.name, chunk_tokens=chunk_tokens)
+        engine = load_engine(str(path), path.parent, "cpu", backend="llama.cpp", chunk_tokens=chunk_tokens)
+        return engine.backend
 
     return load

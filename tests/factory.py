@@ -83,24 +83,9 @@ def _config(family: str):
             chunk_size=64,
         )
     if family == "granitemoehybrid":  # L A L L, dense MLP only (no experts), no RoPE like Granite 4.0-H
-        return GraniteMoeHybridConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            shared_intermediate_size=128,
-            num_hidden_layers=4,
-            **attn,
-            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
-            mamba_n_heads=8,
-            mamba_d_head=16,
-            mamba_d_state=16,
-            mamba_n_groups=1,
-            mamba_d_conv=4,
-            mamba_expand=2,
-            mamba_chunk_size=64,
-            num_local_experts=0,
-            num_experts_per_tok=0,
-            position_embedding_type="nope",
-        )
+        # the bench's tiny preset, with this config class's default context (4,096) that tests overflow
+        kwargs = {k: v for k, v in presets.granite_kwargs("tiny").items() if k != "max_position_embeddings"}
+        return GraniteMoeHybridConfig(**kwargs)
     if family == "nemotron_h":  # L mlp L A mlp ("M-M*-"); layers_block_type replaces num_hidden_layers
         return NemotronHConfig(
             hidden_size=64,
@@ -137,13 +122,7 @@ def _config(family: str):
             num_hidden_layers=4,
             **attn,
             attn_layer_indices=[1],
-            mamba_n_heads=8,
-            mamba_d_head=16,
-            mamba_d_state=16,
-            mamba_n_groups=1,
-            mamba_d_conv=4,
-            mamba_expand=2,
-            mamba_chunk_size=64,
+            **{k: v for k, v in presets.granite_kwargs("tiny").items() if k.startswith("mamba_")},  # its mixers
         )
     if family == "zamba2":  # L H L L; H = the shared attention block followed by a mamba2 layer
         return Zamba2Config(

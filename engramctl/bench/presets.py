@@ -3,7 +3,7 @@
 Presets (``engramctl bench --preset NAME``):
 
     tiny                a Granite-4.0-H-like hybrid shrunk to hidden 64, 4 layers (L A L L), vocab 512:
-                        what ``--quick`` runs; the same shape as the tests' tiny granitemoehybrid.
+                        what ``--quick`` runs; tests/factory.py's tiny granitemoehybrid is built from it.
     granite-4.0-h-350m  GraniteMoeHybrid shaped like ibm-granite/granite-4.0-h-350m (340 M params):
                         hidden 768, 32 layers of which 4 attention (7, 15, 23, 31), Mamba2 48 heads x 32,
                         d_state 128, vocab 100352, no positional encoding ("nope"). Everything that
@@ -19,7 +19,9 @@ embedding and the LM head cost what they cost in the real model) but the embeddi
 tokenizer's 512 are zeroed: those logits are then 0 while the max of ~500 random logits is positive,
 so greedy decoding only ever picks tokens the tokenizer can decode. Compute is unchanged.
 
-tests/factory.py builds its tokenizers with `build_tokenizer` from here.
+tests/factory.py builds its tokenizers with `build_tokenizer` and its granitemoehybrid from the tiny preset here.
+The bench loads a preset like any model: preset_dir.py writes it once to a cached model directory,
+gguf_presets.py converts that to GGUF, and engine/loading.load_engine loads either.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def build_tokenizer(vocab_size: int = VOCAB, chat_template: str = CHATML_TEMPLAT
     )
 
 
-def _granite_kwargs(name: str) -> dict[str, Any]:
+def granite_kwargs(name: str) -> dict[str, Any]:
     if name == "tiny":
         return dict(
             vocab_size=VOCAB,
@@ -174,7 +176,7 @@ def build_model(name: str, seed: int = 0, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, GraniteMoeHybridConfig
 
-    cfg = GraniteMoeHybridConfig(**_granite_kwargs(preset_name(name)))
+    cfg = GraniteMoeHybridConfig(**granite_kwargs(preset_name(name)))
     cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id = PAD_ID, BOS_ID, EOS_ID
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
@@ -188,17 +190,6 @@ def build_model(name: str, seed: int = 0, dtype: str = "float32"):
     return model.eval()
 
 
-def preset_engine(name: str, seed: int = 0, dtype: str = "float32", device: str = "cpu"):
-    """An Engine over a freshly built preset model (in memory, nothing written)."""
-    import transformers
-
-    from engramctl.engine.engine import Engine
-    from engramctl.engine.hf_backend import TransformersBackend
-    from engramctl.engine.tokenizer import ChatTokenizer
-
-    transformers.utils.logging.set_verbosity_error()  # the per-op "falling back to torch" lines
-    key = preset_name(name)
-    model = build_model(key, seed=seed, dtype=dtype).to(device)
-    tokenizer = ChatTokenizer(build_tokenizer(), EOS_ID)
-    backend = TransformersBackend(model, tokenizer, f"preset:{key}@seed{seed}")
-    return Engine(backend, tokenizer)
+def preset_id(name: str, seed: int = 0) -> str:
+    """The model id a preset is served and reported as."""
+    return f"preset:{preset_name(name)}@seed{seed}"

@@ -1,77 +1,32 @@
 """Runs the workloads in order and assembles the one JSON object the report prints.
 
-    result = run_bench(BenchConfig(...), progress)
+    result = run_bench(BenchConfig(...), settings, progress)
 
 Everything runs in this process on the same engine and store code the daemon uses ("mode":
 "in-process"). The store lives in a fresh directory under the settings' data dir (so ENGRAM_HOME and
 the config file are honoured, the disk measured is the data dir's disk, and the user's own snapshots
-are never touched); it is deleted at the end unless keep_data is set.
+are never touched); it is deleted at the end unless keep_data is set. The parts: config.py (what runs),
+model.py (what is measured), machine.py (where), workloads/ (the measurements), targets.py (against what).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import platform
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from engramctl.bench.config import BenchConfig, Progress
+from engramctl.bench.machine import describe_machine
 from engramctl.bench.memory import resident_weight_bytes
+from engramctl.bench.model import describe_model, load_model
+from engramctl.bench.targets import efficiency, targets
 from engramctl.bench.timing import LoadMeter, machine_load, wait_idle
 from engramctl.errors import UsageError
 
 SCHEMA = "engramctl-bench/1"
-MiB = 1 << 20
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    contexts: tuple[int, ...] = (256, 1024, 4096)
-    turns: int = 20
-    runs: int = 3
-    reply_tokens: int = 16
-    message_tokens: int = 32
-    seed: int = 0
-    quick: bool = False
-    model: str | None = None  # --model reference (directory, .gguf, hub id); None = preset
-    preset: str | None = None
-    backend: str = "auto"  # auto | transformers | llama.cpp; a preset on llama.cpp runs as a converted GGUF
-    gguf_type: str = "f16"  # a preset's GGUF weight type on llama.cpp: f16 | q8_0 | f32
-    prefill_tokens: int = 512  # speed workload: prefill N, then decode M tokens; 0 skips it
-    decode_tokens: int = 64
-    device: str = "auto"
-    dtype: str = "auto"
-    threads: int | None = None
-    memcpy_bytes: int = 256 * MiB
-    disk_bytes: int = 256 * MiB
-    wait_idle_s: float = 0.0
-    keep_data: bool = False
-    command: str = "engramctl bench"
-
-    def validate(self) -> None:
-        if not self.contexts and self.turns == 0 and self.prefill_tokens == 0:
-            raise UsageError("nothing to run: give --contexts, --turns and/or --prefill-tokens.")
-        if any(c < 1 for c in self.contexts):
-            raise UsageError("every context length must be at least 1 token.")
-        if self.runs < 1:
-            raise UsageError("--runs must be at least 1.")
-        if self.turns < 0 or self.reply_tokens < 1:
-            raise UsageError("--turns must be >= 0 and --reply-tokens >= 1.")
-        if self.prefill_tokens < 0 or self.decode_tokens < 1:
-            raise UsageError("--prefill-tokens must be >= 0 and --decode-tokens >= 1.")
-
-
-class Progress:
-    """What the runner tells its caller; the CLI draws rich progress bars on stderr from it."""
-
-    def phase(self, key: str, description: str, total: int) -> None: ...
-
-    def advance(self, key: str, description: str | None = None) -> None: ...
-
-    def note(self, text: str) -> None: ...
 
 
 class StoreBox:
@@ -97,108 +52,6 @@ class StoreBox:
         self.store.close()
 
 
-def _machine(engine_device: str) -> dict[str, Any]:
-    import torch
-    import transformers
-
-    from engramctl.tiers.hardware import detect_hardware
-
-    hw = detect_hardware(Path.home())
-    return {
-        "cpu": hw.cpu,
-        "cpu_cores": hw.cpu_cores,
-        "cpu_threads": hw.cpu_threads,
-        "ram_total_bytes": hw.ram_total_bytes,
-        "ram_available_bytes": hw.ram_available_bytes,
-        "gpu": hw.gpu,
-        "vram_total_bytes": hw.vram_total_bytes,
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "llama_cpp_python": _llama_version(),
-        "device": engine_device,
-    }
-
-
-def _llama_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("llama_cpp_python")
-    except PackageNotFoundError:
-        return None
-
-
-def _model(engine, cfg: BenchConfig, loaded: Loaded, load_s: float, resident: dict) -> dict[str, Any]:
-    info, spec, source = engine.info, engine.spec, loaded.source
-    kinds = [layer.kind for layer in spec.layers]
-    return {
-        "id": info.model_id,
-        "source": source,
-        "preset": cfg.preset if source == "preset" else None,
-        "family": info.family,
-        "architecture": info.architecture,
-        "n_params": info.n_params,
-        "backend": info.backend,
-        "weight_type": info.weight_type or info.dtype,
-        "weights_bytes": info.weights_bytes,
-        "resident_weight_bytes": resident["bytes"],
-        "resident_weight_how": resident["how"],
-        "gguf": None if loaded.gguf is None else str(loaded.gguf),
-        "threads": loaded.threads,
-        "dtype": info.dtype,
-        "device": info.device,
-        "context_length": info.context_length,
-        "layers": {k: kinds.count(k) for k in sorted(set(kinds))},
-        "fingerprint": info.fingerprint,
-        "chat_template": engine.tokenizer.has_chat_template,
-        "prefix_stable": engine.prefix_stable,
-        "load_s": round(load_s, 3),
-    }
-
-
-@dataclass(frozen=True)
-class Loaded:
-    engine: Any
-    source: str  # "preset" | "model"
-    gguf: Path | None  # the file llama.cpp serves (None on transformers)
-    threads: int | None  # llama.cpp's threads (None on transformers: torch_threads says)
-
-
-def load_model(cfg: BenchConfig, settings, note: Callable[[str], None]) -> Loaded:
-    """A preset is built in memory (transformers) or converted once to a cached GGUF (llama.cpp);
-    --model goes through the daemon's loader."""
-    if cfg.model is None and cfg.backend != "llama.cpp":
-        from engramctl.bench.presets import preset_engine
-
-        dtype = "float32" if cfg.dtype == "auto" else cfg.dtype
-        device = "cpu" if cfg.device == "auto" else cfg.device
-        return Loaded(
-            preset_engine(cfg.preset or "tiny", seed=cfg.seed, dtype=dtype, device=device), "preset", None, None
-        )
-    from engramctl.engine.gguf_source import resolve_gguf
-    from engramctl.engine.llama_lib import n_cpu_threads
-    from engramctl.engine.loading import load_engine
-
-    gguf = None
-    if cfg.model is None:
-        from engramctl.bench.gguf_presets import preset_gguf
-
-        gguf = preset_gguf(cfg.preset or "tiny", cfg.seed, cfg.gguf_type, settings.paths.cache_dir, note)
-    ref, source = (str(gguf), "preset") if gguf is not None else (cfg.model, "model")
-    backend = "llama.cpp" if gguf is not None else cfg.backend
-    engine = load_engine(
-        ref, settings.paths.cache_dir, cfg.device, cfg.dtype, backend=backend, progress=note, threads=cfg.threads
-    )
-    if engine.info.backend != "llama.cpp":
-        return Loaded(engine, source, None, None)
-    if gguf is None:
-        gguf = resolve_gguf(ref, note)[0]  # local or already in the hub cache: load_engine just resolved it
-    return Loaded(engine, source, gguf, cfg.threads or n_cpu_threads())
-
-
 def _warm_up(engine) -> None:
     """Not counted: first calls allocate, load kernels and fill caches."""
     from engramctl.bench.material import filler_ids
@@ -216,7 +69,7 @@ def _warm_up(engine) -> None:
 def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> dict[str, Any]:
     import torch
 
-    from engramctl.bench.workloads import bandwidth, contexts, multiturn, save
+    from engramctl.bench.workloads import bandwidth, contexts, multiturn, save, speed
 
     cfg.validate()
     progress = progress or Progress()
@@ -272,7 +125,7 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
         sp = None
         if cfg.prefill_tokens:
             with LoadMeter() as m:
-                sp = _speed(cfg, loaded, progress)
+                sp = speed.measure(cfg, settings, loaded, progress)
             during["speed"] = m.result
         rows: list[dict[str, Any]] = []
         if cfg.contexts:
@@ -289,7 +142,7 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
                 )
             during["contexts"] = m.result
             for row in rows:
-                _efficiency(row, bw)
+                efficiency(row, bw)
             at = next((r for r in rows if r["tokens"] == 2048), None)
             if at is not None:
                 bw["one_memcpy_at_2048_ms"] = round(bandwidth.one_memcpy_ms(at["state_bytes"], cfg.runs), 3)
@@ -316,12 +169,12 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
         "mode": "in-process",
         "duration_s": round(time.time() - started, 1),
         "machine": {
-            **_machine(engine.info.device),
+            **describe_machine(engine.info.device),
             "load_before": load_before,
             "load_after": load_after,
             "load_during": during,
         },
-        "model": _model(engine, cfg, loaded, load_s, resident),
+        "model": describe_model(engine, cfg, loaded, load_s, resident),
         "settings": {
             "contexts": list(cfg.contexts),
             "turns": cfg.turns,
@@ -355,159 +208,3 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
         "speed": sp,
         "targets": targets(rows, mt, sp, bw),
     }
-
-
-def speed_runs(runs: int) -> int:
-    """Measured runs of the speed workload for --runs `runs` (7 for the default 3)."""
-    return 2 * runs + 1
-
-
-def _speed(cfg: BenchConfig, loaded: Loaded, progress: Progress) -> dict[str, Any]:
-    """The speed workload with its references: raw llama.cpp on the same GGUF, and for a preset served by
-    llama.cpp the same preset on transformers. Each reference is loaded for this phase only and freed after."""
-    import gc
-
-    from engramctl.bench.workloads import speed
-
-    engine = loaded.engine
-    raw, raw_skipped = None, None
-    compare = cfg.model is None and engine.info.backend == "llama.cpp"
-    # Ratios of two ~5%-noisy figures against 1.05/1.10 bounds: more interleaved runs than the sweep's
-    # (measured: 3 runs gave decode ratios 0.97-1.07 for the same F16 file on an idle machine).
-    runs = speed_runs(cfg.runs)
-    total = runs + 1 + (runs + 1 if compare else 0)
-    progress.phase("speed", "prefill/decode speed", total)
-    if engine.info.backend == "llama.cpp":
-        from engramctl.bench.llama_ref import RawLlama
-        from engramctl.errors import EngramError
-
-        backend = engine.backend
-        try:
-            raw = RawLlama(loaded.gguf, n_ctx=backend.n_ctx, n_batch=backend.chunk_tokens, threads=loaded.threads)
-        except EngramError as e:  # the figures without their reference are still worth having
-            raw_skipped = f"the raw llama.cpp reference could not start: {e.message}"
-            progress.note(f"Warning: {raw_skipped}")
-    else:
-        raw_skipped = "the raw llama.cpp reference runs on the llama.cpp backend only"
-    from engramctl.daemon.worker import Worker
-
-    # engramctl's side runs on the daemon's own worker thread, the model having been loaded on this one:
-    # that is where the daemon decodes (an OpenMP llama.cpp build is ~1.8x slower there: docs/llama-threads.md)
-    worker = Worker(max_queue=0)
-    try:
-        out = speed.run(
-            engine,
-            prefill_tokens=cfg.prefill_tokens,
-            decode_tokens=cfg.decode_tokens,
-            runs=runs,
-            seed=cfg.seed,
-            raw=raw,
-            step=lambda d: progress.advance("speed", d),
-            on_worker=worker.call,
-        )
-    finally:
-        worker.close()
-        if raw is not None:
-            raw.close()
-    out["raw_skipped"] = raw_skipped
-    out["transformers_skipped"] = None
-    if compare:
-        from engramctl.bench.presets import preset_engine
-
-        tf = preset_engine(cfg.preset or "tiny", seed=cfg.seed, dtype="float32", device="cpu")
-        try:
-            out["transformers"] = speed.transformers_decode(
-                tf,
-                prefill_tokens=cfg.prefill_tokens,
-                decode_tokens=cfg.decode_tokens,
-                runs=runs,
-                seed=cfg.seed,
-                step=lambda d: progress.advance("speed", d),
-            )
-        finally:
-            del tf
-            gc.collect()
-    elif engine.info.backend == "llama.cpp":
-        out["transformers_skipped"] = (
-            "runs for presets only; for a GGUF of your own, run the bench again with --backend transformers"
-        )
-    else:
-        out["transformers_skipped"] = "the engine is the transformers backend"
-    out["ratios"] = speed.ratios(out)
-    return out
-
-
-def _efficiency(row: dict[str, Any], bw: dict[str, Any]) -> None:
-    """efficiency = (bytes / floor bandwidth) / measured time: 1.0 = the restore ran at the floor."""
-    if row["restore_disk_ms"]:
-        ideal = row["snapshot_bytes"] / bw["disk_read_bytes_per_s"]
-        row["restore_disk_efficiency"] = round(ideal / (row["restore_disk_ms"] / 1000), 4)
-    if row["restore_ram_ms"]:
-        ideal = row["state_bytes"] / bw["memcpy_bytes_per_s"]
-        row["restore_ram_efficiency"] = round(ideal / (row["restore_ram_ms"] / 1000), 4)
-
-
-TARGETS = {  # the issues' targets: (bound, "max" = measured must be <= bound | "min" = >= bound)
-    "restore_speedup_at_1024": (100, "min"),
-    "restore_disk_efficiency": (0.75, "min"),
-    "token_reduction": (0.95, "min"),
-    "decode_vs_raw_llama_cpp": (1.10, "max"),
-    "prefill_vs_raw_llama_cpp": (1.05, "max"),
-    "decode_speedup_vs_transformers": (4.0, "min"),
-    "restore_ram_vs_memcpy_at_2048": (1.3, "max"),
-}
-
-
-def _target(name: str, measured: float, **extra: Any) -> dict[str, Any]:
-    bound, kind = TARGETS[name]
-    return {
-        "target": bound,
-        "measured": measured,
-        **extra,
-        "met": measured <= bound if kind == "max" else measured >= bound,
-    }
-
-
-def targets(
-    rows: list[dict[str, Any]],
-    mt: dict[str, Any] | None,
-    sp: dict[str, Any] | None = None,
-    bw: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The issues' targets, reported (never asserted)."""
-    out: dict[str, Any] = {}
-    at = next((r for r in rows if r["tokens"] == 1024), None)
-    if at is not None and at["speedup_restore_ram"] is not None:
-        out["restore_speedup_at_1024"] = _target("restore_speedup_at_1024", at["speedup_restore_ram"])
-    effs = [r["restore_disk_efficiency"] for r in rows if r["restore_disk_efficiency"] is not None]
-    if effs:
-        best = max(effs)
-        out["restore_disk_efficiency"] = _target(
-            "restore_disk_efficiency", best, at_tokens=rows[effs.index(best)]["tokens"]
-        )
-    if mt is not None and mt.get("token_reduction") is not None:
-        out["token_reduction"] = _target("token_reduction", mt["token_reduction"], turns=mt["turns"])
-    for name, value in ((sp or {}).get("ratios") or {}).items():
-        if value is not None:
-            out[name] = _target(name, value)
-    at = next((r for r in rows if r["tokens"] == 2048), None)
-    if at is not None and at["restore_ram_ms"] and bw and bw.get("memcpy_bytes_per_s"):
-        # restore time over what moving the state's bytes once at memcpy speed would take
-        floor_ms = at["state_bytes"] / bw["memcpy_bytes_per_s"] * 1000
-        out["restore_ram_vs_memcpy_at_2048"] = _target(
-            "restore_ram_vs_memcpy_at_2048",
-            round(at["restore_ram_ms"] / floor_ms, 3),
-            floor_ms=round(floor_ms, 3),
-            state_bytes=at["state_bytes"],
-            # the same restore against one single-threaded memcpy of the state (bandwidth.one_memcpy_ms)
-            one_memcpy_ms=bw.get("one_memcpy_at_2048_ms"),
-            vs_one_memcpy=round(at["restore_ram_ms"] / bw["one_memcpy_at_2048_ms"], 3)
-            if bw.get("one_memcpy_at_2048_ms")
-            else None,
-            # the same restore after another conversation used the engine (llama.cpp: one copy in)
-            after_other_ms=at.get("restore_ram_after_other_ms"),
-            after_other_vs_floor=round(at["restore_ram_after_other_ms"] / floor_ms, 3)
-            if at.get("restore_ram_after_other_ms")
-            else None,
-        )
-    return out

@@ -93,27 +93,36 @@ def _gguf_key(path: Path) -> str:
 
 
 def _gguf_cache(path: Path, cache_dir: Path, say: Callable[[str], None]) -> Path:
-    models = cache_dir / "models"
-    final = models / f"{path.stem}-{_gguf_key(path)}"
-    if (final / "config.json").is_file():  # only os.replace creates `final`, so it is complete
+    def convert(tmp: Path) -> None:
+        say(f"converting {path.name} to safetensors (one-time, ~35 s)")
+        _convert(path, tmp)
+
+    return build_once(cache_dir / "models" / f"{path.stem}-{_gguf_key(path)}", convert)
+
+
+def build_once(final: Path, build: Callable[[Path], None]) -> Path:
+    """The model directory `final`, built first by build(tmp) when absent. Only the rename of a complete,
+    fsynced sibling makes `final` appear, so a present one is complete; a builder that crashed leaves a
+    .tmp-* sibling, removed an hour later (sparing a live one)."""
+    if (final / "config.json").is_file():
         return final
-    models.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for stale in models.glob(f".tmp-{final.name}-*"):  # left by a crash; spare a live converter
+    parent = final.parent
+    parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for stale in parent.glob(f".tmp-{final.name}-*"):
         if time.time() - stale.stat().st_mtime > 3600:
             shutil.rmtree(stale, ignore_errors=True)
-    say(f"converting {path.name} to safetensors (one-time, ~35 s)")
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=models))  # 0700
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=parent))  # 0700
     try:
-        _convert(path, tmp)
+        build(tmp)
         for f in tmp.iterdir():  # durable before visible: a power cut must not leave a torn cache
             with f.open("rb") as fh:
                 os.fsync(fh.fileno())
         try:
             os.replace(tmp, final)
         except OSError:
-            if not (final / "config.json").is_file():  # not a concurrent converter winning the race
+            if not (final / "config.json").is_file():  # not a concurrent builder winning the race
                 raise
-        fd = os.open(models, os.O_RDONLY)  # make the rename itself durable
+        fd = os.open(parent, os.O_RDONLY)  # make the rename itself durable
         os.fsync(fd)
         os.close(fd)
     finally:
@@ -206,12 +215,16 @@ def load_engine(
     ngram: "NgramConfig | None" = None,
     tables: "TableSetup | None" = None,
     threads: int | None = None,
+    model_id: str | None = None,
+    chunk_tokens: int | None = None,
 ):
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
     weight type (never converted to float32); `dtype` applies to transformers only. `ngram` gives the
     transformers model Engram layers (engine/ngram_hooks.py), their tables held as `tables` says. `threads`: the
-    CPU threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use."""
+    CPU threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use.
+    `model_id`: the name the engine reports (default: the GGUF's file name, the hub id or the directory's path);
+    `chunk_tokens`: tokens per forward pass at prefill (default: the backend's)."""
     from engramctl.engine.engine import Engine
     from engramctl.errors import BackendUnavailable
 
@@ -227,12 +240,13 @@ def load_engine(
     if chosen == "transformers" and is_gguf_ref(ref) and not Path(ref).expanduser().is_file():
         ref = str(resolve_gguf(ref, say)[0])  # a hub GGUF: fetched, then converted like a local one
     if chosen == "llama.cpp":
-        path, model_id = resolve_gguf(ref, say)
+        path, gguf_id = resolve_gguf(ref, say)
         try:
             from engramctl.engine.llama_backend import LlamaCppBackend
             from engramctl.engine.llama_lib import OPENMP_NOTICE, openmp_linked
 
-            lb = LlamaCppBackend(path, model_id, device=device, threads=threads)
+            chunk = {} if chunk_tokens is None else {"chunk_tokens": chunk_tokens}
+            lb = LlamaCppBackend(path, model_id or gguf_id, device=device, threads=threads, **chunk)
             if dtype != "auto":
                 say(
                     f"--dtype {dtype} applies to transformers; "
@@ -264,6 +278,8 @@ def load_engine(
     resolved = resolve_model(ref, cache_dir, progress=progress)
     dev = pick_device(device)
     tb = TransformersBackend.load(
-        resolved.model_dir, resolved.model_id, dev, pick_dtype(dtype, dev), ngram=ngram, tables=tables
+        resolved.model_dir, model_id or resolved.model_id, dev, pick_dtype(dtype, dev), ngram=ngram, tables=tables
     )
+    if chunk_tokens is not None:
+        tb.chunk_tokens = chunk_tokens
     return Engine(tb, tb.tokenizer)

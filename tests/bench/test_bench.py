@@ -179,7 +179,7 @@ def test_speed_on_transformers_measures_engramctl_and_says_why_no_reference(repo
 
 
 def test_text_report_renders_every_section(report):
-    from engramctl.bench.report import render
+    from engramctl.cli.bench_report import render
 
     text = render(report)
     for title in ("BANDWIDTH FLOOR", "CONTEXT SWEEP", "SPEED", "MULTI-TURN CHAT", "SNAPSHOT SAVES", "TARGETS"):
@@ -189,7 +189,7 @@ def test_text_report_renders_every_section(report):
 
 def test_plot_draws_a_png(report, tmp_path):
     pytest.importorskip("matplotlib")
-    from engramctl.bench.report import plot
+    from engramctl.cli.bench_plot import plot
 
     out = tmp_path / "bench.png"
     plot(report, str(out))
@@ -221,8 +221,9 @@ def test_usage_errors(tmp_path, args, words):
 def test_multiturn_stateful_side_records_what_the_daemon_records(engram_home):
     """The stateful side runs the daemon's own service (its turn, its restore, its recorder), so the store
     ends up as a daemon's would: the transcript, and per turn a prompt and a reply snapshot in one chain."""
-    from engramctl.bench.presets import preset_engine
+    from engramctl.bench.preset_dir import preset_dir
     from engramctl.bench.runner import StoreBox
+    from engramctl.engine.loading import load_engine
     from engramctl.bench.workloads import multiturn
     from engramctl.settings import load_settings
 
@@ -230,7 +231,9 @@ def test_multiturn_stateful_side_records_what_the_daemon_records(engram_home):
     settings.paths.ensure()
     box = StoreBox(settings)
     try:
-        rows = multiturn.run(preset_engine("tiny", seed=0, dtype="float32", device="cpu"), box, 3, 4)["rows"]
+        model_dir = preset_dir("tiny", 0, settings.paths.cache_dir)
+        engine = load_engine(str(model_dir), settings.paths.cache_dir, "cpu", "float32", backend="transformers")
+        rows = multiturn.run(engine, box, 3, 4)["rows"]
         store, session = box.store, multiturn.SESSION
         messages = store.transcript(session)
         assert [m["role"] for m in messages] == ["user", "assistant"] * 3

@@ -52,7 +52,7 @@ def test_the_preset_is_converted_once_and_said_on_stderr(llama_run):
 
 
 def test_header_names_backend_weight_type_and_resident_bytes(llama_run):
-    from engramctl.bench.report import render
+    from engramctl.cli.bench_report import render
 
     report, _, _ = llama_run
     mo = report["model"]
@@ -105,7 +105,7 @@ def test_the_sweep_and_the_stateful_chat_ran_on_llama_cpp(llama_run):
 
 
 def test_restore_target_is_bytes_over_memcpy_at_2048():
-    from engramctl.bench.runner import targets
+    from engramctl.bench.targets import targets
 
     row = {
         "tokens": 2048,

@@ -154,13 +154,16 @@ def _median_ms(times: list[float]) -> float:
     return round(statistics.median(times) * 1000, 3)
 
 
-def test_restore_time_by_tier_on_a_granite_350m_shaped_model(open_store):
+def test_restore_time_by_tier_on_a_granite_350m_shaped_model(open_store, tmp_path):
     """Figures, not a benchmark: one run, medians of repeated restores of one snapshot of a random
     GraniteMoeHybrid shaped like granite-4.0-h-350m after 512 tokens. A restore = store.load +
     from_payload (every check a restore makes) + engine inject into a fresh cache on the GPU."""
-    from engramctl.bench.presets import preset_engine
+    from engramctl.bench.preset_dir import preset_dir
+    from engramctl.engine.loading import load_engine
 
-    backend = preset_engine("granite-4.0-h-350m", dtype="float32", device="cuda").backend
+    model_dir = preset_dir("granite-4.0-h-350m", 0, tmp_path)
+    engine = load_engine(str(model_dir), tmp_path, "cuda", "float32", backend="transformers")
+    backend = engine.backend
     ids = token_ids(512, seed=7)
     live = backend.new_live()
     backend.prefill(live, ids[:64])  # warm-up

@@ -10,9 +10,9 @@ Tokens/s interleaved over `runs` repeats (median), seeded, CPU/wall recorded:
   F  real text: hit rate of an LRU RAM cache of disk rows against cache size, per n-gram order, and the
      unique rows per step (ngram_text.py)
 
-The backbone: by default the real engine serving a bench preset model (ngram_engine.py: the transformers
-backend with the engine's own Engram layer and table files); with `preset` None, the stand-in backbone
-(ngram_standin.py). Token ids are random (the paper's worst case for caching).
+The backbone: the real engine serving a bench preset model (ngram_engine.py: the transformers backend with
+the engine's own Engram layer and table files). The research harness scripts/ngram_standin.py runs the same
+variants on a stand-in MLP backbone outside the engine. Token ids are random (the paper's worst case for caching).
 
 Cold reads: before every measured C/D/E run the table's pages are dropped from the page cache with
 posix_fadvise(DONTNEED) (no root needed), or, with read_mode "direct", every read is an
@@ -37,31 +37,16 @@ from engramctl.bench.workloads.ngram_text import real_text
 SCHEMA = "engramctl-bench-ngram/1"
 
 
-def _maker(cfg: NgramBenchConfig) -> tuple[Callable, str]:
-    """make(directory, table_bytes, variants) for the chosen backbone (one A backbone shared by every
-    table), and the backbone's description."""
-    if cfg.preset is None:
-        from engramctl.bench.workloads.ngram_standin import StandinVariants
-
-        shared: dict[str, Any] = {}
-
-        def make(directory, size, variants):
-            made = StandinVariants(cfg, directory, size, variants, model=shared.get("model"))
-            shared.setdefault("model", made.model)
-            return made
-
-        return make, (
-            f"stand-in: embedding, {cfg.layers} pre-norm MLP blocks of width {cfg.hidden}, vocabulary head "
-            f"{cfg.vocab}; Engram (engramctl.ngram.fusion.EngramFusion, 1 branch, short conv) before block "
-            f"{cfg.engram_layer}"
-        )
+def engine_maker(cfg: NgramBenchConfig, cache_dir: Path, note: Callable[[str], None]) -> tuple[Callable, str]:
+    """make(directory, table_bytes, variants) on the engine serving cfg.preset (one A backbone shared by
+    every table), and the backbone's description."""
     from engramctl.bench.presets import PRESETS, preset_name
     from engramctl.bench.workloads.ngram_engine import EngineVariants, plain_backend
 
-    plain = plain_backend(cfg)
+    plain = plain_backend(cfg, cache_dir, note)
 
     def make(directory, size, variants):
-        return EngineVariants(cfg, directory, size, variants, plain=plain)
+        return EngineVariants(cfg, directory, size, variants, plain, cache_dir, note)
 
     key = preset_name(cfg.preset)
     return make, (
@@ -70,7 +55,9 @@ def _maker(cfg: NgramBenchConfig) -> tuple[Callable, str]:
     )
 
 
-def run(cfg: NgramBenchConfig, work_dir: Path, progress, note: Callable[[str], None]) -> dict[str, Any]:
+def run(cfg: NgramBenchConfig, work_dir: Path, progress, note: Callable[[str], None], maker) -> dict[str, Any]:
+    """The variants on the backbone `maker` = (make, description) gives (engine_maker; scripts/ngram_standin.py
+    passes its stand-in's)."""
     import torch
 
     from engramctl.tiers.hardware import detect_hardware
@@ -81,7 +68,7 @@ def run(cfg: NgramBenchConfig, work_dir: Path, progress, note: Callable[[str], N
         torch.set_num_threads(cfg.threads)
     hw = detect_hardware(work_dir)
     tier_plan = plan(hw)
-    make, backbone = _maker(cfg)
+    make, backbone = maker
     out: dict[str, Any] = {
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("command", "keep_data")},
         "hardware": {
@@ -161,8 +148,9 @@ def _targets(variants: dict, sizes: list[dict], exact: dict) -> dict[str, Any]:
     }
 
 
-def bench(cfg: NgramBenchConfig, settings, progress) -> dict[str, Any]:
-    """The whole run in a fresh bench-ngram-* directory under the data dir (deleted after unless keep_data)."""
+def bench(cfg: NgramBenchConfig, settings, progress, maker=None) -> dict[str, Any]:
+    """The whole run in a fresh bench-ngram-* directory under the data dir (deleted after unless keep_data);
+    `maker`: the backbone (default: the engine serving cfg.preset, engine_maker)."""
     import platform
     import tempfile
 
@@ -183,7 +171,8 @@ def bench(cfg: NgramBenchConfig, settings, progress) -> dict[str, Any]:
             "timings will be slower and noisier than on an idle machine"
         )
     try:
-        result = run(cfg, work, progress, progress.note)
+        made = maker or engine_maker(cfg, settings.paths.cache_dir, progress.note)
+        result = run(cfg, work, progress, progress.note, made)
     finally:
         if not cfg.keep_data:
             shutil.rmtree(work, ignore_errors=True)

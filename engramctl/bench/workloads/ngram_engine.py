@@ -26,23 +26,35 @@ def _dtype(cfg: NgramBenchConfig) -> str:
     return "bfloat16" if cfg.device == "cuda" else "float32"
 
 
-def plain_backend(cfg: NgramBenchConfig):
-    """A: the preset model without Engram layers."""
-    from engramctl.bench.presets import EOS_ID, build_model, build_tokenizer
-    from engramctl.engine.hf_backend import TransformersBackend
-    from engramctl.engine.tokenizer import ChatTokenizer
+def _load(cfg: NgramBenchConfig, cache_dir: Path, note, **ngram):
+    """The preset's backend through the one loader (the preset's model directory is built once, cached)."""
+    from engramctl.bench.preset_dir import preset_dir
+    from engramctl.bench.presets import preset_id
+    from engramctl.engine.loading import load_engine
 
-    model = build_model(cfg.preset, seed=cfg.seed, dtype=_dtype(cfg)).to(cfg.device)
-    return TransformersBackend(model, ChatTokenizer(build_tokenizer(), EOS_ID), f"preset:{cfg.preset}")
+    model_dir = preset_dir(cfg.preset, cfg.seed, cache_dir, note)
+    engine = load_engine(
+        str(model_dir),
+        cache_dir,
+        cfg.device,
+        _dtype(cfg),
+        backend="transformers",
+        model_id=preset_id(cfg.preset, cfg.seed),
+        **ngram,
+    )
+    return engine.backend
+
+
+def plain_backend(cfg: NgramBenchConfig, cache_dir: Path, note):
+    """A: the preset model without Engram layers."""
+    return _load(cfg, cache_dir, note)
 
 
 class EngineVariants:
     """Some of A/B/C/D over one table of about `table_bytes`, its files under `directory`."""
 
-    def __init__(self, cfg: NgramBenchConfig, directory: Path, table_bytes: int, variants, plain=None):
-        from engramctl.bench.presets import EOS_ID, VOCAB, build_model, build_tokenizer
-        from engramctl.engine.hf_backend import TransformersBackend
-        from engramctl.engine.tokenizer import ChatTokenizer
+    def __init__(self, cfg: NgramBenchConfig, directory: Path, table_bytes: int, variants, plain, cache_dir, note):
+        from engramctl.bench.presets import VOCAB
         from engramctl.ngram.tableset import TableSetup
 
         self.cfg, self.variants = cfg, tuple(variants)
@@ -55,14 +67,10 @@ class EngineVariants:
                 directory, tier=tier, read=read, io_threads=cfg.io_threads, read_mode=cfg.read_mode, init="bits"
             )
 
-        self.plain = plain if plain is not None or "A" not in self.variants else plain_backend(cfg)
-        model = build_model(cfg.preset, seed=cfg.seed, dtype=dtype).to(cfg.device)
-        tokenizer = ChatTokenizer(build_tokenizer(), EOS_ID)
+        self.plain = plain
         first = "ram" if "B" in self.variants else "disk"
         with Clock() as c:  # the model's load, the table files' one write included
-            self.engram = TransformersBackend(
-                model, tokenizer, f"preset:{cfg.preset}", ngram=ecfg, tables=setup(first, "prefetch")
-            )
+            self.engram = _load(cfg, cache_dir, note, ngram=ecfg, tables=setup(first, "prefetch"))
         self.load_s = c.sample.wall_s
         hooks = self.engram.engram
         self.sets = {"B": hooks.tables} if "B" in self.variants else {}

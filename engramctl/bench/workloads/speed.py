@@ -13,16 +13,20 @@
 
 engramctl and raw llama.cpp alternate run by run, in alternating order (ABBA), after one warm-up run of
 each that is not counted, so a neighbour's load on a shared machine hits both alike. Every figure is a
-median with its [min-max] and process CPU/wall.
+median with its [min-max] and process CPU/wall. measure() runs the phase with its references for run_bench.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engramctl.bench.material import filler_ids
 from engramctl.bench.timing import Clock, Series
 from engramctl.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from engramctl.bench.config import BenchConfig, Progress
+    from engramctl.bench.model import Loaded
 
 
 def _generate(engine, live, decode_tokens: int) -> tuple[float, int, float]:
@@ -181,3 +185,85 @@ def ratios(speed: dict[str, Any]) -> dict[str, float | None]:
         "prefill_vs_raw_llama_cpp": div(me["prefill_ms"], raw.get("prefill_ms")),
         "decode_speedup_vs_transformers": div(tf.get("decode_ms_per_token"), me["decode_ms_per_token"]),
     }
+
+
+def speed_runs(runs: int) -> int:
+    """Measured runs of the speed workload for --runs `runs` (7 for the default 3)."""
+    return 2 * runs + 1
+
+
+def measure(cfg: BenchConfig, settings, loaded: Loaded, progress: Progress) -> dict[str, Any]:
+    """The speed workload with its references: raw llama.cpp on the same GGUF, and for a preset served by
+    llama.cpp the same preset on transformers. Each reference is loaded for this phase only and freed after."""
+    import gc
+
+    engine = loaded.engine
+    raw, raw_skipped = None, None
+    compare = cfg.model is None and engine.info.backend == "llama.cpp"
+    # Ratios of two ~5%-noisy figures against 1.05/1.10 bounds: more interleaved runs than the sweep's
+    # (measured: 3 runs gave decode ratios 0.97-1.07 for the same F16 file on an idle machine).
+    runs = speed_runs(cfg.runs)
+    total = runs + 1 + (runs + 1 if compare else 0)
+    progress.phase("speed", "prefill/decode speed", total)
+    if engine.info.backend == "llama.cpp":
+        from engramctl.bench.llama_ref import RawLlama
+        from engramctl.errors import EngramError
+
+        backend = engine.backend
+        try:
+            raw = RawLlama(loaded.gguf, n_ctx=backend.n_ctx, n_batch=backend.chunk_tokens, threads=loaded.threads)
+        except EngramError as e:  # the figures without their reference are still worth having
+            raw_skipped = f"the raw llama.cpp reference could not start: {e.message}"
+            progress.note(f"Warning: {raw_skipped}")
+    else:
+        raw_skipped = "the raw llama.cpp reference runs on the llama.cpp backend only"
+    from engramctl.daemon.worker import Worker
+
+    # engramctl's side runs on the daemon's own worker thread, the model having been loaded on this one:
+    # that is where the daemon decodes (an OpenMP llama.cpp build is ~1.8x slower there: docs/llama-threads.md)
+    worker = Worker(max_queue=0)
+    try:
+        out = run(
+            engine,
+            prefill_tokens=cfg.prefill_tokens,
+            decode_tokens=cfg.decode_tokens,
+            runs=runs,
+            seed=cfg.seed,
+            raw=raw,
+            step=lambda d: progress.advance("speed", d),
+            on_worker=worker.call,
+        )
+    finally:
+        worker.close()
+        if raw is not None:
+            raw.close()
+    out["raw_skipped"] = raw_skipped
+    out["transformers_skipped"] = None
+    if compare:
+        import dataclasses
+
+        from engramctl.bench.model import load_model
+
+        # threads None: torch keeps the thread count the llama.cpp engine left it (its threads stay llama.cpp's)
+        ref_cfg = dataclasses.replace(cfg, backend="transformers", device="cpu", dtype="float32", threads=None)
+        tf = load_model(ref_cfg, settings, progress.note).engine
+        try:
+            out["transformers"] = transformers_decode(
+                tf,
+                prefill_tokens=cfg.prefill_tokens,
+                decode_tokens=cfg.decode_tokens,
+                runs=runs,
+                seed=cfg.seed,
+                step=lambda d: progress.advance("speed", d),
+            )
+        finally:
+            del tf
+            gc.collect()
+    elif engine.info.backend == "llama.cpp":
+        out["transformers_skipped"] = (
+            "runs for presets only; for a GGUF of your own, run the bench again with --backend transformers"
+        )
+    else:
+        out["transformers_skipped"] = "the engine is the transformers backend"
+    out["ratios"] = ratios(out)
+    return out

@@ -1,9 +1,11 @@
-"""Text report of `engramctl bench ngram` (the JSON object of engramctl.bench.workloads.ngram.bench)."""
+"""`engramctl bench ngram`'s result as text (the JSON object of engramctl.bench.workloads.ngram.bench), its
+tables drawn like `engramctl bench`'s (bench_format.table)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from engramctl.cli.bench_format import table
 from engramctl.units import human_bytes
 
 NAMES = {
@@ -19,9 +21,7 @@ def _num(x: Any, digits: int = 1) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
-    return [fmt(header), *[fmt(r) for r in rows]]
+    return table(header, rows).split("\n")
 
 
 def render(r: dict[str, Any]) -> str:

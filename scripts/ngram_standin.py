@@ -1,4 +1,10 @@
-"""The stand-in backbone of `engramctl bench ngram --stand-in`: embedding, `layers` pre-norm MLP blocks
+"""The N-gram paper's Table 4 on a stand-in backbone: `engramctl bench ngram`'s variants (A-F,
+engramctl/bench/workloads/ngram.py) run outside the engine, on a research stand-in model.
+
+    .venv/bin/python scripts/ngram_standin.py [--quick] [--json] [--hidden 512] [--layers 8] [--runs 3] ...
+
+`engramctl bench ngram` runs the same harness on the real engine; this script keeps the stand-in out of the
+installed package. The backbone: embedding, `layers` pre-norm MLP blocks
 (d -> 4d -> d, SiLU), a final norm and a vocabulary head; position-wise, so a step costs the same at any
 context. The Engram layer is engramctl.ngram.fusion.EngramFusion (one branch, the short conv with its
 per-sequence state) fed by engramctl.ngram.hashing row ids, outside the engine. `batch` sequences run side
@@ -8,7 +14,11 @@ the lookback (RowIds) before the backbone runs.
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +26,25 @@ import numpy as np
 
 from engramctl.bench.timing import Clock
 from engramctl.bench.workloads.ngram_config import NgramBenchConfig, engram_config, rates
+from engramctl.errors import UsageError
 
 
-def build_model(cfg: NgramBenchConfig, memory_dim: int):
+@dataclass(frozen=True)
+class StandinConfig(NgramBenchConfig):
+    """The harness's configuration plus the stand-in's shape."""
+
+    preset: str | None = None
+    hidden: int = 512
+    layers: int = 8
+    vocab: int = 32000  # random token ids in [0, vocab); identity compression
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.engram_layer < self.layers:
+            raise UsageError(f"the Engram layer {self.engram_layer} must be one of the {self.layers} blocks.")
+
+
+def build_model(cfg: StandinConfig, memory_dim: int):
     import torch
     from torch import nn
 
@@ -51,7 +77,7 @@ def build_model(cfg: NgramBenchConfig, memory_dim: int):
 class Runner:
     """Runs the token stream through the backbone in one variant and times it."""
 
-    def __init__(self, cfg: NgramBenchConfig, model, hasher, tokens: np.ndarray):
+    def __init__(self, cfg: StandinConfig, model, hasher, tokens: np.ndarray):
         self.cfg, self.model, self.hasher, self.tokens = cfg, model, hasher, tokens
 
     def steps(self) -> list[tuple[str, int, int]]:
@@ -113,7 +139,7 @@ class StandinVariants:
     """Some of A/B/C/D on the stand-in backbone over one table of about `table_bytes`, written to
     `directory`; `model` shares one backbone between several tables (E)."""
 
-    def __init__(self, cfg: NgramBenchConfig, directory: Path, table_bytes: int, variants, model=None):
+    def __init__(self, cfg: StandinConfig, directory: Path, table_bytes: int, variants, model=None):
         from engramctl.ngram.hashing import NgramHasher
         from engramctl.ngram.prefetch import Prefetcher
         from engramctl.ngram.table_file import write_table
@@ -153,3 +179,86 @@ class StandinVariants:
             if p is not None:
                 p.close()
         self.disk.close()
+
+
+def maker(cfg: StandinConfig):
+    """(make, description) for the harness (workloads/ngram.run): one backbone shared by every table."""
+    shared: dict[str, Any] = {}
+
+    def make(directory, size, variants):
+        made = StandinVariants(cfg, directory, size, variants, model=shared.get("model"))
+        shared.setdefault("model", made.model)
+        return made
+
+    return make, (
+        f"stand-in: embedding, {cfg.layers} pre-norm MLP blocks of width {cfg.hidden}, vocabulary head "
+        f"{cfg.vocab}; Engram (engramctl.ngram.fusion.EngramFusion, 1 branch, short conv) before block "
+        f"{cfg.engram_layer}"
+    )
+
+
+class _Progress:
+    def phase(self, key: str, description: str, total: int) -> None:
+        print(f"{description}...", file=sys.stderr)
+
+    def advance(self, key: str, description: str | None = None) -> None: ...
+
+    def note(self, text: str) -> None:
+        print(text, file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engramctl.bench.workloads.ngram import bench
+    from engramctl.settings import load_settings
+    from engramctl.units import parse_bytes
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small tables (1-4 MiB), few tokens, 1 run")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--engram-layer", type=int, default=1)
+    p.add_argument("--runs", type=int, default=None)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--prefill-tokens", type=int, default=None)
+    p.add_argument("--chunk", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=None)
+    p.add_argument("--table-bytes", default=None)
+    p.add_argument("--sizes", default=None, help="comma-separated table sizes of E")
+    p.add_argument("--corpus-tokens", type=int, default=None)
+    p.add_argument("--io-threads", type=int, default=4)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    q = a.quick
+    sizes = a.sizes or ("1MiB,4MiB" if q else "64MiB,256MiB,1GiB")
+    cfg = StandinConfig(
+        hidden=a.hidden,
+        layers=a.layers,
+        engram_layer=a.engram_layer,
+        runs=a.runs or (1 if q else 3),
+        batch=a.batch,
+        prefill_tokens=a.prefill_tokens if a.prefill_tokens is not None else (16 if q else 256),
+        chunk=a.chunk,
+        decode_tokens=a.decode_tokens or (4 if q else 32),
+        table_bytes=parse_bytes(a.table_bytes or ("2MiB" if q else "256MiB"), "--table-bytes"),
+        sizes=tuple(sorted({parse_bytes(x.strip(), "--sizes") for x in sizes.split(",") if x.strip()})),
+        corpus_tokens=a.corpus_tokens or (2000 if q else 50_000),
+        io_threads=a.io_threads,
+        threads=a.threads,
+        seed=a.seed,
+        command="scripts/ngram_standin.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    )
+    cfg.validate()
+    result = bench(cfg, load_settings(), _Progress(), maker=maker(cfg))
+    if a.json:
+        print(json.dumps(result, indent=2))
+    else:
+        from engramctl.cli.bench_ngram_report import render
+
+        print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,77 +1,18 @@
-"""The bench result as text (header + aligned tables, for stdout) and as a PNG plot.
+"""`engramctl bench`'s result as text: a header of fields and aligned tables, drawn by output.py.
 
-The JSON object itself is built by runner.run_bench; its schema is documented in BENCHMARKS.md
-("engramctl bench") and checked by tests/bench. Nothing heavy is imported here (matplotlib only
-inside plot()).
+The JSON object itself is built by bench/runner.run_bench; its schema is documented in BENCHMARKS.md
+("engramctl bench") and checked by tests/bench. The PNG plot is bench_plot.py's.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
-from engramctl.errors import UsageError
+from engramctl.cli.bench_format import fmt_int, fmt_ms, fmt_rate, fmt_ratio, fmt_spread, fmt_x, table
+from engramctl.cli.output import render_fields
 from engramctl.units import human_bytes
 
-PLOT_HINT = "pip install 'engramctl[plot]'   (or: pip install matplotlib)"
 
-
-# -- formatting ---------------------------------------------------------------------------------------
-def fmt_ms(ms: float | None) -> str:
-    if ms is None:
-        return "-"
-    if ms >= 1000:
-        return f"{ms / 1000:.2f} s"
-    if ms >= 10:
-        return f"{ms:.0f} ms"
-    return f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"
-
-
-def fmt_spread(ms: float | None, spread: Sequence[float] | None) -> str:
-    if ms is None:
-        return "-"
-    if not spread or len(spread) != 2 or spread[0] == spread[1]:
-        return fmt_ms(ms)
-    return f"{fmt_ms(ms)} [{fmt_ms(spread[0])}-{fmt_ms(spread[1])}]"
-
-
-def fmt_rate(bps: float | None) -> str:
-    if not bps:
-        return "-"
-    return f"{human_bytes(int(bps))}/s"
-
-
-def fmt_x(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.0f}x" if v >= 10 else f"{v:.1f}x"
-
-
-def fmt_ratio(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
-
-
-def fmt_int(v: int | None) -> str:
-    return "-" if v is None else f"{v:,}"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
-    """Borderless, UPPERCASE headers, two-space gaps (the CLI's table style)."""
-    right = right or [i > 0 for i in range(len(headers))]
-    cells = [[h.upper() for h in headers]] + [list(r) for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(headers))]
-    out = []
-    for line in cells:
-        parts = [text.rjust(w) if r else text.ljust(w) for text, w, r in zip(line, widths, right)]
-        out.append("  ".join(parts).rstrip())
-    return "\n".join(out)
-
-
-def fields(items: Sequence[tuple[str, str]]) -> str:
-    width = max(len(k) for k, _ in items)
-    return "\n".join(f"{k.upper():<{width}}  {v}".rstrip() for k, v in items)
-
-
-# -- the text report ----------------------------------------------------------------------------------
 def header(r: dict[str, Any]) -> str:
     m, mo, s = r["machine"], r["model"], r["settings"]
     gpu = f"{m['gpu']} ({human_bytes(m['vram_total_bytes'])})" if m.get("gpu") else "none"
@@ -86,7 +27,7 @@ def header(r: dict[str, Any]) -> str:
     tiers = ", ".join(
         f"{name} {'off' if not t['budget_bytes'] else human_bytes(t['budget_bytes'])}" for name, t in r["tiers"].items()
     )
-    return fields(
+    return render_fields(
         [
             ("bench", f"{r['mode']}, {r['created']}, {r['duration_s']:.0f} s"),
             ("command", r["command"]),
@@ -373,7 +314,7 @@ def save_text(s: dict[str, Any]) -> str:
         f"{s['writes_after_turn_end']}/{s['snapshots']} writes finished after their turn returned (background); "
         f"durable before the next turn: {s['durable_before_next_turn']}/{max(0, s['turns'] - 1)} turns"
     )
-    return fields(
+    return render_fields(
         [
             (
                 "snapshots",
@@ -443,66 +384,3 @@ def render(r: dict[str, Any]) -> str:
     parts += ["", "SNAPSHOT SAVES (stateful chat)", save_text(r["save"])]
     parts += ["", "TARGETS", targets_text(r["targets"])]
     return "\n".join(parts)
-
-
-# -- plot ---------------------------------------------------------------------------------------------
-def require_matplotlib() -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise UsageError("--plot needs matplotlib, which is not installed.", hint=PLOT_HINT) from None
-    del matplotlib
-
-
-def plot(r: dict[str, Any], path: str) -> None:
-    require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    rows = r["contexts"]
-    if rows:
-        xs = [c["tokens"] for c in rows]
-        for key, label, style in (
-            ("prefill_ms", "re-prefill", "o-"),
-            ("restore_ram_ms", "restore (RAM)", "s-"),
-            ("restore_disk_ms", "restore (disk, cold)", "^-"),
-            ("ttft_prefill_ms", "TTFT re-prefill", "o:"),
-            ("ttft_restored_ms", "TTFT restored (RAM)", "s:"),
-        ):
-            ax1.plot(xs, [c[key] for c in rows], style, label=label)
-        ax1.set_xscale("log", base=2)
-        ax1.set_yscale("log")
-        ax1.set_xlabel("context (tokens)")
-        ax1.set_ylabel("time (ms, median)")
-        ax1.set_title("restore vs re-prefill")
-        ax1.grid(True, which="both", alpha=0.3)
-        ax1.legend(fontsize=8)
-    else:
-        ax1.set_axis_off()
-    mt = r["multiturn"]
-    if mt.get("per_turn"):
-        turns = [p["turn"] for p in mt["per_turn"]]
-        ax2.plot(turns, [p["computed_stateless"] for p in mt["per_turn"]], "o-", label="stateless (whole history)")
-        ax2.plot(turns, [p["computed_stateful"] for p in mt["per_turn"]], "s-", label="stateful (new tokens only)")
-        ax2.xaxis.get_major_locator().set_params(integer=True)
-        ax2.set_xlabel("turn")
-        ax2.set_ylabel("prompt tokens computed")
-        red = mt["token_reduction"]
-        ax2.set_title(
-            f"tokens computed per turn (reduction {red:.1%})" if red is not None else "tokens computed per turn"
-        )
-        ax2.grid(True, alpha=0.3)
-        ax2.legend(fontsize=8)
-    else:
-        ax2.set_axis_off()
-    mo = r["model"]
-    fig.suptitle(
-        f"engramctl bench: {mo['id']} ({mo.get('backend', 'transformers')}, {mo['dtype']}, {r['machine']['cpu']})",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
