@@ -1,10 +1,13 @@
 """One streaming chat request, timed as the client sees it: `stream_chat(client, server, messages, sampling)`.
 
-Times are taken when each SSE chunk with text arrives (perf_counter, right after the bytes are parsed).
-Both servers send a chunk per token (a token that ends inside a UTF-8 character waits for the next one on
-both), so ms/token after the first is (last chunk - first chunk) / (chunks - 1). Token counts and reuse
-come from each server's own report: `usage` (engramctl, and llama-server with include_usage) and
-llama-server's `timings.cache_n` where its usage has no `prompt_tokens_details`.
+Times are taken when each SSE chunk arrives (perf_counter, right after the bytes are parsed). ms/token after
+the first is (the chunk that ends the reply - the first chunk with text) / (completion_tokens - 1): counting
+chunks instead would flatter whichever server held back more pieces (a token ending inside a UTF-8
+character waits for the next one; random-weight models sample many such). The end is where the client sees
+it: engramctl's final chunk follows its settle step (one more decode, so the state holds the last token)
+and the state capture, which llama-server does not do. Token counts and reuse come from each server's own
+report: `usage` (engramctl, and llama-server with include_usage) and llama-server's `timings.cache_n` where
+its usage has no `prompt_tokens_details`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class Reply:
     text: str
     ttft_s: float  # request sent -> first chunk with text
     chunk_times_s: tuple[float, ...]  # arrival of each chunk with text, from the request
+    end_s: float  # arrival of the chunk with the finish_reason, from the request
     prompt_tokens: int | None
     cached_tokens: int | None
     completion_tokens: int | None
@@ -37,13 +41,9 @@ class Reply:
 
     @property
     def ms_per_token(self) -> float | None:
-        """Mean gap between chunks after the first: the decode rate the client sees."""
-        t = self.chunk_times_s
-        return None if len(t) < 2 else (t[-1] - t[0]) * 1000 / (len(t) - 1)
-
-    @property
-    def total_s(self) -> float:
-        return self.chunk_times_s[-1] if self.chunk_times_s else self.ttft_s
+        """First text to the end of the reply, per token after the first: the decode rate the client sees."""
+        n = self.completion_tokens
+        return None if not n or n < 2 else (self.end_s - self.ttft_s) * 1000 / (n - 1)
 
 
 def request_body(server: Server, messages: list[dict], sampling: dict, max_tokens: int, seed: int) -> dict:
@@ -63,6 +63,7 @@ def stream_chat(
     usage: dict = {}
     timings: dict = {}
     finish = None
+    end = None
     t0 = time.perf_counter()
     with client.stream("POST", server.url + "/v1/chat/completions", json=body, headers=server.headers) as r:
         if r.status_code != 200:
@@ -80,6 +81,8 @@ def stream_chat(
                 if piece:
                     times.append(time.perf_counter() - t0)
                     text.append(piece)
+                if choice.get("finish_reason") and end is None:
+                    end = time.perf_counter() - t0
                 finish = choice.get("finish_reason") or finish
             usage = obj.get("usage") or usage
             timings = obj.get("timings") or timings
@@ -92,6 +95,7 @@ def stream_chat(
         text="".join(text),
         ttft_s=times[0],
         chunk_times_s=tuple(times),
+        end_s=end if end is not None else times[-1],
         prompt_tokens=usage.get("prompt_tokens"),
         cached_tokens=cached,
         completion_tokens=usage.get("completion_tokens"),

@@ -86,7 +86,7 @@ def one_stream(client: httpx.Client, servers: Sequence[Server], runs: int, token
             name: {
                 "ms_per_token": _stats([r.ms_per_token for r in replies]),
                 "ttft_ms": _stats([r.ttft_s * 1000 for r in replies]),
-                "tokens": _stats([len(r.chunk_times_s) for r in replies]),
+                "tokens": _stats([r.completion_tokens or len(r.chunk_times_s) for r in replies]),
                 "cpu_per_wall": _stats(cpu[name]),
             }
             for name, replies in per.items()
@@ -168,7 +168,7 @@ def concurrent(client: httpx.Client, servers: Sequence[Server], n: int, tokens: 
             wall = time.perf_counter() - t0
         errors = [repr(r) for r in replies if not isinstance(r, Reply)]
         done = [r for r in replies if isinstance(r, Reply)]
-        generated = sum(len(r.chunk_times_s) for r in done)
+        generated = sum(r.completion_tokens or len(r.chunk_times_s) for r in done)
         out[s.name] = {
             "wall_s": round(wall, 2),
             "ttft_ms": [round(r.ttft_s * 1000, 1) for r in done],
