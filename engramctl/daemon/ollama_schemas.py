@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from engramctl.daemon.schemas import Text, sampling_field
-from engramctl.engine.sampling_params import CHAT_DEFAULTS, MAX_STOP, OPTIONS, SamplingParams
+from engramctl.daemon.schemas import Text, check_stops, sampling_field
+from engramctl.engine.sampling_params import CHAT_DEFAULTS, OPTIONS, SamplingParams
 
 # Ollama's options that are the engine's sampling options by the same name (not logit_bias: Ollama has none)
 SHARED = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "seed")
@@ -28,9 +28,7 @@ class _OptionRules(BaseModel):
     @field_validator("stop", check_fields=False)
     @classmethod
     def _stop(cls, v):
-        if isinstance(v, list) and len(v) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop strings")
-        return v
+        return check_stops(v)
 
     def params(self) -> SamplingParams:
         """Ollama's defaults (CHAT_DEFAULTS) for what is not set, as an Ollama client expects."""

@@ -25,7 +25,7 @@ from engramctl.daemon.errors import body_for
 from engramctl.daemon.ollama_answers import OLLAMA_API_VERSION, Answer, model_entry, running_entry, show
 from engramctl.daemon.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
 from engramctl.daemon.service import ChatRequest, ChatResult, CompletionRequest
-from engramctl.daemon.streaming import SSE_HEADERS, Watch, job_result
+from engramctl.daemon.streaming import SSE_HEADERS, first_event, job_result
 from engramctl.engine.fim import fim_ids, infill_ids
 from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import ContextOverflow
@@ -132,13 +132,7 @@ async def _answer(d: Daemon, request: Request, job, answer: Answer, stream: bool
     if not stream:
         r, context = await job_result(job, request)
         return JSONResponse(answer.final(r, r.text, context))
-    watch = Watch(job, request)
-    try:
-        kind, value = await watch.next()
-    finally:
-        watch.stop()
-    if kind == "error":
-        raise value
+    kind, value = await first_event(job, request)
     if kind == "done":  # not expected: a turn emits "start" first
         r, context = value
         return JSONResponse(answer.final(r, r.text, context))

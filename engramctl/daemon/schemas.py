@@ -127,13 +127,18 @@ def _bounds(schema: dict) -> dict:
     return {"ge": schema.get("minimum"), "gt": schema.get("exclusiveMinimum"), "le": schema.get("maximum"), **nan}
 
 
+def check_stops(v):
+    """`stop`, in either dialect: one string or at most MAX_STOP of them."""
+    if isinstance(v, list) and len(v) > MAX_STOP:
+        raise ValueError(f"at most {MAX_STOP} stop strings")
+    return v
+
+
 class _SamplingRules(BaseModel):
     @field_validator("stop", check_fields=False)
     @classmethod
     def _stop(cls, v):
-        if isinstance(v, list) and len(v) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop strings")
-        return v
+        return check_stops(v)
 
     @field_validator("logit_bias", check_fields=False)
     @classmethod

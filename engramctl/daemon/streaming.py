@@ -183,13 +183,9 @@ def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def answer_turn(job: Job, request: Request, completion: Completion, stream: bool, include_usage: bool):
-    """The HTTP answer to a generating job: a JSON completion, or an SSE stream once it has started."""
-    if not stream:
-        result = await job_result(job, request)
-        if isinstance(result, ChatResult):
-            return JSONResponse(completion.response(result))
-        return JSONResponse(result)
+async def first_event(job: Job, request: Request) -> tuple[str, Any]:
+    """A streamed answer's first event, "start" (the turn has begun) or "done", watching for the client to
+    go away; an error is raised here, so a refusal still gets its own HTTP status."""
     watch = Watch(job, request)
     try:
         kind, value = await watch.next()
@@ -197,6 +193,17 @@ async def answer_turn(job: Job, request: Request, completion: Completion, stream
         watch.stop()
     if kind == "error":
         raise value
+    return kind, value
+
+
+async def answer_turn(job: Job, request: Request, completion: Completion, stream: bool, include_usage: bool):
+    """The HTTP answer to a generating job: a JSON completion, or an SSE stream once it has started."""
+    if not stream:
+        result = await job_result(job, request)
+        if isinstance(result, ChatResult):
+            return JSONResponse(completion.response(result))
+        return JSONResponse(result)
+    kind, value = await first_event(job, request)
     if kind == "done":  # a job that generated nothing (restore without a continuation)
         return JSONResponse(value if not isinstance(value, ChatResult) else completion.response(value))
     return StreamingResponse(

@@ -144,8 +144,8 @@ def concurrent(client: httpx.Client, servers: Sequence[Server], n: int, tokens: 
     """`n` clients at once, each its own ~300-token conversation and a `tokens`-token greedy reply."""
     out = {}
     for s in abba(servers, run):
-        messages = [
-            [{"role": "user", "content": first_message(seed + i, f"{s.name} n={n} client {i}")}] for i in range(n)
+        messages = [  # the same conversations for both servers; new ones for each n (no reuse between runs)
+            [{"role": "user", "content": first_message(seed + i, f"n={n} client {i}")}] for i in range(n)
         ]
         replies: list[Reply | BaseException | None] = [None] * n
         barrier = threading.Barrier(n + 1)
