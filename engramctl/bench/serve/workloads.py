@@ -12,7 +12,6 @@ wall time it took, and how many cores other processes used meanwhile (`Meter`).
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from typing import Sequence
@@ -22,7 +21,7 @@ import httpx
 from engramctl.bench.material import filler_text, user_message
 from engramctl.bench.serve.client import CHAT_SAMPLING, GREEDY, Reply, stream_chat
 from engramctl.bench.serve.servers import Server
-from engramctl.bench.timing import IDLE_OTHER_CORES, busy_cpu_s
+from engramctl.bench.timing import IDLE_OTHER_CORES, busy_cpu_s, median, spread
 
 STREAM_PROMPT = "Count from 1 to 300, one number per line, and say nothing else."
 SAMPLINGS = {"greedy": GREEDY, "sampled": CHAT_SAMPLING}
@@ -58,11 +57,11 @@ class Meter:
         }
 
 
-def _stats(values: Sequence[float]) -> dict:
+def _stats(values: Sequence[float | None]) -> dict:
+    """Median and [min, max] of the values measured (None: not measured), rounded as the report shows them."""
     vals = [v for v in values if v is not None]
-    if not vals:
-        return {"median": None, "spread": None, "n": 0}
-    return {"median": round(statistics.median(vals), 3), "spread": [round(min(vals), 3), round(max(vals), 3)]} | {
+    mid, ends = median(vals), spread(vals)
+    return {"median": None if mid is None else round(mid, 3), "spread": ends and [round(x, 3) for x in ends]} | {
         "n": len(vals)
     }
 
