@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from engramctl.engine.backend import Backend, Live
-from engramctl.engine.sampling import SamplingParams, sample
-from engramctl.engine.sampling_params import REPEAT_WINDOW
+from engramctl.engine.sampling import Sampler, SamplingParams
 from engramctl.engine.textstream import IncrementalDetokenizer, StopMatcher
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import EngramError
@@ -49,17 +48,10 @@ class Generation:
         self._cancel = cancel or threading.Event()
         self.finish: Finish | None = None
 
-    def _recent(self) -> list[int]:
-        """What the penalties look at: the state's last tokens (prompt and reply so far), never an
-        end-of-turn id (the prompt has one: penalising it would keep a reply from ending)."""
-        if not self._params.penalizes:
-            return []
-        return [t for t in self._live.token_ids[-REPEAT_WINDOW:] if t not in self._tok.eos_ids]
-
     def __iter__(self) -> Iterator[str]:
         start = time.perf_counter()
         first_at = None
-        rng = self._params.generator()
+        sampler = Sampler(self._params, self._tok.eos_ids, self._live.token_ids)
         detok = IncrementalDetokenizer(lambda ids: self._tok.decode(ids, skip_special=True))
         stops = StopMatcher(self._params.stop)
         logits = self._live.last_logits
@@ -70,7 +62,8 @@ class Generation:
             if self._cancel.is_set():
                 reason = "cancelled"
                 break
-            token = sample(logits, self._params, rng, self._recent())
+            token = sampler.pick(logits)
+            sampler.accept(token)
             first_at = first_at or time.perf_counter()
             generated.append(token)
             if token in self._tok.eos_ids:

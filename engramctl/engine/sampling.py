@@ -11,15 +11,45 @@ keeps a probability of 1 before normalisation.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from typing import Sequence
+from collections import Counter, deque
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
-from engramctl.engine.sampling_params import SamplingParams
+from engramctl.engine.sampling_params import REPEAT_WINDOW, SamplingParams
 
-__all__ = ["SamplingParams", "sample", "scores"]  # SamplingParams is defined (torch-free) in sampling_params.py
+__all__ = ["Sampler", "SamplingParams", "sample", "scores"]  # SamplingParams is torch-free: sampling_params.py
+
+
+class Sampler:
+    """One reply's token choice, the per-request object a generation loop holds: its parameters, its own
+    random stream, and the recent tokens the penalties look at. `pick` chooses from the logits; `accept`
+    says the token is now part of the reply (what a per-token constraint or a logprob record hooks into).
+
+        sampler = Sampler(params, eos_ids, live.token_ids)
+        token = sampler.pick(logits); sampler.accept(token)
+    """
+
+    def __init__(self, params: SamplingParams, eos_ids: Iterable[int], context: Sequence[int] = ()):
+        self.params = params
+        self._rng = params.generator()
+        self._eos = frozenset(eos_ids)
+        self._window: deque[int] = deque(context[-REPEAT_WINDOW:], maxlen=REPEAT_WINDOW)  # the state's last tokens
+
+    def recent(self) -> list[int]:
+        """What the penalties look at: the last tokens (prompt and reply so far), never an end-of-turn id
+        (the prompt has one: penalising it would keep a reply from ending)."""
+        if not self.params.penalizes:
+            return []
+        return [t for t in self._window if t not in self._eos]
+
+    def pick(self, logits: torch.Tensor) -> int:
+        """logits: (vocab,) float32, the state's last."""
+        return sample(logits, self.params, self._rng, self.recent())
+
+    def accept(self, token: int) -> None:
+        self._window.append(token)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, recent: Sequence[int] = ()) -> int:

@@ -253,3 +253,16 @@ def test_scoring_only_the_candidates_draws_what_scoring_the_vocabulary_draws(
     with mock.patch.object(sampling, "_candidates", lambda *_a: None):
         full = [sample(logits, params, gen, recent) for gen in [params.generator()] for _ in range(3)]
     assert fast == full
+
+
+def test_a_sampler_penalises_what_it_accepted_and_never_an_end_of_turn_id():
+    from engramctl.engine.sampling import Sampler
+
+    logits = torch.tensor([0.0, 2.0, 1.9, 0.5])
+    sampler = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0), eos_ids=[3], context=[3, 0])
+    assert sampler.recent() == [0]  # the prompt's end-of-turn id is not penalised
+    first = sampler.pick(logits)
+    assert first == 1
+    sampler.accept(first)
+    assert sampler.recent() == [0, 1]
+    assert sampler.pick(logits) == 2  # 2.0 / 2 = 1.0 < 1.9: the accepted token lost its lead
