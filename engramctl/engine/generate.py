@@ -51,7 +51,7 @@ class Generation:
     def __iter__(self) -> Iterator[str]:
         start = time.perf_counter()
         first_at = None
-        sampler = Sampler(self._params, self._tok.eos_ids, self._live.token_ids)
+        sampler = Sampler(self._params, self._tok, self._live.token_ids)
         detok = IncrementalDetokenizer(lambda ids: self._tok.decode(ids, skip_special=True))
         stops = StopMatcher(self._params.stop)
         logits = self._live.last_logits

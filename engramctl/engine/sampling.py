@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
 from engramctl.engine.sampling_params import REPEAT_WINDOW, SamplingParams
+
+if TYPE_CHECKING:
+    from engramctl.engine.tokenizer import ChatTokenizer
 
 __all__ = ["Sampler", "SamplingParams", "sample", "scores"]  # SamplingParams is torch-free: sampling_params.py
 
@@ -27,14 +30,14 @@ class Sampler:
     random stream, and the recent tokens the penalties look at. `pick` chooses from the logits; `accept`
     says the token is now part of the reply (what a per-token constraint or a logprob record hooks into).
 
-        sampler = Sampler(params, eos_ids, live.token_ids)
+        sampler = Sampler(params, engine.tokenizer, live.token_ids)
         token = sampler.pick(logits); sampler.accept(token)
     """
 
-    def __init__(self, params: SamplingParams, eos_ids: Iterable[int], context: Sequence[int] = ()):
-        self.params = params
+    def __init__(self, params: SamplingParams, tokenizer: "ChatTokenizer", context: Sequence[int] = ()):
+        self.params, self.tokenizer = params, tokenizer
         self._rng = params.generator()
-        self._eos = frozenset(eos_ids)
+        self._eos = frozenset(tokenizer.eos_ids)
         self._window: deque[int] = deque(context[-REPEAT_WINDOW:], maxlen=REPEAT_WINDOW)  # the state's last tokens
 
     def recent(self) -> list[int]:

@@ -259,7 +259,11 @@ def test_a_sampler_penalises_what_it_accepted_and_never_an_end_of_turn_id():
     from engramctl.engine.sampling import Sampler
 
     logits = torch.tensor([0.0, 2.0, 1.9, 0.5])
-    sampler = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0), eos_ids=[3], context=[3, 0])
+
+    class Tokenizer:  # what a Sampler reads of a ChatTokenizer here
+        eos_ids = frozenset({3})
+
+    sampler = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0), Tokenizer(), context=[3, 0])
     assert sampler.recent() == [0]  # the prompt's end-of-turn id is not penalised
     first = sampler.pick(logits)
     assert first == 1
