@@ -1,5 +1,5 @@
-"""Engine: a backend plus its tokenizer. A chat turn on it is engine/turn.py's; the daemon and the
-benchmark run turns, never these steps one by one."""
+"""Engine: a backend plus its tokenizer. A chat turn on it is engine/turn.py's; the daemon's scheduler
+steps several turns at once through `step`, the benchmark runs them alone."""
 
 from __future__ import annotations
 
@@ -34,6 +34,29 @@ class Engine:
         limit = self.info.context_length
         if limit is not None and n_tokens > limit:
             raise ContextOverflow(f"the conversation needs {n_tokens} tokens; the model's context is {limit} tokens.")
+
+    @property
+    def max_sequences(self) -> int:
+        """How many conversations one `step` can run together (1: one at a time, as on transformers)."""
+        return max(1, int(getattr(self.backend, "max_sequences", 1)))
+
+    def prefill_chunk(self, live: Live, n_left: int) -> int:
+        """How many of a prompt's `n_left` remaining tokens one step feeds: the backend's chunk, as its own
+        prefill would cut them (a solo turn computes what it always did); a Mamba1 state fed from empty
+        takes them all, as its prefill does (one long scan is exact there)."""
+        if self.info.resume == "token_by_token" and not live.token_ids:
+            return n_left
+        return min(n_left, max(1, int(getattr(self.backend, "chunk_tokens", n_left))))
+
+    def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[torch.Tensor]:
+        """Feed each Live its tokens (a prefill chunk, or one token) and return each one's last logits, in
+        order: in one forward pass where the backend batches (`backend.step`), else one Live after another
+        (a single token through `decode`, the same forward as a one-token prefill, as a solo reply feeds it)."""
+        batched = getattr(self.backend, "step", None)
+        if batched is not None:
+            return list(batched(work))
+        b = self.backend
+        return [b.decode(live, tokens[0]) if len(tokens) == 1 else b.prefill(live, tokens) for live, tokens in work]
 
     def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor:
         """Feed tokens; the logits after the last one. Raises errors.Cancelled between chunks."""

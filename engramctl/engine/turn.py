@@ -3,13 +3,17 @@
     turn = Turn.for_messages(engine, live, messages, params)   # plans; refuses touching nothing
     done = turn.run(cancel, on_prompt=..., on_piece=...)       # prefill -> capture -> generate -> settle -> capture
 
+`run` is the turn alone. The daemon's scheduler (daemon/scheduler.py) steps many at once through the same
+state machine: `begin`, then per step `work()` (a prompt chunk, the token just sampled, or the last one to
+settle) fed by `Engine.step`, then `fed()`, until `done`; so a turn computes the same tokens either way.
+
 A turn starts from a live state the caller chose (hot, restored from a snapshot, or new) and either
 the whole conversation (the chat template's render past what the state consumed is fed) or the
 prompt's token ids (a stock OpenAI client's request, when the state holds a prefix of them). It ends
 with the prompt state, the reply and the reply state. Where the state came from and what gets
 recorded afterwards (snapshots, transcript) is the caller's.
 
-Ownership: `run()` owns the Live it is given. It releases it when the chat template forces a fresh
+Ownership: `begin()` (and `run()`) owns the Live it is given. It releases it when the chat template forces a fresh
 state, and when the turn fails half-way (a cancelled prefill leaves it half-fed); the Live it returns
 is the caller's. Planning (the constructors) changes nothing, so a refused turn leaves the state usable.
 """
@@ -25,9 +29,9 @@ from typing import Callable
 from engramctl.engine.backend import Live
 from engramctl.engine.chat import plan_turn
 from engramctl.engine.engine import Engine
-from engramctl.engine.generate import Finish, settle
+from engramctl.engine.generate import Finish, Reply
 from engramctl.engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
-from engramctl.errors import ContextOverflow, EngramError
+from engramctl.errors import Cancelled, ContextOverflow, EngramError
 from engramctl.state import SessionState
 
 
@@ -143,6 +147,59 @@ class Turn:
             raise EngramError("the state's tokens are not a prefix of the prompt's; it cannot continue to it.")
         return cls(engine, live, ids[n:], text, False, params, default_max_tokens, capture)
 
+    # -- stepping: the daemon's scheduler runs many turns one step at a time, `run` runs one alone ---------
+    def begin(
+        self,
+        cancel: threading.Event | None = None,
+        *,
+        on_prompt: Callable[[Prompt], None] | None = None,
+        on_piece: Callable[[str], None] | None = None,
+    ) -> None:
+        """Start the turn: from here on it owns its Live (`abort` releases it). A turn with nothing to feed
+        samples its first token at once."""
+        self._cancel = cancel or threading.Event()
+        self._on_prompt, self._on_piece = on_prompt, on_piece
+        self._left, self._chunk, self._next = list(self.feed), [], None
+        self._reply: Reply | None = None
+        self._finish: Finish | None = None
+        self.done: TurnDone | None = None
+        if self.reset:
+            self.engine.release(self.live)
+            self.live = self.engine.new_live()
+        self._t0 = time.perf_counter()
+        if not self._left:
+            self._prompt_in()
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self._left)
+
+    def work(self) -> list[int]:
+        """The tokens the next step feeds this turn's Live: a prompt chunk, the token just sampled, or (to
+        settle) the reply's last one. Only a token the reply keeps is ever fed."""
+        if self._left:
+            self._chunk = self._left[: self.engine.prefill_chunk(self.live, len(self._left))]
+            return self._chunk
+        if self._next is None:
+            raise EngramError("this turn has nothing left to feed.")
+        return self._next
+
+    def fed(self) -> None:
+        """The step fed `work()`; the Live's last logits are the step's. Samples the next token (text pieces
+        go to on_piece), or finishes the turn (`done`)."""
+        if self._left:
+            self._left = self._left[len(self._chunk) :]
+            if not self._left:
+                self._prompt_in()
+        elif self._finish is not None:
+            self._settled()
+        else:
+            self._sample()
+
+    def abort(self) -> None:
+        """The turn failed half-way (a cancelled prefill leaves it half-fed): nothing can continue from its Live."""
+        self.engine.release(self.live)
+
     def run(
         self,
         cancel: threading.Event | None = None,
@@ -150,59 +207,78 @@ class Turn:
         on_prompt: Callable[[Prompt], None] | None = None,
         on_piece: Callable[[str], None] | None = None,
     ) -> TurnDone:
-        """Prefill, capture the prompt state, generate (each piece of text to `on_piece` as it comes),
-        settle, capture the reply state. `cancel` stops the prefill between chunks (errors.Cancelled)
+        """The turn alone: prefill, capture the prompt state, generate (each piece of text to `on_piece` as it
+        comes), settle, capture the reply state. `cancel` stops the prefill between chunks (errors.Cancelled)
         and the generation between tokens (finish reason "cancelled", the partial reply kept)."""
-        engine, live = self.engine, self.live
         try:
-            if self.reset:
-                engine.release(live)
-                live = engine.new_live()
-            t0 = time.perf_counter()
-            if self.feed:
-                engine.prefill(live, self.feed, cancel)
-            prefill_ms = (time.perf_counter() - t0) * 1000
-            live.text = self.text
-            captured = self.capture and bool(self.feed)
-            prompt = Prompt(
-                self.prompt_tokens,
-                len(self.feed),
-                self.reset,
-                self.max_tokens,
-                prefill_ms,
-                engine.capture(live) if captured else None,
-            )
-            if on_prompt is not None:
-                on_prompt(prompt)
-            gen = engine.generate(live, self.params, cancel)
-            gen_start = time.perf_counter()
-            for piece in gen:
-                if on_piece is not None:
-                    on_piece(piece)
-            last_token_at = time.perf_counter()
-            finish: Finish = _closed(engine, gen.finish)  # type: ignore[arg-type]
-            # The last token is on its way to the client; from here on nothing delays it.
-            settle(engine.backend, live, finish)
-            # The state keeps the generated tokens as generated. Its text is what the transcript will
-            # render for them (the reply as shown, plus the end-of-turn token if it stopped on one), so
-            # the next turn's render extends it and only the new messages get tokenized; the reply's
-            # tokens are never re-tokenized, even when their text would not round-trip (partial UTF-8,
-            # a stop string cut from the reply).
-            live.text = self.text + finish.text + _eos_text(engine, finish)
-            settled_at = time.perf_counter()
-            reply_state = engine.capture(live) if self.capture else None
-            captured_at = time.perf_counter()
+            self.begin(cancel, on_prompt=on_prompt, on_piece=on_piece)
+            while self.done is None:
+                work = self.work()
+                if self.prefilling and self._cancel.is_set():  # between chunks: the state holds whole chunks
+                    raise Cancelled("the request was cancelled during the prompt prefill.")
+                self.engine.step([(self.live, work)])
+                self.fed()
         except BaseException:
-            engine.release(live)  # half-fed or half-settled: nothing can continue from it
+            self.abort()
             raise
-        return TurnDone(
-            prompt=prompt,
+        return self.done
+
+    def _prompt_in(self) -> None:
+        engine, live = self.engine, self.live
+        prefill_ms = (time.perf_counter() - self._t0) * 1000
+        live.text = self.text
+        captured = self.capture and bool(self.feed)
+        prompt = Prompt(
+            self.prompt_tokens,
+            len(self.feed),
+            self.reset,
+            self.max_tokens,
+            prefill_ms,
+            engine.capture(live) if captured else None,
+        )
+        self.prompt = prompt
+        if self._on_prompt is not None:
+            self._on_prompt(prompt)
+        self._reply = Reply(engine.tokenizer, live, self.params)
+        self._sample()
+
+    def _sample(self) -> None:
+        pieces, token = self._reply.next(self.live.last_logits, self._cancel.is_set())
+        if self._on_piece is not None:
+            for piece in pieces:
+                self._on_piece(piece)
+        if token is not None:
+            self._next = [token]
+            return
+        self._last_token_at = time.perf_counter()
+        self._finish = _closed(self.engine, self._reply.finish)
+        # The last token is on its way to the client; from here on nothing delays it. Settling feeds it.
+        if self._finish.pending is not None:
+            self._next = [self._finish.pending]
+        else:
+            self._settled()
+
+    def _settled(self) -> None:
+        engine, live, finish = self.engine, self.live, self._finish
+        # The state keeps the generated tokens as generated. Its text is what the transcript will render
+        # for them (the reply as shown, plus the end-of-turn token if it stopped on one), so the next turn's
+        # render extends it and only the new messages get tokenized; the reply's tokens are never
+        # re-tokenized, even when their text would not round-trip (partial UTF-8, a stop string cut from
+        # the reply).
+        live.text = self.text + finish.text + _eos_text(engine, finish)
+        self._next = None
+        settled_at = time.perf_counter()
+        reply_state = engine.capture(live) if self.capture else None
+        captured_at = time.perf_counter()
+        first = self._reply.first_at
+        self.done = TurnDone(
+            prompt=self.prompt,
             finish=finish,
             live=live,
             reply_state=reply_state,
-            first_token_at=None if finish.ttft_s is None else gen_start + finish.ttft_s,
-            last_token_at=last_token_at,
-            settle_ms=(settled_at - last_token_at) * 1000,
+            first_token_at=first,
+            last_token_at=self._last_token_at,
+            settle_ms=(settled_at - self._last_token_at) * 1000,
             capture_ms=(captured_at - settled_at) * 1000,
         )
 
