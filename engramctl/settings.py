@@ -194,7 +194,17 @@ class Settings:
     session_ttl_s: float | None = setting(
         None, "drop unpinned snapshots of sessions idle this many seconds", metavar="SECONDS", shown_default="off"
     )
-    max_queue: int = setting(8, "generation requests that may wait for the model before 429", metavar="N")
+    max_queue: int = setting(
+        256,
+        "requests that may wait for the model before 429: a bound on memory, not on ordinary bursts (they queue "
+        "and are served in arrival order)",
+        metavar="N",
+    )
+    serial_turns: bool = setting(
+        False,
+        "serve one turn at a time, so that every reply is bitwise what it is alone (under concurrency a reply "
+        "may differ in its last bits: the batch shape picks the kernels)",
+    )
     no_autostart: bool = setting(False, "commands never start the daemon themselves", flag=None, daemon=False)
     extra: dict[str, Any] = field(default_factory=dict)  # config keys kept for later layers
 

@@ -46,6 +46,13 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
     hot = d.get("hot")
     if isinstance(hot, dict) and hot.get("session"):
         fields.append(("loaded", f"session {hot['session']} ({count(hot.get('tokens'))} tokens in memory)"))
+    serving = d.get("serving")
+    if isinstance(serving, dict) and serving.get("at_once"):
+        n = serving["at_once"]
+        at_once = "one turn at a time" if n == 1 else f"{count(n)} conversations at once"
+        fields.append(
+            ("serves", f"{at_once} ({serving.get('running', 0)} running, {serving.get('waiting', 0)} waiting)")
+        )
     where = d.get("url") or (f"http://{d.get('host')}:{d.get('port')}" if d.get("port") else None)
     state = d.get("state") or ("running" if d.get("ready") else "starting")
     up = d.get("uptime_s")

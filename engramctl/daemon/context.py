@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from engramctl import __version__
 from engramctl.daemon.auth import ensure_token
+from engramctl.daemon.scheduler import Scheduler
 from engramctl.daemon.service import ConversationService
 from engramctl.daemon.worker import Worker
 from engramctl.engine.engine import Engine
@@ -36,8 +37,10 @@ class Daemon:
         self.settings, self.engine, self.store = settings, engine, store
         self.tiers = store.tiers  # the tier plan: replanned once the model is loaded, shown by /v1/tiers
         self.token = token or ensure_token(settings)
-        self.service = ConversationService(engine, store, reuse=reuse)
-        self.worker = Worker(settings.max_queue)
+        self.scheduler = Scheduler(engine, serial=settings.serial_turns)
+        # as many hot states as turns run together: each conversation's next turn restores nothing
+        self.service = ConversationService(engine, store, reuse=reuse, keep=self.scheduler.max_sequences)
+        self.worker = Worker(settings.max_queue, self.scheduler)
         self.started = time.time()
         self.model_id = engine.info.model_id
         self.model_names = (self.model_id, settings.model)  # what a request's `model` may name (same_model)
@@ -94,11 +97,28 @@ class Daemon:
             "hot": None
             if hot is None
             else {"session": hot.session, "snapshot_id": hot.head, "tokens": len(hot.live.token_ids)},
-            "queue": {"busy": self.worker.busy, "waiting": self.worker.waiting, "max": self.worker.max_queue},
+            "queue": {
+                "busy": self.worker.busy,
+                "waiting": self.worker.waiting,
+                "running": self.worker.running,
+                "max": self.worker.max_queue,
+            },
+            "serving": self.serving(),
             "turns": self.service.turns,
             "pending_writes": self.store.pending_writes,
             "write_errors": list(self.store.write_errors),
         }
+
+    def serving(self) -> dict[str, Any]:
+        """How many conversations the daemon serves at once, and why not more."""
+        n = self.scheduler.max_sequences
+        if self.settings.serial_turns:
+            why = "serial_turns: one turn at a time, each reply bitwise as alone"
+        elif n == 1:
+            why = f"the {self.engine.info.backend} backend runs one turn at a time; the others queue in arrival order"
+        else:
+            why = f"{n} conversations step together on the {self.engine.info.backend} backend"
+        return {"at_once": n, "running": self.worker.running, "waiting": self.worker.waiting, "why": why}
 
 
 def daemon_of(request: Request) -> Daemon:

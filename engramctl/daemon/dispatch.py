@@ -29,6 +29,7 @@ import asyncio
 from typing import Any
 
 from engramctl.agent.tools import Tool, ToolArgumentError, get_tool, validate_arguments
+from engramctl.daemon.scheduler import TurnRequest
 from engramctl.daemon.service import ChatRequest
 from engramctl.daemon.streaming import job_result, turn_info, usage_json
 from engramctl.engine.sampling_params import SamplingParams
@@ -80,7 +81,13 @@ class Dispatcher:
         run = getattr(self, f"_{tool.name}")
         if not tool.mutates:
             return run(args, None)
-        job = self.daemon.worker.submit(lambda job: run(args, job), name=f"tool {tool.name}")
+        turn = tool.name == "chat"  # a turn: the scheduler runs it with the others
+        job = self.daemon.worker.submit(
+            lambda job: run(args, job),
+            name=f"tool {tool.name}",
+            turn=turn,
+            session=args.get("session") if turn else None,
+        )
         return await wait_job(job, request)
 
     # -- lookups ---------------------------------------------------------------------------------------
@@ -276,13 +283,13 @@ class Dispatcher:
             "last_used": info.last_used,
         }
 
-    def _chat(self, args: dict, job) -> dict:
+    def _chat(self, args: dict, job) -> TurnRequest:
         chat = ChatRequest(
             messages=[{"role": "user", "content": args["message"]}],
             session=args["session"],
             params=SamplingParams.from_options(args),
         )
-        return chat_result(self.service.chat(chat, job.emit, job.cancel))
+        return self.service.chat(chat, job.emit, job.cancel).then(chat_result)
 
 
 def chat_result(r) -> dict:

@@ -248,7 +248,9 @@ class AgentSocket:
             raise _Bad(f"{sorted(unknown)[0]}: unknown field of a chat message.", sorted(unknown)[0])
         chat = ChatRequest(messages=messages, session=self.session, params=sampling.params())
         svc = self.daemon.service
-        job = self.daemon.worker.submit(lambda job: svc.chat(chat, job.emit, job.cancel), name="ws chat")
+        job = self.daemon.worker.submit(
+            lambda job: svc.chat(chat, job.emit, job.cancel), name="ws chat", turn=True, session=chat.session
+        )
         self.reply_job, self.reply_id = job, mid
         self.reply_task = self._spawn(self._stream(job, mid))
 
@@ -420,7 +422,9 @@ async def chat_with_tools(body, request: Request):
                 pass
         messages = agent_calls.with_tools_message(messages, transcript, agent_calls.tools_message(tools))
     chat = ChatRequest(messages=messages, session=body.session_name, params=body.params())
-    job = d.worker.submit(lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat")
+    job = d.worker.submit(
+        lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat", turn=True, session=chat.session
+    )
     completion = Completion(d.model_id, d.engine.info.fingerprint)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     result: ChatResult = await job_result(job, request)

@@ -77,7 +77,7 @@ async def completions(body: CompletionBody, request: Request):
         req = prompts.completion(d.engine, prompt, params, body.suffix)
         return d.service.complete(req, job.emit, job.cancel)
 
-    job = d.worker.submit(run, name="completion")
+    job = d.worker.submit(run, name="completion", turn=True)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     completion = TextCompletion(d.model_id, d.engine.info.fingerprint, echo)
     return await answer_turn(job, request, completion, body.stream, include_usage)

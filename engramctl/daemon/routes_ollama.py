@@ -24,7 +24,8 @@ from engramctl.daemon.context import Daemon, daemon_of
 from engramctl.daemon.errors import body_for
 from engramctl.daemon.ollama_answers import OLLAMA_API_VERSION, Answer, model_entry, running_entry, show
 from engramctl.daemon.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
-from engramctl.daemon.service import ChatRequest, ChatResult, CompletionRequest
+from engramctl.daemon.scheduler import TurnRequest
+from engramctl.daemon.service import ChatRequest, CompletionRequest
 from engramctl.daemon.streaming import SSE_HEADERS, first_event, job_result
 from engramctl.engine.fim import fim_ids, infill_ids
 from engramctl.engine.sampling_params import SamplingParams
@@ -70,11 +71,11 @@ async def chat(body: OllamaChatRequest, request: Request):
     messages = [m.plain() for m in body.messages]
     params = body.params()
 
-    def run(job) -> tuple[ChatResult, None]:
+    def run(job) -> TurnRequest:
         turn = lambda p: d.service.chat(ChatRequest(messages, None, p), job.emit, job.cancel)  # noqa: E731
-        return _within_context(turn, params), None
+        return _within_context(turn, params).then(lambda r: (r, None))
 
-    return await _answer(d, request, d.worker.submit(run, name="ollama-chat"), answer, body.stream)
+    return await _answer(d, request, d.worker.submit(run, name="ollama-chat", turn=True), answer, body.stream)
 
 
 @router.post("/api/generate")
@@ -85,17 +86,17 @@ async def generate(body: OllamaGenerateRequest, request: Request):
         return JSONResponse(answer.idle("unload" if body.unload else "load"))
     params = body.params()
 
-    def run(job) -> tuple[ChatResult, list[int]]:
-        def turn(p: SamplingParams) -> ChatResult:
+    def run(job) -> TurnRequest:
+        def turn(p: SamplingParams) -> TurnRequest:
             return d.service.complete(_generate_prompt(d, body, p), job.emit, job.cancel)
 
-        r = _within_context(turn, params)
-        return r, list(r.done.live.token_ids)  # read here, on the worker: the next job may change that state
+        # the context is read when the turn ends, on the worker: the next step may change that state
+        return _within_context(turn, params).then(lambda r: (r, list(r.done.live.token_ids)))
 
-    return await _answer(d, request, d.worker.submit(run, name="ollama-generate"), answer, body.stream)
+    return await _answer(d, request, d.worker.submit(run, name="ollama-generate", turn=True), answer, body.stream)
 
 
-def _within_context(turn: Callable[[SamplingParams], ChatResult], params: SamplingParams) -> ChatResult:
+def _within_context(turn: Callable[[SamplingParams], TurnRequest], params: SamplingParams) -> TurnRequest:
     """Ollama generates at most num_predict tokens and stops where the context ends; a num_predict past the
     context's room is therefore not an error: the turn is planned again with the room as its budget
     (planning changes nothing, so the first refusal cost only the check)."""

@@ -40,7 +40,7 @@ LOG_ROTATE_BYTES = 16 * 2**20
 GRACEFUL_S = 5.0  # how long open streams get to end after SIGTERM/SIGINT
 # What daemon_status() takes from /v1/status.
 _STATUS_KEYS = """uptime_s rss_bytes weights_bytes backend weight_type n_params sessions queue turns hot pending_writes
-family context_length started notices""".split()
+family context_length started notices serving""".split()
 
 
 # -- host checks ---------------------------------------------------------------------------------------

@@ -1,17 +1,20 @@
-"""Conversations: a chat request becomes one turn (engine/turn.py) on the right state, then a record.
+"""Conversations: what a turn is (its plan) and what it leaves (its record).
 
-Every method here but `invalidate` runs on the worker thread (one at a time). A request goes:
-1. where the state comes from (sources.py): the hot Live, a snapshot, or a fresh state;
-2. the turn plans (refusing a prompt that does not fit, touching nothing), then runs: prefill only
-   the new tokens -> capture the prompt state -> generate, streaming pieces -> settle -> capture;
-3. the record (recorder.py): the prompt and reply snapshots, the transcript; the reply state stays hot.
+Every method here but `invalidate` runs on the worker thread. A request goes:
+1. which state continues it (state_cache.py): a hot Live, a snapshot, or a fresh state;
+2. the turn plans (refusing a prompt that does not fit, touching nothing) and comes back as a
+   scheduler.TurnRequest, which the scheduler steps with the other turns: prefill only the new
+   tokens -> capture the prompt state -> generate, streaming pieces -> settle -> capture;
+3. its end is recorded (recorder.py): the prompt and reply snapshots, the transcript; the reply state
+   stays hot.
 
 A restore (the snapshot routes) makes a snapshot a session's state; with a continuation message it is
 such a turn from there, and with `then` whatever turn the caller runs from there: the Engram API's
 restore-and-generate (daemon/engram_api/continuation.py) runs one whose new input is token ids, through
 `plan_turn` and `run_turn` as every turn here does.
 
-Results are domain objects (TurnStart, ChatResult, Restored); the routes turn them into JSON.
+Results are domain objects (TurnStart, ChatResult, Restored); the routes turn them into JSON. A request
+run outside the daemon (the benchmark) runs its TurnRequest alone: `service.chat(...).run()`.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engramctl.daemon.hot import Hot, HotState
 from engramctl.daemon.recorder import PromptRecorded, Recorded, Recorder, TurnRecord
-from engramctl.daemon.sources import Origin, StateSources
+from engramctl.daemon.scheduler import TurnRequest
+from engramctl.daemon.state_cache import Hot, Origin, StateCache
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
 from engramctl.engine.generate import Finish
@@ -111,30 +114,36 @@ class Restored:
     n_messages: int
 
 
-# A turn run from a restored state: (session, (transcript, head), before_commit, t0) -> its result.
-TurnFrom = Callable[[str, tuple[list[dict], "str | None"], "Callable[[], Any] | None", float], ChatResult]
+# A turn run from a restored state: (session, (transcript, head), before_commit, t0) -> the planned turn.
+TurnFrom = Callable[[str, tuple[list[dict], "str | None"], "Callable[[], Any] | None", float], TurnRequest]
 
 
 class ConversationService:
     def __init__(
-        self, engine: Engine, store: Store, *, reuse: bool = True, default_max_tokens: int = DEFAULT_MAX_TOKENS
+        self,
+        engine: Engine,
+        store: Store,
+        *,
+        reuse: bool = True,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        keep: int = 1,
     ):
         self.engine, self.store = engine, store
         self.reuse = reuse  # False only for benchmarks: no hot state, no prefix lookup
         self.default_max_tokens = default_max_tokens
-        self._hot = HotState()
-        self.sources = StateSources(engine, store, self._hot, reuse=reuse)
+        self.states = StateCache(engine, store, reuse=reuse, keep=keep)  # `keep` hot states
         self.recorder = Recorder(engine, store)
         self.turns = 0
 
     @property
     def hot(self) -> Hot | None:
-        return self._hot.current
+        """The most recently used conversation's hot state."""
+        return self.states.current
 
     # -- chat ----------------------------------------------------------------------------------------
-    def chat(self, req: ChatRequest, emit: Emit, cancel: threading.Event) -> ChatResult:
+    def chat(self, req: ChatRequest, emit: Emit, cancel: threading.Event) -> TurnRequest:
         t0 = time.perf_counter()
-        self._hot.release_retired(self.engine)
+        self.states.release_retired()
         if req.session is None:
             return self._anonymous(req.messages, req.params, emit, cancel, t0)
         return self._session(req.session, req.messages, req.params, emit, cancel, t0)
@@ -150,7 +159,7 @@ class ConversationService:
         *,
         base: tuple[list[dict], str | None] | None = None,
         before_commit: Callable[[], Any] | None = None,
-    ) -> ChatResult:
+    ) -> TurnRequest:
         """`base` = (transcript, head) to continue from instead of the session's own (a restore)."""
         validate_session_name(name)
         transcript, head = base if base is not None else self._transcript_and_head(name)
@@ -160,7 +169,7 @@ class ConversationService:
                 f"every message in the request is already in session {name!r}'s transcript; send the new message(s)."
             )
         conversation = [plain(m) for m in transcript] + new
-        live, origin = self.sources.for_session(name, head, transcript, follow_head=base is None)
+        live, origin = self.states.for_session(name, head, transcript, follow_head=base is None)
         budget = self.default_max_tokens
         turn = self.plan_turn(
             live, origin, lambda: Turn.for_messages(self.engine, live, conversation, params, default_max_tokens=budget)
@@ -171,15 +180,15 @@ class ConversationService:
         record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
         return self.run_turn(turn, name, origin, record, emit, cancel, t0)
 
-    def complete(self, req: CompletionRequest, emit: Emit, cancel: threading.Event) -> ChatResult:
+    def complete(self, req: CompletionRequest, emit: Emit, cancel: threading.Event) -> TurnRequest:
         """A raw prompt (/v1/completions, Ollama's generate): the anonymous path, on the prompt's own ids."""
         t0 = time.perf_counter()
-        self._hot.release_retired(self.engine)
+        self.states.release_retired()
         return self._prefix(req.ids, req.text, [{"role": "user", "content": req.text}], req.params, emit, cancel, t0)
 
     def _anonymous(
         self, messages: list[dict], params: SamplingParams, emit: Emit, cancel: threading.Event, t0: float
-    ) -> ChatResult:
+    ) -> TurnRequest:
         tok = self.engine.tokenizer
         conversation = [plain(m) for m in messages]
         text = tok.render(conversation, add_generation_prompt=True)
@@ -194,11 +203,11 @@ class ConversationService:
         emit: Emit,
         cancel: threading.Event,
         t0: float,
-    ) -> ChatResult:
+    ) -> TurnRequest:
         """A turn on `ids` from the longest stored snapshot that holds a prefix of them."""
         budget = self.default_max_tokens
         reply_budget(self.engine, len(ids), params.max_tokens, budget)  # refuse before looking anything up
-        live, origin, source = self.sources.longest_prefix(ids)
+        live, origin, source = self.states.longest_prefix(ids)
         turn = self.plan_turn(
             live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params, default_max_tokens=budget)
         )
@@ -212,10 +221,9 @@ class ConversationService:
         try:
             turn = make()
         except BaseException:
-            if not origin.hot:
-                self.engine.release(live)
+            self.states.give_back(live, origin)
             raise
-        self._hot.take(live)
+        self.states.take(live)
         return turn
 
     def run_turn(
@@ -227,33 +235,32 @@ class ConversationService:
         emit: Emit,
         cancel: threading.Event,
         t0: float,
-    ) -> ChatResult:
+    ) -> TurnRequest:
+        """The planned turn as the scheduler steps it: its start is emitted and the prompt snapshot committed
+        once the prompt is in the state (its file is written while the reply is generated), its pieces are
+        emitted, and its end recorded, its state kept hot."""
         started: list[PromptRecorded] = []
 
         def on_prompt(prompt: Prompt) -> None:
             emit("start", TurnStart(session, origin, prompt))
-            # the prompt snapshot now, so that its file is written while the reply is generated
             started.append(self.recorder.prompt(record, prompt))
 
-        done = turn.run(
+        def on_done(done: TurnDone) -> ChatResult:
+            recorded = self.recorder.turn(record, done, started[0] if started else None)
+            self.states.keep(session, recorded.reply_id, done.live)
+            self.turns += 1
+            ttft_ms = None if done.first_token_at is None else (done.first_token_at - t0) * 1000
+            return ChatResult(TurnStart(session, origin, done.prompt), done, recorded, ttft_ms)
+
+        return TurnRequest(
+            turn,
             cancel,
             on_prompt=on_prompt,
             on_piece=lambda piece: (crash_point("stream.piece"), emit("piece", piece)),
+            on_done=on_done,
+            on_fail=lambda: self.states.release_retired(),
+            session=session,
         )
-        recorded = self.recorder.turn(record, done, started[0] if started else None)
-        self._keep(session, recorded.reply_id, done.live)
-        self.turns += 1
-        ttft_ms = None if done.first_token_at is None else (done.first_token_at - t0) * 1000
-        return ChatResult(TurnStart(session, origin, done.prompt), done, recorded, ttft_ms)
-
-    def _keep(self, session: str, head: str | None, live: Live) -> None:
-        """`live` is `session`'s state at `head`: keep it hot (reuse), else release it. A state whose
-        snapshot failed (head None) is released: the next turn re-prefills the transcript."""
-        if self.reuse and head is not None:
-            self._hot.put(Hot(session, head, live))
-        else:
-            self.engine.release(live)
-        self._hot.release_retired(self.engine)
 
     # -- snapshot routes -----------------------------------------------------------------------------
     def restore(
@@ -266,12 +273,12 @@ class ConversationService:
         cancel: threading.Event | None = None,
         *,
         then: TurnFrom | None = None,
-    ) -> Restored | ChatResult:
+    ) -> Restored | TurnRequest:
         """Make a snapshot (or a session's head) the state a session continues from and load it into
         memory; with a continuation message generate from there, and with `then` run that turn from there:
         then(session, (transcript, head), before_commit, t0), before_commit making the restore stick."""
         t0 = time.perf_counter()
-        self._hot.release_retired(self.engine)
+        self.states.release_retired()
         if snapshot_ref is not None:
             sid = self.store.resolve(snapshot_ref)
             target = session or self.store.info(sid).session
@@ -299,22 +306,22 @@ class ConversationService:
             )
         if then is not None:
             return then(target, (transcript, head), before, t0)
-        live, origin = (None, Origin()) if head is None else self.sources.at_head(target, head)
+        live, origin = (None, Origin()) if head is None else self.states.at_head(target, head)
         try:
             if before is not None:
                 before()
         except BaseException:
-            if live is not None and not origin.hot:
-                self.engine.release(live)
+            if live is not None:
+                self.states.give_back(live, origin)
             raise
         if live is not None:
-            self._keep(target, head, live)
+            self.states.keep(target, head, live)
         return Restored(target, head, 0 if live is None else len(live.token_ids), origin, len(transcript))
 
     def save(self, session: str, label: str | None, pin: bool) -> str:
         """Pin (and label) the session's head; a session without one is re-prefilled from its
         transcript and snapshotted first. Returns the snapshot id."""
-        self._hot.release_retired(self.engine)
+        self.states.release_retired()
         if label is not None:
             validate_label(label)
         head = self.store.get_session(session).head
@@ -322,13 +329,13 @@ class ConversationService:
             transcript = [plain(m) for m in self.store.transcript(session)]
             if not transcript:
                 raise UsageError(f"session {session!r} has no conversation to snapshot yet.")
-            live = self.sources.from_transcript(transcript)
+            live = self.states.from_transcript(transcript)
             try:
                 head = self.recorder.commit(session, self.engine.capture(live), "saved").id
             except BaseException:
                 self.engine.release(live)
                 raise
-            self._keep(session, head, live)
+            self.states.keep(session, head, live)
         if label is not None:
             self.store.label(head, label)
         if pin:
@@ -342,12 +349,12 @@ class ConversationService:
         previous = self.store.get_session(session).head
         info = self.store.reset_session(session)
         self.invalidate(session)
-        self._hot.release_retired(self.engine)
+        self.states.release_retired()
         return previous, info
 
     def invalidate(self, session: str | None = None) -> None:
         """Forget the hot state (of `session`, or whichever). Any thread: the worker releases it later."""
-        self._hot.drop(session)
+        self.states.drop(session)
 
     def _transcript_and_head(self, name: str) -> tuple[list[dict], str | None]:
         try:

@@ -1,10 +1,12 @@
-"""One generation at a time: a single worker thread runs jobs first come, first served.
+"""The one thread that runs the model: the scheduler's step loop, and every other job between steps.
 
 Routes submit a job from the event loop and read its events (`start`, `piece`, ..., then `done` or
-`error`) from an asyncio queue that the worker thread fills. At most `max_queue` jobs wait behind the
-running one; one more is refused at once (QueueFull -> 429) rather than queued without bound.
-Each job has a cancel event: set it (client gone, daemon stopping) and the job stops between tokens,
-or is skipped if it has not started.
+`error`) from an asyncio queue that the worker thread fills. A turn job (`turn=True`: it plans a turn,
+daemon/scheduler.py) joins the scheduler, which admits it in arrival order and steps it with the other
+turns; any other job (a save, a restore, a reset) runs between two steps, first come, first served.
+At most `max_queue` jobs wait (not yet started); one more is refused at once (QueueFull -> 429) rather
+than queued without bound: it bounds memory, not ordinary bursts. Each job has a cancel event: set it
+(client gone, daemon stopping) and the job stops between tokens, or is skipped if it has not started.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engramctl.daemon.errors import Cancelled, QueueFull, ShuttingDown
 from engramctl.errors import EngramError
+
+if TYPE_CHECKING:
+    from engramctl.daemon.scheduler import Scheduler
 
 log = logging.getLogger("engramctl.daemon")
 
@@ -26,8 +31,18 @@ log = logging.getLogger("engramctl.daemon")
 class Job:
     """A unit of work for the worker thread. `fn(job)` runs there and may `job.emit(...)` events."""
 
-    def __init__(self, fn: Callable[["Job"], Any], name: str, loop: asyncio.AbstractEventLoop | None):
+    def __init__(
+        self,
+        fn: Callable[["Job"], Any],
+        name: str,
+        loop: asyncio.AbstractEventLoop | None,
+        *,
+        turn: bool = False,
+        session: str | None = None,
+    ):
         self.fn, self.name, self.loop = fn, name, loop
+        self.turn = turn  # fn plans a turn for the scheduler (a scheduler.TurnRequest)
+        self.session = session  # the named session the turn continues: it waits for that session's running turn
         self.future: concurrent.futures.Future | None = None  # Worker.call's: the result for a caller without a loop
         self.cancel = threading.Event()
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -60,8 +75,9 @@ class Job:
 
 
 class Worker:
-    def __init__(self, max_queue: int):
+    def __init__(self, max_queue: int, scheduler: "Scheduler | None" = None):
         self.max_queue = max(0, int(max_queue))
+        self.scheduler = scheduler
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
@@ -73,22 +89,36 @@ class Worker:
 
     @property
     def waiting(self) -> int:
+        """Jobs not started yet: queued here, or turns the scheduler has not admitted."""
         with self._lock:
-            return self._waiting
+            return self._waiting + self._admitting()
+
+    def _admitting(self) -> int:
+        return 0 if self.scheduler is None else len(self.scheduler.waiting)
+
+    @property
+    def running(self) -> int:
+        """Turns the scheduler is stepping."""
+        return 0 if self.scheduler is None else len(self.scheduler.running)
 
     @property
     def busy(self) -> bool:
-        return self.current is not None
+        return self.current is not None or self.running > 0
 
-    def submit(self, fn: Callable[[Job], Any], name: str = "job") -> Job:
-        """Queue `fn`; call from the event loop. Raises QueueFull or ShuttingDown instead of waiting."""
-        job = Job(fn, name, asyncio.get_running_loop())
+    def submit(
+        self, fn: Callable[[Job], Any], name: str = "job", *, turn: bool = False, session: str | None = None
+    ) -> Job:
+        """Queue `fn`; call from the event loop. Raises QueueFull or ShuttingDown instead of waiting.
+        turn=True: `fn` plans a turn (it returns a scheduler.TurnRequest), run by the scheduler with the
+        others; `session` names the session it continues."""
+        job = Job(fn, name, asyncio.get_running_loop(), turn=turn, session=session)
         with self._lock:
             if not self._accepting:
                 raise ShuttingDown("the daemon is shutting down.")
-            if self._waiting >= self.max_queue and (self.current is not None or self._waiting > 0):
+            waiting = self._waiting + self._admitting()
+            if waiting >= self.max_queue and (self.busy or waiting > 0):
                 raise QueueFull(
-                    f"the daemon is busy: {self._waiting} request(s) already wait for the model.",
+                    f"the daemon is busy: {waiting} request(s) already wait for the model.",
                     hint="retry in a moment, or raise max_queue (ENGRAM_MAX_QUEUE)",
                 )
             self._waiting += 1
@@ -135,24 +165,54 @@ class Worker:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        """Take every job queued now (waiting for one only when no turn is running), then step the turns."""
+        stopping = False
         while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            with self._lock:
-                self._waiting -= 1
-                self.current = job
+            busy = self.scheduler is not None and self.scheduler.busy
             try:
-                if job.cancelled:
-                    job.finish(error=Cancelled("the request was cancelled before it started."))
-                    continue
-                job.started = time.monotonic()
-                job.finish(job.fn(job))
-            except BaseException as e:  # noqa: BLE001 - every failure goes back to its request
-                if not isinstance(e, EngramError):
-                    log.exception("%s failed", job.name)
-                job.finish(error=e)
-            finally:
+                job = self._queue.get(block=not busy and not stopping, timeout=None)
+            except queue.Empty:
+                job = None if stopping else False
+            if job is None:  # begin_shutdown: the turns end at their next token, the waiting ones are refused
+                stopping = True
+                self._stop_turns()
+                if not (self.scheduler is not None and self.scheduler.busy):
+                    return
+            elif job is not False:
                 with self._lock:
-                    self.current = None
-                    self.completed += 1
+                    self._waiting -= 1
+                if job.turn and self.scheduler is not None and not stopping:
+                    self.scheduler.add(job)
+                else:
+                    self._run_job(job)
+                continue  # take what else is queued before the next step
+            if self.scheduler is not None and self.scheduler.busy:
+                self.scheduler.step()
+
+    def _stop_turns(self) -> None:
+        s = self.scheduler
+        if s is None:
+            return
+        while s.waiting:
+            job = s.waiting.popleft()
+            job.cancel.set()
+            job.finish(error=ShuttingDown("the daemon is shutting down."))
+        s.cancel_all()
+
+    def _run_job(self, job: Job) -> None:
+        with self._lock:
+            self.current = job
+        try:
+            if job.cancelled:
+                job.finish(error=Cancelled("the request was cancelled before it started."))
+                return
+            job.started = time.monotonic()
+            job.finish(job.fn(job))
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to its request
+            if not isinstance(e, EngramError):
+                log.exception("%s failed", job.name)
+            job.finish(error=e)
+        finally:
+            with self._lock:
+                self.current = None
+                self.completed += 1

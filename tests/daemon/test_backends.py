@@ -71,7 +71,7 @@ def _cancelled_prefill(client, session: str, text: str, looks: int) -> None:
     """A turn cancelled during its prompt prefill, as the worker runs it when the client goes away."""
     req = ChatRequest([{"role": "user", "content": text}], session, SamplingParams(temperature=0.0, max_tokens=4))
     with pytest.raises(Cancelled):
-        client.daemon.service.chat(req, lambda kind, value: None, CancelAfter(looks))
+        client.daemon.service.chat(req, lambda kind, value: None, CancelAfter(looks)).run()
 
 
 @both_backends

@@ -73,7 +73,7 @@ def stateful_turn(
     """One turn of SESSION through the daemon's service; `transcript` gets the user message and the reply."""
     cpu0, t0 = time.process_time(), time.perf_counter()
     user = {"role": "user", "content": user_message(turn)}
-    r = service.chat(ChatRequest([user], SESSION, params), _ignore, threading.Event())
+    r = service.chat(ChatRequest([user], SESSION, params), _ignore, threading.Event()).run()
     t_end = time.perf_counter()
     done, rec, origin = r.done, r.recorded, r.start.origin
     for sid in (rec.prompt_id, rec.reply_id):

@@ -2,7 +2,7 @@
 
 Their clients send the chat template's render of the new user message (with the generation prompt) as
 token ids, not text. The turn is the service's like every other (ConversationService.plan_turn and
-run_turn: plan, prefill, generate, settle, record); what is theirs is here: the ids checked against the
+run_turn: plan, then the scheduler prefills, generates, settles, records); what is theirs is here: the ids checked against the
 vocabulary, and the user message they render recovered for the transcript (`continuation_message`).
 """
 
@@ -12,8 +12,9 @@ import threading
 from typing import Any, Callable
 
 from engramctl.daemon.recorder import TurnRecord
-from engramctl.daemon.service import ChatResult, ConversationService, Emit, TurnFrom, plain
-from engramctl.daemon.sources import Origin
+from engramctl.daemon.scheduler import TurnRequest
+from engramctl.daemon.service import ConversationService, Emit, TurnFrom, plain
+from engramctl.daemon.state_cache import Origin
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
 from engramctl.engine.sampling_params import SamplingParams
@@ -36,21 +37,20 @@ def token_turn(
 
     def run(
         name: str, base: tuple[list[dict], str | None], before_commit: Callable[[], Any] | None, t0: float
-    ) -> ChatResult:
+    ) -> TurnRequest:
         engine = service.engine
         transcript, head = base
         conversation = [plain(m) for m in transcript]
         if head is not None:
-            live, origin = service.sources.at_head(name, head)  # an unusable snapshot is an error, not a fallback
+            live, origin = service.states.at_head(name, head)  # an unusable snapshot is an error, not a fallback
         else:
-            live = service.sources.from_transcript(conversation) if conversation else engine.new_live()
+            live = service.states.from_transcript(conversation) if conversation else engine.new_live()
             origin = Origin()
         tok, budget = engine.tokenizer, service.default_max_tokens
         vocab = _vocab_size(engine, live)
         bad = next((t for t in ids if vocab is not None and t >= vocab), None)
         if bad is not None or not (ids or live.token_ids):
-            if not origin.hot:
-                engine.release(live)
+            service.states.give_back(live, origin)
             if bad is None:
                 raise UsageError(f"continuation_ids is empty and session {name!r} has no state to continue from.")
             raise UsageError(f"continuation_ids: token id {bad} is not in the model's vocabulary (0-{vocab - 1}).")

@@ -108,9 +108,11 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
             return answers.restored(r, **extra, **_request_id(body))
         if ids is None:
             return out
-        return _generated(d, out, ids, conversation, body)
+        return out.then(lambda r: _generated(d, r, ids, conversation, body))
 
-    job = d.worker.submit(run, name="restore_snapshot")
+    # with a continuation it is a turn (the scheduler runs it); a restore alone runs between steps
+    turn = continuation is not None or ids is not None
+    job = d.worker.submit(run, name="restore_snapshot", turn=turn, session=session if turn else None)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     stream = body.stream and continuation is not None
     return await answer_turn(job, request, Completion(d.model_id, d.engine.info.fingerprint), stream, include_usage)

@@ -1,0 +1,209 @@
+"""The scheduler: every turn the daemon runs, stepped together on the engine (continuous batching).
+
+    while scheduler.busy:                    # daemon/worker.py's loop, between other jobs
+        scheduler.step()
+
+    def step():
+        self.admit()                          # waiting turns join, in arrival order, up to max_sequences
+        work = self.schedule()                # each running turn: its next prompt chunk, or one token
+        logits = engine.step(work)            # one forward pass where the backend batches
+        self.postprocess(work)                # sample, stream, stop; a finished turn settles and records
+
+A turn is engine/turn.py's `Turn` (the same state machine a turn run alone uses, so a turn that runs alone
+computes exactly what it always did) wrapped in a `TurnRequest`: its cancel event, and the service's
+callbacks for its prompt (the stream's start, the prompt snapshot), its pieces and its end (the reply
+snapshot, the transcript, the state kept hot: daemon/service.py). Admission runs the job's planning on
+this thread (which state continues the prompt: daemon/state_cache.py), so a turn's state is acquired
+only when it runs, and a session's next turn waits for the one it continues.
+
+Cancel or disconnect: a turn still in its prompt stops before its next chunk (errors.Cancelled, nothing
+recorded); a generating one ends at its next token ("cancelled", the partial reply recorded). Either way
+its sequence is free at the next step. With `max_sequences` 1 (a backend that runs one Live at a time,
+or ENGRAM_SERIAL_TURNS) turns run one after another in arrival order, each exactly as alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from engramctl.engine.engine import Engine
+from engramctl.engine.turn import Prompt, Turn, TurnDone
+from engramctl.errors import Cancelled, EngramError
+
+if TYPE_CHECKING:
+    from engramctl.daemon.worker import Job
+
+log = logging.getLogger("engramctl.daemon")
+
+
+class TurnRequest:
+    """One planned turn and what its ends do. The service builds it (`on_prompt`, `on_piece`, `on_done`:
+    the turn's result from its TurnDone); `then(fn)` maps that result for the route that asked."""
+
+    def __init__(
+        self,
+        turn: Turn,
+        cancel: threading.Event,
+        *,
+        on_prompt: Callable[[Prompt], None],
+        on_piece: Callable[[str], None],
+        on_done: Callable[[TurnDone], Any],
+        on_fail: Callable[[], None],
+        session: str | None = None,
+    ):
+        self.turn, self.cancel, self.session = turn, cancel, session
+        self.on_prompt, self.on_piece, self.on_done, self.on_fail = on_prompt, on_piece, on_done, on_fail
+        self._then: list[Callable[[Any], Any]] = []
+        self.job: "Job | None" = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def then(self, fn: Callable[[Any], Any]) -> "TurnRequest":
+        self._then.append(fn)
+        return self
+
+    def begin(self) -> None:
+        self.turn.begin(self.cancel, on_prompt=self.on_prompt, on_piece=self.on_piece)
+
+    def succeed(self) -> None:
+        result = self.on_done(self.turn.done)
+        for fn in self._then:
+            result = fn(result)
+        self.result = result
+        if self.job is not None:
+            self.job.finish(result)
+
+    def fail(self, error: BaseException) -> None:
+        """The turn cannot go on: its half-fed Live is released, the error goes to whoever asked."""
+        try:
+            self.turn.abort()
+            self.on_fail()
+        finally:
+            self.error = error
+            if self.job is not None:
+                self.job.finish(error=error)
+
+    def run(self) -> Any:
+        """Run this turn alone, on this thread (the benchmark; tests): its result, or its error raised."""
+        scheduler = Scheduler(self.turn.engine, max_sequences=1)
+        scheduler.start(self)
+        while scheduler.busy:
+            scheduler.step()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, *, max_sequences: int | None = None, serial: bool = False):
+        self.engine = engine
+        self.max_sequences = 1 if serial else max(1, max_sequences or engine.max_sequences)
+        self.waiting: collections.deque["Job"] = collections.deque()  # turn jobs, in arrival order
+        self.running: list[TurnRequest] = []
+        self.steps = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, job: "Job") -> None:
+        """Queue a turn job: `job.fn(job)` plans the turn (a TurnRequest) when the turn is admitted."""
+        self.waiting.append(job)
+
+    def step(self) -> None:
+        self.admit()
+        work = self.schedule()
+        if work:
+            try:
+                self.engine.step([(r.turn.live, tokens) for r, tokens in work])
+            except BaseException as e:  # noqa: BLE001 - the turns of a failed step cannot go on
+                if not isinstance(e, EngramError):
+                    log.exception("a step of %d turn(s) failed", len(work))
+                for r, _ in work:
+                    self._drop(r, e)
+                return
+            self.postprocess(work)
+        self.steps += 1
+
+    def admit(self) -> None:
+        """Waiting turns join in arrival order while there is room; a session's turn waits for its
+        previous one (it continues that one's state)."""
+        skipped: list["Job"] = []
+        while self.waiting and len(self.running) < self.max_sequences:
+            job = self.waiting.popleft()
+            if job.session is not None and any(r.session == job.session for r in self.running):
+                skipped.append(job)
+                continue
+            if job.cancelled:
+                job.finish(error=Cancelled("the request was cancelled before it started."))
+                continue
+            try:
+                out = job.fn(job)
+            except BaseException as e:  # noqa: BLE001 - a refused turn goes back to its request
+                if not isinstance(e, EngramError):
+                    log.exception("%s failed", job.name)
+                job.finish(error=e)
+                continue
+            if not isinstance(out, TurnRequest):  # a job that turned out to generate nothing
+                job.finish(out)
+                continue
+            out.job = job
+            self.start(out)
+        self.waiting.extendleft(reversed(skipped))
+
+    def start(self, r: TurnRequest) -> None:
+        """`r` starts running (its first token may be sampled at once, with nothing to feed)."""
+        try:
+            r.begin()
+        except BaseException as e:  # noqa: BLE001
+            r.fail(e)
+            return
+        self.running.append(r)
+        if r.turn.done is not None:
+            self._finish(r)
+
+    def schedule(self) -> list[tuple[TurnRequest, list[int]]]:
+        """Each running turn's tokens for this step: a prompt chunk, or one token. A turn cancelled in its
+        prompt leaves here, before its next chunk."""
+        work = []
+        for r in list(self.running):
+            if r.turn.prefilling and r.cancel.is_set():  # between chunks: the state holds whole chunks
+                self._drop(r, Cancelled("the request was cancelled during the prompt prefill."))
+                continue
+            work.append((r, r.turn.work()))
+        return work
+
+    def postprocess(self, work: list[tuple[TurnRequest, list[int]]]) -> None:
+        for r, _ in work:
+            try:
+                r.turn.fed()
+            except BaseException as e:  # noqa: BLE001
+                if not isinstance(e, EngramError):
+                    log.exception("a turn failed")
+                self._drop(r, e)
+                continue
+            if r.turn.done is not None:
+                self._finish(r)
+
+    def cancel_all(self) -> None:
+        """The daemon stops: every running turn ends at its next step."""
+        for r in self.running:
+            r.cancel.set()
+
+    def _finish(self, r: TurnRequest) -> None:
+        self.running.remove(r)
+        try:
+            r.succeed()
+        except BaseException as e:  # noqa: BLE001 - a failure after the turn still answers its request
+            log.exception("recording a turn failed")
+            r.error = e
+            if r.job is not None:
+                r.job.finish(error=e)
+
+    def _drop(self, r: TurnRequest, error: BaseException) -> None:
+        if r in self.running:
+            self.running.remove(r)
+        r.fail(error)
