@@ -223,9 +223,12 @@ def _script(monkeypatch, app, reply: str) -> list:
 
     def scripted(turn, emit, cancel):
         seen.append(turn)
-        r = real(turn, emit, cancel)
-        done = dataclasses.replace(r.done, finish=dataclasses.replace(r.done.finish, text=reply))
-        return dataclasses.replace(r, done=done)
+
+        def replaced(r):
+            done = dataclasses.replace(r.done, finish=dataclasses.replace(r.done.finish, text=reply))
+            return dataclasses.replace(r, done=done)
+
+        return real(turn, emit, cancel).then(replaced)  # the planned turn: its result once it has run
 
     monkeypatch.setattr(svc, "chat", scripted)
     return seen

@@ -1,0 +1,289 @@
+"""The scheduler (daemon/scheduler.py): many conversations at once, each answered as if alone.
+
+In-process, on both backends, through the engine's one-Live-at-a-time fallback with room for 4 turns:
+conversations interleaved token by token get exactly the reply (text, tokens, reply snapshot) each gets
+alone, greedy and seeded alike; identical requests get identical replies; a cancel frees its turn and the
+others finish. Through the real daemon with the official openai client: a burst of 64 requests is queued
+and served in arrival order (no 429, no 5xx); one of 4 streams cancelled, the other 3 finish in full;
+SIGKILL while 4 conversations stream: every listed snapshot restores and all 4 go on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import signal
+import threading
+import time
+
+import openai
+import pytest
+
+from engramctl.daemon.scheduler import Scheduler
+from engramctl.daemon.service import ChatRequest, ChatResult
+from engramctl.daemon.worker import Job
+from engramctl.engine.sampling_params import SamplingParams
+from tests.backends import both_backends
+from tests.daemon import harness
+from tests.helpers import served_app
+
+QUESTIONS = [
+    "Tell me about cats.",
+    "What is a state space model?",
+    "Why do disks fail?",
+    "Count to ten, please.",
+]
+
+
+@pytest.fixture
+def client(backend, tiny_engine, engram_home):
+    with served_app(tiny_engine(backend)) as c:
+        yield c
+
+
+def _requests(tag: str) -> list[ChatRequest]:
+    """Four sessions, one greedy stopping on a string, one sampled with its own seed, and two identical
+    anonymous requests (a stock client resending the same history)."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    reqs = [
+        ChatRequest([{"role": "user", "content": QUESTIONS[0]}], f"{tag}-0", greedy),
+        ChatRequest(
+            [{"role": "user", "content": QUESTIONS[1]}], f"{tag}-1", SamplingParams(temperature=0.0, max_tokens=9)
+        ),
+        ChatRequest(
+            [{"role": "user", "content": QUESTIONS[2]}],
+            f"{tag}-2",
+            SamplingParams(temperature=0.9, seed=7, max_tokens=10),
+        ),
+        ChatRequest(
+            [{"role": "user", "content": QUESTIONS[3]}], f"{tag}-3", SamplingParams(temperature=0.0, max_tokens=6)
+        ),
+    ]
+    same = [{"role": "user", "content": "Say something twice."}]
+    return reqs + [ChatRequest(same, None, greedy), ChatRequest(same, None, greedy)]
+
+
+def _turn_job(service, req: ChatRequest, cancel: threading.Event | None = None) -> Job:
+    job = Job(lambda job: service.chat(req, job.emit, job.cancel), "test", None, turn=True, session=req.session)
+    job.future = concurrent.futures.Future()
+    if cancel is not None:
+        job.cancel = cancel
+    return job
+
+
+def _outcome(r: ChatResult) -> tuple:
+    """What must not depend on who shared the steps: the reply, its tokens, and the reply snapshot's ids
+    minus the session-specific prompt."""
+    return r.text, r.finish.reason, r.finish.token_ids, r.done.reply_state.token_ids
+
+
+def _run(scheduler: Scheduler, jobs: list[Job], on_step=lambda s, n: None) -> int:
+    for job in jobs:
+        scheduler.add(job)
+    peak, n = 0, 0
+    while scheduler.busy:
+        scheduler.step()
+        n += 1
+        peak = max(peak, len(scheduler.running))
+        on_step(scheduler, n)
+    return peak
+
+
+@both_backends
+def test_interleaved_turns_answer_exactly_as_alone(client):
+    d = client.daemon
+    alone = [d.service.chat(req, lambda k, v: None, threading.Event()).run() for req in _requests("alone")]
+    scheduler = Scheduler(d.engine, max_sequences=4)
+    jobs = [_turn_job(d.service, req) for req in _requests("together")]
+    peak = _run(scheduler, jobs)
+    assert peak == 4  # four turns ran in the same steps, token by token
+    together = [job.future.result() for job in jobs]
+    for a, t in zip(alone, together):
+        assert _outcome(t) == _outcome(a)  # the reply, and a snapshot holding its own conversation's tokens only
+        assert t.snapshot_id is not None
+    assert together[4].text == together[5].text  # identical requests, identical replies
+    for k in range(4):  # every session resumes from its own snapshot, as the alone run's does
+        nxt = [{"role": "user", "content": "And then?"}]
+        params = SamplingParams(temperature=0, max_tokens=5)
+        a = d.service.chat(ChatRequest(nxt, f"alone-{k}", params), _no, _ev()).run()
+        t = d.service.chat(ChatRequest(nxt, f"together-{k}", params), _no, _ev()).run()
+        assert t.text == a.text and t.start.origin.restored_tokens > 0
+
+
+def _no(kind, value) -> None:
+    pass
+
+
+def _ev() -> threading.Event:
+    return threading.Event()
+
+
+@both_backends
+def test_a_cancelled_turn_leaves_at_the_next_step_and_the_others_finish(client):
+    d = client.daemon
+    reqs = _requests("c")[:4]
+    alone = [d.service.chat(req, _no, _ev()).run() for req in _requests("a")[:4]]
+    cancel = threading.Event()
+    jobs = [_turn_job(d.service, req, cancel if k == 1 else None) for k, req in enumerate(reqs)]
+
+    def cancel_at(s: Scheduler, n: int) -> None:
+        if n == 3:
+            cancel.set()
+
+    _run(Scheduler(d.engine, max_sequences=4), jobs, cancel_at)
+    results = [job.future.result() for job in jobs]
+    assert results[1].finish.reason == "cancelled" and 0 < len(results[1].finish.token_ids) < 9
+    assert results[1].snapshot_id is not None  # the partial reply is recorded, as a cancel always was
+    for k in (0, 2, 3):
+        assert _outcome(results[k]) == _outcome(alone[k])
+
+
+def test_serial_turns_and_the_backend_bound_how_many_run_at_once(tiny_engine):
+    engine = tiny_engine("transformers")
+    assert engine.max_sequences == 1  # transformers: one turn at a time
+    assert Scheduler(engine).max_sequences == 1
+    assert Scheduler(engine, max_sequences=4).max_sequences == 4
+    assert Scheduler(engine, max_sequences=4, serial=True).max_sequences == 1
+
+
+# -- through the real daemon ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def daemon(model_dir, tmp_path_factory):
+    d = harness.start(model_dir, tmp_path_factory.mktemp("scheduler"))
+    yield d
+    d.stop()
+
+
+def _oai(d) -> openai.OpenAI:
+    return openai.OpenAI(base_url=d.url + "/v1", api_key=d.token, max_retries=0, timeout=120)
+
+
+def test_a_burst_of_64_is_queued_and_served_in_arrival_order(daemon):
+    with daemon.http() as h:
+        status = h.get("/v1/status").json()
+        assert status["queue"]["max"] == 256 and status["serving"]["at_once"] == 1
+    client = _oai(daemon)
+    n = 64
+    done_order: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    replies: dict[int, str] = {}
+
+    def one(k: int) -> None:
+        try:
+            r = client.chat.completions.create(
+                model="default",
+                messages=[{"role": "user", "content": f"Burst request {k % 4}."}],
+                max_tokens=3,
+                temperature=0,
+                extra_body={"session": f"burst-{k}"},
+            )
+            with lock:
+                done_order.append(k)
+                replies[k] = r.choices[0].message.content
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = []
+    for k in range(n):  # one after another, so that their arrival order is known
+        t = threading.Thread(target=one, args=(k,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.03)
+    for t in threads:
+        t.join(300)
+    assert not errors, errors[:3]  # no 429, no 5xx
+    assert sorted(done_order) == list(range(n))
+    assert done_order == sorted(done_order)  # one turn at a time, admitted in arrival order
+    for k in range(4, n):  # each its own answer: the same question gets the same greedy reply
+        assert replies[k] == replies[k % 4]
+
+
+def test_one_of_four_streams_cancelled_the_other_three_finish_in_full(daemon):
+    client = _oai(daemon)
+    asks = [f"Stream {k}: tell me a long story about topic {k}." for k in range(4)]
+
+    def full(k: int, session: str) -> str:
+        stream = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": asks[k]}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            extra_body={"session": session},
+        )
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    def dropped() -> None:
+        stream = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": asks[1]}],
+            max_tokens=400,
+            temperature=0,
+            stream=True,
+            extra_body={"session": "cut-1"},
+        )
+        for i, _chunk in enumerate(stream):
+            if i >= 2:
+                stream.close()  # the client goes away mid-stream
+                return
+
+    out: dict[int, str] = {}
+    threads = [threading.Thread(target=lambda k=k: out.__setitem__(k, full(k, f"cut-{k}"))) for k in (0, 2, 3)]
+    threads.append(threading.Thread(target=dropped))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert sorted(out) == [0, 2, 3]
+    for k in (0, 2, 3):
+        assert out[k] == full(k, f"alone-cut-{k}")  # the full reply, as alone
+    with daemon.http() as h:
+        deadline = time.monotonic() + 30
+        while (msgs := harness.transcript(h, "cut-1")) is None or len(msgs) < 2:
+            assert time.monotonic() < deadline, "the cancelled turn was never recorded"
+            time.sleep(0.05)
+        assert msgs[-1]["finish_reason"] == "cancelled"
+
+
+def test_sigkill_while_four_conversations_stream_every_snapshot_restores_and_all_go_on(model_dir, tmp_path):
+    home = tmp_path / "home"
+    d = harness.start(model_dir, home)
+    work = harness.Workload(random.Random(19), home)
+    streaming = threading.Event()
+    lock = threading.Lock()
+
+    def conversation(k: int) -> None:
+        with d.http(timeout=60) as h:
+            for t in range(50):
+                question = f"Conversation {k}, turn {t}."
+                try:
+                    text, engram, _ = harness.stream_chat(h, f"kill-{k}", question, 6 + k)
+                except Exception:  # noqa: BLE001 - the daemon was killed mid-stream
+                    return
+                if not engram:
+                    return
+                with lock:
+                    work.answered.setdefault(f"kill-{k}", []).append((question, text))
+                if t >= 1:
+                    streaming.set()
+
+    threads = [threading.Thread(target=conversation, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    assert streaming.wait(120), "the conversations never got going"
+    time.sleep(0.3)
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(30)
+    for t in threads:
+        t.join(60)
+    d2 = harness.start(model_dir, home)
+    try:
+        assert work.check(d2) == []  # index and files agree; every listed snapshot verifies and restores
+        assert work.checked_snapshots > 0
+        with d2.http() as h:
+            for k in range(4):  # all four conversations go on
+                r = harness.chat(h, f"kill-{k}", [{"role": "user", "content": "Still there?"}], max_tokens=3)
+                assert r["choices"][0]["finish_reason"] in ("stop", "length")
+    finally:
+        d2.stop()
