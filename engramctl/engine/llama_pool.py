@@ -11,7 +11,11 @@ Exactness. Attention reads every used KV cell up to the highest (masked or not),
 decode over 512+ cells splits them across threads (ggml-cpu flash_attn_ext's split-KV path), so the
 bits of a result depend on which cells are in use, not only on the sequence's own; and ggml picks its
 matmul kernels by the rows in a step. A step of several conversations therefore differs in its last bits
-from the same tokens run alone; that is accepted. A step of ONE Live must compute what a fresh process
+from the same tokens run alone; that is accepted. Measured (greedy, 4 sequences): on the tiny test
+models batched replies equal their solo ones and identical conversations give bitwise identical rows
+(tests/engine/test_llama_batch.py); on SmolLM2 Q4_1 over 64 tokens, 1 of 4 different conversations kept its
+solo reply (the others forked at tokens 1, 2 and 12), and 4 identical ones did not stay identical: their
+cells sit at different places in the shared KV cache, which flash attention walks in fixed tiles. A step of ONE Live must compute what a fresh process
 restoring the same state computes (the bitwise resume tests): `solo()` makes the context hold exactly
 that Live's cells, in sequence 0, on one path from cell 0 without gaps, with nothing else but kept
 states that are prefixes of that path. So it parks every other resident Live (measured: a state
@@ -226,9 +230,13 @@ class SequencePool:
                 self._park(other)
 
     def _evict(self, keep: Sequence[Live]) -> int:
-        for ref in self._seated.values():
-            if not any(ref() is live for live in keep):
-                self._park(ref())
+        for seq, ref in self._seated.items():
+            live = ref()
+            if live is None:
+                self._clear(seq)
+                return self._free_seqs.pop()
+            if not any(live is k for k in keep):
+                self._park(live)
                 return self._free_seqs.pop()
         raise EngramError(f"a step of {len(keep)} conversations needs more than the context's {self.sequences}.")
 
