@@ -162,6 +162,16 @@ class Settings:
         shown_default="the cores it may use",
         bounds=(1, 4096),
     )
+    # None: the backend derives it (llama_backend.default_sequences): 2 per core, 4 to 16, fewer where their
+    # recurrent states (one cell each, allocated with the context) would take over 1/8 of the available RAM
+    sequences: int | None = setting(
+        None,
+        "conversations the llama.cpp backend steps together in one batch; 1 serves turns one at a time, "
+        "each reply bitwise what it is alone (a batched one may differ in its last bits); transformers: always 1",
+        metavar="N",
+        shown_default="2 per core, 4-16, fewer if their states would take over 1/8 of free RAM",
+        bounds=(1, 64),
+    )
     api_key: str | None = setting(
         None, "bearer token instead of the one generated in the config dir", flag=None, shown_default="generated"
     )

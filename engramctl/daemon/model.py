@@ -63,6 +63,7 @@ def load_model(settings: Settings, place_tables=None):
         ngram=ngram,
         tables=tables,
         threads=st.threads,
+        sequences=st.sequences,
     )
     i = engine.info
     log.info(

@@ -43,6 +43,8 @@ class ModelInfo:
 class Backend(Protocol):
     info: ModelInfo
     spec: StateSpec
+    max_sequences: int  # how many Lives can be stepped together; 1 = one at a time (transformers)
+    chunk_tokens: int  # the most tokens one forward pass takes, all Lives of a step together
 
     def new_live(self) -> Live: ...
 
@@ -51,6 +53,12 @@ class Backend(Protocol):
         Raises errors.Cancelled, between chunks, once `cancel` is set."""
 
     def decode(self, live: Live, token_id: int) -> torch.Tensor: ...
+
+    def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[torch.Tensor]:
+        """Feed each Live its tokens (>= 1: a decode is one token, a prefill chunk up to chunk_tokens), in one
+        forward pass where the backend can; return each Live's last logits ((vocab,) float32), in order.
+        The Lives are distinct. A Live not in `work` may be parked by the backend to make room.
+        Optional: a backend without it (transformers) is fed one Live at a time through prefill/decode."""
 
     def capture(self, live: Live) -> SessionState: ...
 

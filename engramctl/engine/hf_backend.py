@@ -43,6 +43,8 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 class TransformersBackend:
+    max_sequences = 1  # one conversation at a time: no step(), the engine feeds Lives one by one
+
     def __init__(
         self,
         model,

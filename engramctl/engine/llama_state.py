@@ -35,7 +35,7 @@ from engramctl.state import AttentionState, EmptyState, HybridState, RecurrentSt
 from engramctl.state.layers import LayerState
 
 MAGIC = 0xAF143CD8
-SEQ_ID = 0  # the backend runs every conversation in sequence 0 of its one context (llama_slot.py)
+SEQ_ID = 0  # the sequence a blob names here; llama.cpp writes the one it came from (renumber) and ignores it on load
 GGML_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 _GGML_IDS = {v: k for k, v in GGML_TYPES.items()}
 
@@ -130,6 +130,18 @@ class _Reader:
         want_row = row_elems * (torch.empty(0, dtype=dtype).element_size() if dtype is not None else 0)
         self.expect("<Q", want_row, f"{what} row bytes")
         return self.tensor(shape, type_id, what)
+
+
+def renumber(blob: bytearray, has_kv: bool) -> bytearray:
+    """`blob` (in place) as if it came from sequence SEQ_ID: llama.cpp writes the sequence it was taken from
+    into the header and into every KV cell, and reads neither back (set_data loads into the sequence it is
+    given), so a conversation's state has the same bytes whichever sequence of the context it ran in."""
+    struct.pack_into("<i", blob, 4, SEQ_ID)
+    if has_kv and len(blob) >= 16:
+        n_stream, n_cells = struct.unpack_from("<II", blob, 8)
+        if n_stream == 1 and 16 + n_cells * _CELL.itemsize <= len(blob):
+            np.frombuffer(blob, dtype=_CELL, count=n_cells, offset=16)["seq"] = SEQ_ID  # parse() checks the rest
+    return blob
 
 
 def parse(blob: bytearray, layout: BlobLayout, n_tokens: int) -> list[LayerState]:

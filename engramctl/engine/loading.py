@@ -217,6 +217,7 @@ def load_engine(
     threads: int | None = None,
     model_id: str | None = None,
     chunk_tokens: int | None = None,
+    sequences: int | None = None,
 ):
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
@@ -224,7 +225,8 @@ def load_engine(
     transformers model Engram layers (engine/ngram_hooks.py), their tables held as `tables` says. `threads`: the
     CPU threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use.
     `model_id`: the name the engine reports (default: the GGUF's file name, the hub id or the directory's path);
-    `chunk_tokens`: tokens per forward pass at prefill (default: the backend's)."""
+    `chunk_tokens`: tokens per forward pass at prefill (default: the backend's); `sequences`: conversations
+    llama.cpp steps together (default: derived from cores and memory; transformers steps one at a time)."""
     from engramctl.engine.engine import Engine
     from engramctl.errors import BackendUnavailable
 
@@ -246,7 +248,9 @@ def load_engine(
             from engramctl.engine.llama_lib import OPENMP_NOTICE, openmp_linked
 
             chunk = {} if chunk_tokens is None else {"chunk_tokens": chunk_tokens}
-            lb = LlamaCppBackend(path, model_id or gguf_id, device=device, threads=threads, **chunk)
+            lb = LlamaCppBackend(
+                path, model_id or gguf_id, device=device, threads=threads, sequences=sequences, **chunk
+            )
             if dtype != "auto":
                 say(
                     f"--dtype {dtype} applies to transformers; "

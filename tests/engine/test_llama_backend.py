@@ -62,10 +62,10 @@ def test_release_frees_the_sequence_and_the_parked_copy(granite):
         granite.prefill(live, _ids(10 + i, i))
     parked = lives[0].cache.blob
     assert parked is not None and lives[2].cache.blob is None  # only the last one is in llama.cpp
-    assert granite._slot.last_position() == 11  # the resident one: 12 tokens
+    assert granite._pool.last_position() == 11  # the resident one: 12 tokens
     for live in lives:
         granite.release(live)
-    assert granite._slot.last_position() == -1  # nothing left in the context
+    assert granite._pool.last_position() == -1  # nothing left in the context
     assert all(live.cache is None for live in lives)
     with pytest.raises(EngramError, match="released"):
         granite.decode(lives[0], 5)

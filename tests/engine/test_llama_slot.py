@@ -1,4 +1,4 @@
-"""Kept states (engine/llama_slot.py): a captured state stays resident in a sequence of its own, and
+"""Kept states (engine/llama_pool.py): a captured state stays resident in a sequence of its own, and
 restoring it copies nothing yet gives the same bits; kept states go when their captured state is
 collected, beyond the cap, when a shorter one is restored, and all when another path is loaded, so that
 they never change another conversation's bits."""
@@ -43,12 +43,12 @@ def test_a_kept_state_restores_without_a_copy_and_continues_bit_for_bit(granite)
     live = granite.new_live()
     granite.prefill(live, prompt)
     state = granite.capture(live)
-    assert granite._slot.kept >= 1 and live.cache.kept is not None
+    assert granite._pool.kept >= 1 and live.cache.kept is not None
     granite.prefill(live, _ids(9, 3))  # the live state moves on, sharing the kept state's cells
-    before = granite._slot.restores["kept"]
+    before = granite._pool.restores["kept"]
     for _ in range(2):  # twice: a kept state survives being restored (regenerate)
         again = granite.inject(state)
-        assert granite._slot.restores["kept"] == before + 1
+        assert granite._pool.restores["kept"] == before + 1
         granite.prefill(again, message)
         assert _equal(_greedy(granite, again, 6), want)
         before += 1
@@ -60,7 +60,7 @@ def test_a_live_parked_at_a_kept_state_parks_without_a_copy(granite):
     a, b = granite.new_live(), granite.new_live()
     granite.prefill(a, _ids(30, 4))
     state = granite.capture(a)  # kept while it lives (the daemon's RAM tier holds it)
-    kept_blob = granite._slot._kept[a.cache.kept].blob
+    kept_blob = granite._pool._kept[a.cache.kept].blob
     granite.prefill(b, _ids(12, 5))  # parks a
     assert a.cache.blob is kept_blob  # the captured blob, not a fresh copy
     more = _ids(5, 6)
@@ -75,19 +75,19 @@ def test_a_live_parked_at_a_kept_state_parks_without_a_copy(granite):
 def test_kept_states_go_with_their_captured_state_and_beyond_the_cap(granite):
     live = granite.new_live()
     states = []
-    for i in range(granite._slot.kept_max + 2):
+    for i in range(granite._pool.kept_max + 2):
         granite.prefill(live, _ids(5, 10 + i))
         states.append(granite.capture(live))
-    assert granite._slot.kept == granite._slot.kept_max  # the oldest went
+    assert granite._pool.kept == granite._pool.kept_max  # the oldest went
     oldest = granite.inject(states[0])  # no longer kept: loaded from its blob, same state
-    assert granite._slot.restores["blob"] >= 1 and oldest.token_ids == list(states[0].token_ids)
+    assert granite._pool.restores["blob"] >= 1 and oldest.token_ids == list(states[0].token_ids)
     granite.release(oldest)
     granite.release(live)
     del states, oldest
     gc.collect()
-    assert granite._slot.kept == 0  # the collector's finalizers queued them; the next look applies the queue
+    assert granite._pool.kept == 0  # the collector's finalizers queued them; the next look applies the queue
     pos = granite._lib.llama_memory_seq_pos_max
-    assert all(pos(granite._slot._mem, seq) == -1 for seq in range(SEQ_ID, granite._slot.kept_max + 1))
+    assert all(pos(granite._pool._mem, seq) == -1 for seq in range(SEQ_ID, granite._pool.n_seq))
 
 
 def test_restoring_a_kept_state_drops_the_longer_ones_and_another_path_drops_all(granite):
@@ -97,12 +97,12 @@ def test_restoring_a_kept_state_drops_the_longer_ones_and_another_path_drops_all
     granite.prefill(live, _ids(20, 21))
     long = granite.capture(live)
     granite.release(live)
-    assert granite._slot.kept == 2
+    assert granite._pool.kept == 2
     again = granite.inject(short)  # its cells are a prefix of `long`'s: `long` goes, or the context would hold more
-    assert granite._slot.kept == 1 and granite._slot.last_position() == 19
+    assert granite._pool.kept == 1 and granite._pool.last_position() == 19
     other = granite.new_live()
     granite.prefill(other, _ids(8, 22))  # another path: kept states are never a prefix of it
-    assert granite._slot.kept == 0
+    assert granite._pool.kept == 0
     assert granite._original(long) is not None  # still restorable, by one copy
     for x in (again, other):
         granite.release(x)
@@ -111,7 +111,7 @@ def test_restoring_a_kept_state_drops_the_longer_ones_and_another_path_drops_all
 def test_kept_states_never_change_the_bits_of_another_conversation(granite):
     """Attention reads every used KV cell and splits 512+ of them across threads: a kept state of another
     conversation in the context would change a turn's last bits against a fresh process's."""
-    granite._slot.restores.clear()
+    granite._pool.restores.clear()
     x = granite.new_live()
     granite.prefill(x, _ids(300, 30))
     held = granite.capture(x)  # 300 cells, kept
@@ -121,7 +121,7 @@ def test_kept_states_never_change_the_bits_of_another_conversation(granite):
     got = _greedy(granite, y, 4)
     granite.release(y)
     del held
-    assert granite._slot.kept == 0  # nothing of x left: the reference runs alone in the context
+    assert granite._pool.kept == 0  # nothing of x left: the reference runs alone in the context
     ref = granite.new_live()
     granite.prefill(ref, _ids(300, 31))
     assert _equal(_greedy(granite, ref, 4), got)

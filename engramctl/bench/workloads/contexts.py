@@ -10,7 +10,7 @@ Per run (after one warm-up run at the first L that is not counted):
    shape and dtype; the NaN/Inf scan only for a file read now, as the payload in RAM was scanned when
    it was saved) + Engine.inject into a fresh cache; ttft_restored adds prefill(32) + first token.
    Then the same after another conversation ran a prefill in between (restore_ram_after_other): on
-   llama.cpp the first restore finds the state still kept in the context (engine/llama_slot.py), the
+   llama.cpp the first restore finds the state still kept in the context (engine/llama_pool.py), the
    second copies it in; on transformers they are the same path.
 4. restore from disk: the store is closed and reopened (a fresh process's view: RAM tier empty), the
    file is evicted from the page cache (posix_fadvise DONTNEED; mincore says whether it worked), then

@@ -1,0 +1,301 @@
+"""The sequences of the backend's one llama.cpp context: `sequences` that conversations (Lives) run in,
+stepped together in one llama_decode, and up to `kept_max` more that keep captured states resident.
+
+Residency. A Live gets a sequence while it is resident (its `cache.seq`). With more Lives than
+sequences, the least recently stepped one not in the current step is parked: its state is copied out
+(llama_state_seq_get_data into a Python bytearray, ~1 ms per 10 MB) and loaded back into a free
+sequence (llama_state_seq_set_data) when it is stepped again, so any number of conversations are held
+without llama.cpp allocating more. A released Live frees its sequence at once.
+
+Exactness. Attention reads every used KV cell up to the highest (masked or not), and on the CPU a
+decode over 512+ cells splits them across threads (ggml-cpu flash_attn_ext's split-KV path), so the
+bits of a result depend on which cells are in use, not only on the sequence's own; and ggml picks its
+matmul kernels by the rows in a step. A step of several conversations therefore differs in its last bits
+from the same tokens run alone; that is accepted. Measured (greedy, 4 sequences): on the tiny test
+models batched replies equal their solo ones and identical conversations give bitwise identical rows
+(tests/engine/test_llama_batch.py); on SmolLM2 Q4_1 over 64 tokens, 1 of 4 different conversations kept its
+solo reply (the others forked at tokens 1, 2 and 12), and 4 identical ones did not stay identical: their
+cells sit at different places in the shared KV cache, which flash attention walks in fixed tiles. A step of ONE Live must compute what a fresh process
+restoring the same state computes (the bitwise resume tests): `solo()` makes the context hold exactly
+that Live's cells, in sequence 0, on one path from cell 0 without gaps, with nothing else but kept
+states that are prefixes of that path. So it parks every other resident Live (measured: a state
+decoded beside a resident one of 300+ cells changed its last bits; tests/engine/test_llama_batch.py),
+and re-packs a Live whose cells are interleaved with others' since it stepped in a batch (blob out, all
+sequences cleared, blob in at cells 0..n-1). The Live `_packed` names is already laid out so: loaded
+alone, or from a kept state, with nothing placed after it since; solo() of it parks the others only.
+
+Kept states. keep() lets a kept sequence share what a packed Live holds (llama_memory_seq_cp: its KV
+cells and recurrent cell gain a sequence id; no byte moves), so restoring that state later - regenerating
+a reply, going back to an earlier turn, a client resending the history - copies nothing, however long
+the conversation. Kept states are always prefixes of one path whose cells run from 0 without gaps:
+only a packed Live's state is kept, restoring kept state k alone drops those longer than k, and loading
+anything else alone drops them all. A kept state also goes when the captured state is collected (its
+tensors' finalizer queues it; the queue is applied under the backend's lock) and when more than
+`kept_max` are kept (oldest first).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engramctl.engine.backend import Live
+from engramctl.engine.llama_lib import take_errors
+from engramctl.engine.llama_state import SEQ_ID, renumber
+from engramctl.errors import EngramError, SnapshotMismatch
+
+
+class ParkedState:
+    """What a Live's `cache` holds here: its sequence while resident (None while parked), its state blob
+    while parked (None while resident or empty), and the capture serial of a kept state equal to its
+    state (None once it has moved on)."""
+
+    __slots__ = ("blob", "kept", "seq")
+
+    def __init__(self, blob: bytearray | None = None, kept: int | None = None):
+        self.seq: int | None = None
+        self.blob, self.kept = blob, kept
+
+
+@dataclass
+class _Kept:
+    seq: int  # llama.cpp sequence id, sequences..sequences + kept_max - 1
+    n_tokens: int
+    blob: bytearray  # the captured blob: what a Live parked at this state falls back to once it is dropped
+
+
+class SequencePool:
+    def __init__(self, lib, ctx, n_ctx: int, sequences: int, kept_max: int, has_kv: bool):
+        self._lib, self._ctx, self.n_ctx, self.has_kv = lib, ctx, n_ctx, has_kv
+        self.sequences, self.kept_max = sequences, kept_max
+        self.n_seq = sequences + kept_max  # the context's n_seq_max: one recurrent cell each
+        self._mem = lib.llama_get_memory(ctx)
+        # seq -> the Live resident there, least recently stepped first; weak: a Live dropped without
+        # release() is simply gone (its sequence is reclaimed on the next look)
+        self._seated: collections.OrderedDict[int, weakref.ref] = collections.OrderedDict()
+        self._free_seqs = list(range(sequences - 1, -1, -1))  # pop() gives sequence 0 first
+        self._packed: weakref.ref | None = None
+        self._kept: collections.OrderedDict[int, _Kept] = collections.OrderedDict()  # serial -> kept, oldest first
+        self._free_kept = list(range(self.n_seq - 1, sequences - 1, -1))
+        self.collected: collections.deque[int] = collections.deque()  # serials to drop (finalizers append)
+        self.restores: collections.Counter = collections.Counter()  # "kept" | "blob": how a state was loaded
+
+    # -- looking -------------------------------------------------------------------------------------
+    def holds(self, live: Live) -> bool:
+        return isinstance(live.cache, ParkedState) and live.cache.seq is not None
+
+    def residents(self) -> list[Live]:
+        self._reap()
+        return [ref() for ref in self._seated.values()]
+
+    def get_blob(self, seq: int = SEQ_ID) -> bytearray:
+        """A copy of what sequence `seq` holds, as llama.cpp serializes one sequence, renumbered to SEQ_ID."""
+        size = self._lib.llama_state_seq_get_size(self._ctx, seq)
+        blob = bytearray(size)
+        written = self._lib.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(blob), size, seq)
+        if written != size:
+            raise EngramError(f"llama.cpp wrote {written} of {size} state bytes: {take_errors()}")
+        return renumber(blob, self.has_kv)
+
+    def last_position(self, seq: int = SEQ_ID) -> int:
+        """Sequence `seq`'s last position; -1 when it holds nothing."""
+        return int(self._lib.llama_memory_seq_pos_max(self._mem, seq))
+
+    @property
+    def kept(self) -> int:
+        self._apply_collected()
+        return len(self._kept)
+
+    def _is_packed(self, live: Live) -> bool:
+        return self._packed is not None and self._packed() is live and self.holds(live)
+
+    # -- kept states ---------------------------------------------------------------------------------
+    def keep(self, live: Live, serial: int, blob: bytearray, n_tokens: int) -> bool:
+        """Keep `live`'s resident state (whose blob is `blob`) as capture `serial`, if states are kept at
+        all and its cells are the one path kept states are prefixes of."""
+        self._apply_collected()
+        if not self.kept_max or not self._is_packed(live):
+            return False
+        if not self._free_kept:
+            self._drop(next(iter(self._kept)))
+        seq = self._free_kept.pop()
+        self._lib.llama_memory_seq_cp(self._mem, live.cache.seq, seq, -1, -1)
+        self._kept[serial] = _Kept(seq, n_tokens, blob)
+        live.cache.kept = serial
+        return True
+
+    def _drop(self, serial: int) -> None:
+        kept = self._kept.pop(serial)
+        self._lib.llama_memory_seq_rm(self._mem, kept.seq, -1, -1)
+        self._free_kept.append(kept.seq)
+
+    def _drop_longer(self, n_tokens: int) -> None:
+        for serial in [s for s, k in self._kept.items() if k.n_tokens > n_tokens]:
+            self._drop(serial)
+
+    def _apply_collected(self) -> None:
+        while self.collected:
+            serial = self.collected.popleft()
+            if serial in self._kept:
+                self._drop(serial)
+
+    # -- residency -----------------------------------------------------------------------------------
+    def solo(self, live: Live) -> None:
+        """Make the context hold what a fresh process restoring `live`'s state would: `live` in sequence
+        0, alone but for kept states on its path."""
+        parked = _cache(live)
+        self._apply_collected()
+        if self._is_packed(live) and parked.seq == SEQ_ID and len(self._seated) == 1:
+            return
+        packed = self._is_packed(live)
+        for other in self.residents():
+            if other is not live and other is not None:
+                self._park(other)
+        if packed:  # its cells already run from 0: only what lies beyond them goes
+            self._drop_longer(len(live.token_ids))
+            if parked.seq != SEQ_ID:  # no copy: sequence 0 gains its cells, then the old id lets go
+                old = parked.seq
+                self._lib.llama_memory_seq_cp(self._mem, old, SEQ_ID, -1, -1)
+                self._lib.llama_memory_seq_rm(self._mem, old, -1, -1)
+                self._unseat(old)
+                self._seat(live, self._take_seq(SEQ_ID))
+                self._packed = weakref.ref(live)
+            return
+        if parked.seq is not None:
+            self._park(live)  # its cells are interleaved with others': re-packed from its blob
+        kept = self._kept.get(parked.kept)
+        seq = self._take_seq(SEQ_ID)
+        if kept is not None:
+            self._lib.llama_memory_seq_cp(self._mem, kept.seq, seq, -1, -1)
+            self._drop_longer(kept.n_tokens)
+            self._kept.move_to_end(parked.kept)
+            self.restores["kept"] += 1
+        else:
+            self._drop_longer(-1)  # another path: none of them is a prefix of it
+            parked.kept = None
+            if parked.blob is not None:
+                self._load(parked.blob, len(live.token_ids), seq)
+                self.restores["blob"] += 1
+        parked.blob = None  # the context has it now; parking it again takes a fresh copy (or the kept one)
+        self._seat(live, seq)
+        self._packed = weakref.ref(live)
+
+    def admit(self, live: Live) -> None:
+        """Load `live` now (a restore's cost is paid here): alone, as solo() does, when no other Live is
+        resident; else into a sequence of its own beside them."""
+        if not self.residents():
+            self.solo(live)
+            return
+        self.seat([live])
+        if live.cache.kept is not None and live.cache.kept in self._kept:
+            self._packed = weakref.ref(live)  # a kept state's cells: a path from cell 0, nothing after it yet
+
+    def seat(self, lives: Sequence[Live]) -> None:
+        """Give each of `lives` (at most `sequences`) a sequence for a step they share, parking the least
+        recently stepped other Lives to make room."""
+        self._apply_collected()
+        self._reap()
+        for live in lives:
+            parked = _cache(live)
+            if parked.seq is None:
+                seq = self._free_seqs.pop() if self._free_seqs else self._evict(lives)
+                kept = self._kept.get(parked.kept)
+                if kept is not None:
+                    self._lib.llama_memory_seq_cp(self._mem, kept.seq, seq, -1, -1)
+                    self.restores["kept"] += 1
+                elif parked.blob is not None:
+                    self._load(parked.blob, len(live.token_ids), seq)
+                    self.restores["blob"] += 1
+                parked.blob = None
+                self._seat(live, seq)
+                if live.token_ids:
+                    self._packed = None  # cells placed after the packed Live's
+            self._seated.move_to_end(parked.seq)
+
+    def stepped(self, lives: Sequence[Live], alone: bool) -> None:
+        """`lives` consumed tokens, so they moved past any kept state; unless one ran `alone` (after
+        solo()), the new cells went wherever cells were free, beside the others'."""
+        for live in lives:
+            live.cache.kept = None
+        if not alone:
+            self._packed = None
+
+    def park_others(self, lives: Sequence[Live]) -> None:
+        """Park every resident Live but `lives`: their KV cells free up."""
+        for other in self.residents():
+            if not any(other is live for live in lives):
+                self._park(other)
+
+    def _evict(self, keep: Sequence[Live]) -> int:
+        for seq, ref in self._seated.items():
+            live = ref()
+            if live is None:
+                self._clear(seq)
+                return self._free_seqs.pop()
+            if not any(live is k for k in keep):
+                self._park(live)
+                return self._free_seqs.pop()
+        raise EngramError(f"a step of {len(keep)} conversations needs more than the context's {self.sequences}.")
+
+    def _park(self, live: Live) -> None:
+        parked = live.cache
+        kept = self._kept.get(parked.kept)
+        parked.blob = kept.blob if kept is not None else self.get_blob(parked.seq)
+        self._clear(parked.seq)
+
+    def release(self, live: Live) -> None:
+        if isinstance(live.cache, ParkedState) and live.cache.seq is not None:
+            self._clear(live.cache.seq)
+        live.cache = None
+
+    def _seat(self, live: Live, seq: int) -> None:
+        live.cache.seq = seq
+        self._seated[seq] = weakref.ref(live)
+
+    def _take_seq(self, seq: int) -> int:
+        self._free_seqs.remove(seq)
+        return seq
+
+    def _unseat(self, seq: int) -> None:
+        live = self._seated.pop(seq)()
+        if live is not None and isinstance(live.cache, ParkedState):
+            live.cache.seq = None
+        packed = self._packed() if self._packed is not None else None
+        if packed is None or packed is live:
+            self._packed = None
+        self._give_back(seq)
+
+    def _give_back(self, seq: int) -> None:
+        self._free_seqs.append(seq)
+        self._free_seqs.sort(reverse=True)  # pop() gives the lowest: sequence 0 when it is free
+
+    def _reap(self) -> None:
+        for seq in [s for s, ref in self._seated.items() if ref() is None]:
+            self._clear(seq)
+
+    def _load(self, blob: bytearray, n_tokens: int, seq: int) -> None:
+        n = len(blob)
+        read = self._lib.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * n).from_buffer(blob), n, seq)
+        if read != n:
+            self._lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            self._give_back(seq)
+            raise SnapshotMismatch(
+                f"llama.cpp refused a state of {n_tokens} tokens "
+                f"({take_errors() or 'no reason given'}); the context holds {self.n_ctx}."
+            )
+
+    def _clear(self, seq: int) -> None:
+        # Metadata only: zeroing buffers would memset the whole KV cache (~5 ms at 512 MiB), and kept
+        # states share its cells. Stale bytes are never read: KV cells outside a sequence are masked, and
+        # a recurrent cell with no source is zeroed by the graph before use.
+        self._lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self._unseat(seq)
+
+
+def _cache(live: Live) -> ParkedState:
+    if not isinstance(live.cache, ParkedState):
+        raise EngramError("this conversation state was released or belongs to another backend.")
+    return live.cache
