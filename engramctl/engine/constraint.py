@@ -7,20 +7,22 @@ token, so a reply that ends by itself always parses and validates. It is never r
     logits = c.mask(logits); ...; c.advance(token)
 
 Why llguidance (scripts/bench_grammar.py measures it against xgrammar and outlines-core on SmolLM2's 49k
-vocabulary and a 100k one, on the 2-core development machine under load):
-- per-token cost: mask + advance median 20-80 us (49k) and 40-200 us (100k) for nested schemas, under
-  1 ms at worst; nothing is precomputed per schema, so compiling a schema takes ~1-2 ms.
-  outlines-core precomputes a full index per schema: 0.2-1.2 s for a small schema, 9-24 s for "any
-  JSON object", which a request would wait for. xgrammar's masks are as cheap or cheaper once compiled,
-  but it needs torch, transformers and triton as dependencies.
+vocabulary and a 100k one; figures from the 2-core development machine under load, docs/structured-output.md):
+- per-token cost (mask + advance): llguidance 21-48 us median, p95 0.1-2 ms, at 49k and 100k alike; it
+  compiles nothing ahead per schema (1-2 ms a request). xgrammar's masks are cheaper once compiled
+  (6-28 us median) but compiling a schema takes 0.45 s at 49k and 1.9 s at 100k, on every request with a
+  new schema, and its p95 reached 54 ms at 100k; outlines-core compiles a full index per schema: 0.25-2.3 s,
+  and 14-25 s for "any JSON object", with per-token medians up to 1 ms. A request would wait for those.
 - coverage: llguidance implements the JSON Schema a structured-output request uses ($ref and recursion,
   anyOf/oneOf/allOf, enum/const, pattern, format, length, numeric and item bounds, prefixItems,
-  additionalProperties, patternProperties) and REFUSES what it cannot enforce (uniqueItems, not,
-  if/then/else, propertyNames, dependentRequired ...), naming the keyword: exactly the 400 a client must
-  get. xgrammar compiles such schemas and drops the keyword, so a reply could fail its own schema.
-- the tokenizer: one from either backend, built once per tokenizer (~0.2 s at 49k, ~0.4 s at 100k)
-  and cached here; llama.cpp's vocabulary through llguidance's native llama.cpp hook, a transformers
-  tokenizer through its tokenizer.json.
+  additionalProperties, patternProperties, minProperties) and REFUSES what it cannot enforce (uniqueItems,
+  not, if/then/else, propertyNames, dependentRequired ...), naming the keyword: exactly the 400 a client
+  must get. outlines-core lacks allOf and not; xgrammar compiles not/if/uniqueItems schemas (without a
+  word on what it enforces of them) and rejected a valid instance of {"type": "object"} in the bench.
+- dependencies: llguidance is one wheel with none; xgrammar requires torch, transformers and triton.
+- the tokenizer: built once per tokenizer (~0.2 s at 49k, ~0.6 s at 100k) and cached here; llama.cpp's
+  vocabulary through llguidance's native llama.cpp hook, a transformers tokenizer through its
+  tokenizer.json (both tokenize natively: llguidance calls the tokenizer while it masks).
 
 JSON is generated compact (no free whitespace): a model that is unsure cannot spend its budget on
 blanks. Where a reply is cut (max_tokens: finish_reason "length"; a stop string: "stop"; a cancel) the
@@ -45,7 +47,7 @@ JSON_OBJECT = "json_object"  # the spec of OpenAI's {"type": "json_object"} and 
 MAX_SPEC_BYTES = 64 * 1024  # a schema is read, compiled and kept per request: a bound keeps that small
 _COMPACT = {"whitespace_flexible": False}
 _lock = threading.Lock()
-_tokenizers: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def grammar_spec(schema: Any) -> str:
@@ -69,9 +71,9 @@ def _grammar(spec: str) -> str:
     schema = {"type": "object"} if spec == JSON_OBJECT else json.loads(spec)
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_COMPACT)
-    except ValueError as e:
-        raise UnsupportedSchema(f"the JSON Schema cannot be read: {e}") from None
-    error = llguidance.LLMatcher.validate_grammar(grammar)
+        error = llguidance.LLMatcher.validate_grammar(grammar)
+    except Exception as e:  # noqa: BLE001 - whatever a request's schema makes the library raise is the request's
+        raise UnsupportedSchema(f"the JSON Schema cannot be read: {str(e)[:300]}") from None
     if error:
         raise UnsupportedSchema(_explain(error))
     return grammar
