@@ -5,7 +5,8 @@ with the daemon's own state; `conversation_id`, the original Engram server's nam
 the sampling options OpenAI lacks (top_k, min_p, repeat_penalty: engine/sampling_params.py defines them
 all, OpenAI's presence/frequency penalties and logit_bias included). Unknown OpenAI fields (user, ...)
 are accepted and ignored, as other local servers do; fields that would change the answer in a way we
-cannot honour (n > 1, logprobs) are refused with a 400. `tools` go to routes_agent.chat_with_tools.
+cannot honour (n > 1, logprobs) are refused with a 400. `tools` go to routes_agent.chat_with_tools;
+`response_format` (structured output) is daemon/response_format.py's.
 /v1/completions' body is in completion_schemas.py, Ollama's in ollama_schemas.py.
 
 The snapshot routes also take the Engram server's own fields (turn_number, branch_name, a custom

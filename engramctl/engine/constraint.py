@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from engramctl.errors import UnsupportedSchema
+from engramctl.errors import UnsupportedModel, UnsupportedSchema
 
 JSON_OBJECT = "json_object"  # the spec of OpenAI's {"type": "json_object"} and Ollama's format "json"
 MAX_SPEC_BYTES = 64 * 1024  # a schema is read, compiled and kept per request: a bound keeps that small
@@ -72,7 +72,10 @@ def _grammar(spec: str) -> str:
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_COMPACT)
         error = llguidance.LLMatcher.validate_grammar(grammar)
-    except Exception as e:  # noqa: BLE001 - whatever a request's schema makes the library raise is the request's
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a Rust panic (pyo3's PanicException is a BaseException) or
+        # whatever else a request's schema makes the library raise is the request's fault: a 400, never a 500
         raise UnsupportedSchema(f"the JSON Schema cannot be read: {str(e)[:300]}") from None
     if error:
         raise UnsupportedSchema(_explain(error))
@@ -112,7 +115,10 @@ def _build(tokenizer: Any):
         return lltokenizer_from_vocab(vocab, eos_token=eos)
     from llguidance.hf import from_tokenizer  # engine/tokenizer.py: a transformers fast tokenizer
 
-    return from_tokenizer(tokenizer.hf, eos_token=eos)
+    try:
+        return from_tokenizer(tokenizer.hf, eos_token=eos)
+    except ValueError as e:  # a "slow" (pure Python) tokenizer: llguidance reads tokenizer.json
+        raise UnsupportedModel(f"structured output needs a fast (tokenizer.json) tokenizer: {e}") from None
 
 
 class Constraint:

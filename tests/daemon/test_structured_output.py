@@ -171,7 +171,7 @@ def test_a_constrained_turn_is_snapshotted_and_the_next_turn_continues_from_it(s
     assert second.usage.prompt_tokens_details.cached_tokens == total
     with smol.http() as h:
         messages = h.get("/v1/sessions/structured").json()["messages"]
-    assert messages[1] == {"role": "assistant", "content": first.choices[0].message.content}
+    assert (messages[1]["role"], messages[1]["content"]) == ("assistant", first.choices[0].message.content)
 
 
 def test_ollama_format_json_and_a_schema(smol):
@@ -249,3 +249,15 @@ def test_a_random_model_s_reply_validates_on_both_backends(tiny):
     )
     assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+def test_openapi_documents_response_format_and_format(smol):
+    with smol.http() as h:
+        doc = h.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    ref = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    chat = schemas[ref.rsplit("/", 1)[1]]["properties"]
+    assert any(s.get("$ref", "").endswith("/ResponseFormat") for s in chat["response_format"]["anyOf"])
+    assert schemas["ResponseFormat"]["properties"]["type"]["enum"] == ["text", "json_object", "json_schema"]
+    assert {"name", "schema", "strict"} <= set(schemas["JsonSchemaFormat"]["properties"])
+    assert "JSON Schema" in schemas["OllamaChatRequest"]["properties"]["format"]["description"]

@@ -67,7 +67,7 @@ def test_what_the_grammar_cannot_enforce_is_refused_naming_the_feature(schema, f
 
 
 @both_backends
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_a_random_model_s_constrained_reply_validates(backend, tiny_engine, seed):
     engine = tiny_engine(backend)
     done = _reply(engine, grammar_spec(PERSON), seed)
@@ -79,10 +79,10 @@ def test_a_random_model_s_constrained_reply_validates(backend, tiny_engine, seed
 @both_backends
 def test_json_object_gives_an_object_and_a_cut_reply_is_a_prefix_of_one(backend, tiny_engine):
     engine = tiny_engine(backend)
-    done = _reply(engine, JSON_OBJECT, 3, max_tokens=400)
+    done = _reply(engine, JSON_OBJECT, 3, max_tokens=60)
     if done.finish.reason == "stop":
         assert isinstance(json.loads(done.finish.text), dict)
-    else:  # a random model may ramble for 400 tokens in an open object: still an object's prefix
+    else:  # a random model may ramble on in an open object: still an object's prefix
         assert done.finish.reason == "length" and done.finish.text.startswith("{")
     cut = _reply(engine, grammar_spec(PERSON), 0, max_tokens=3)
     assert cut.finish.reason == "length" and cut.finish.text.startswith('{"')
