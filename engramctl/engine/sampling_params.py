@@ -82,7 +82,7 @@ class SamplingParams:
         (), {"type": ["string", "array"], "items": {"type": "string"}, "maxItems": MAX_STOP}, "Stop string(s)."
     )
 
-    # Structured output: engine/constraint.py's spec (a JSON Schema as sorted JSON text, or "json_object"),
+    # Structured output: engine/constraint.py's spec (a JSON Schema as compact JSON text, or "json_object"),
     # None = free text. Not a request option by this name (no schema metadata: not in OPTIONS): the routes
     # set it from response_format / Ollama's format, which they check first.
     grammar: str | None = None

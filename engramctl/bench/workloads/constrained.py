@@ -35,7 +35,7 @@ SCHEMA = {
     "required": ["name", "status", "owner", "items"],
 }
 REPLY = {
-    "name": "Quarterly restock of the north warehouse",
+    "name": "Restock of the north warehouse",  # within maxLength 32
     "status": "warn",
     "owner": {"id": 7, "email": "ada@example.org"},
     "items": [{"sku": "ABC-1234", "qty": 2.5}, {"sku": "XYZ-0001", "qty": 10}, {"sku": "QRS-0420", "qty": 1}],
