@@ -90,6 +90,13 @@ class ToolArgumentError(UsageError):
         return cls(message, param, hint)
 
 
+class UnsupportedSchema(UsageError):
+    """A structured-output schema (response_format, Ollama's format) the grammar cannot enforce; the message
+    names the JSON Schema feature, `param` the request field. Refused before anything is generated."""
+
+    kind = "unsupported_schema"
+
+
 class UnknownTool(UsageError):
     kind = "unknown_tool"
 

@@ -295,6 +295,7 @@ _ALL_FIELDS = [
     "logit_bias",
     "options",
     "format",
+    "response_format",
     "context",
     "raw",
     "system",

@@ -69,7 +69,7 @@ def _warm_up(engine) -> None:
 def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> dict[str, Any]:
     import torch
 
-    from engramctl.bench.workloads import bandwidth, contexts, multiturn, save, speed
+    from engramctl.bench.workloads import bandwidth, constrained, contexts, multiturn, save, speed
 
     cfg.validate()
     progress = progress or Progress()
@@ -122,6 +122,9 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
                 bench_dir, cfg.memcpy_bytes, cfg.disk_bytes, cfg.runs, step=lambda: progress.advance("bandwidth")
             )
         during["bandwidth"] = m.result
+        with LoadMeter() as m:  # milliseconds: always run
+            structured = constrained.measure(engine, cfg.runs)
+        during["constrained"] = m.result
         sp = None
         if cfg.prefill_tokens:
             with LoadMeter() as m:
@@ -206,5 +209,6 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
         },
         "save": save_summary,
         "speed": sp,
+        "constrained": structured,
         "targets": targets(rows, mt, sp, bw),
     }

@@ -334,6 +334,22 @@ def save_text(s: dict[str, Any]) -> str:
     )
 
 
+def constrained_text(c: dict[str, Any]) -> str:
+    return render_fields(
+        [
+            ("schema", f"{c['schema']}; a valid {c['tokens']}-token reply, {c['runs']} runs"),
+            (
+                "per token",
+                f"{c['per_token_us']:.0f} us median, p95 {c['per_token_p95_us']:.0f} us, "
+                f"max {c['per_token_max_us']:.0f} us (mask {c['vocab']:,} logits + advance the grammar)",
+            ),
+            ("schema compile", f"{c['schema_compile_ms']:.1f} ms per request"),
+            ("tokenizer", f"{c['tokenizer_build_ms']:.0f} ms once per model and process"),
+            ("valid reply", "accepted" if c["valid_reply_accepted"] else "REJECTED (a grammar bug)"),
+        ]
+    )
+
+
 def targets_text(t: dict[str, Any]) -> str:
     names = {
         "restore_speedup_at_1024": ("restore >= 100x faster than re-prefill at 1,024 tokens", fmt_x),
@@ -381,6 +397,8 @@ def render(r: dict[str, Any]) -> str:
             "references in the same run",
             speed_text(sp),
         ]
+    if r.get("constrained"):
+        parts += ["", "STRUCTURED OUTPUT: cost per constrained token", constrained_text(r["constrained"])]
     parts += ["", "SNAPSHOT SAVES (stateful chat)", save_text(r["save"])]
     parts += ["", "TARGETS", targets_text(r["targets"])]
     return "\n".join(parts)

@@ -4,8 +4,9 @@
 `options` takes Ollama's sampling options; those the engine has (engine/sampling_params.py) are typed and
 bounded from their one definition there, num_predict is max_tokens (negative: as long as the context
 allows), num_ctx and the runner's own options (num_gpu, num_thread, ...) are accepted and change nothing.
-What would change the answer in a way this server cannot honour yet is refused with a 400 naming the field:
-`format` (structured output), `images`, `tools`, `logprobs`, a `template` override. `keep_alive` and `think`
+`format` ("json" or a JSON Schema) constrains the reply (daemon/response_format.py; a schema feature the grammar
+cannot enforce is a 400 naming it). What would change the answer in a way this server cannot honour yet is
+refused with a 400 naming the field: `images`, `tools`, `logprobs`, a `template` override. `keep_alive` and `think`
 are accepted (the model stays loaded while the daemon runs; there is no thinking mode).
 """
 
@@ -15,6 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from engramctl.daemon.response_format import constrained, ollama_spec
 from engramctl.daemon.schemas import Text, check_stops, sampling_field
 from engramctl.engine.sampling_params import CHAT_DEFAULTS, OPTIONS, SamplingParams
 
@@ -47,7 +49,9 @@ OllamaOptions = create_model(
     num_ctx=(int | None, Field(None, ge=1, description="Accepted; the served model's own context is used.")),
 )
 
-Format = Annotated[Any, Field(description='"json" or a JSON Schema: refused for now (structured output).')]
+Format = Annotated[
+    Any, Field(description='Structured output: "json" (any JSON object) or a JSON Schema the reply follows.')
+]
 
 
 class OllamaMessage(BaseModel):
@@ -89,14 +93,13 @@ class _Generating(BaseModel):
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.format not in (None, ""):
-            raise ValueError("format: structured output is not available yet")
         if self.logprobs or self.top_logprobs:
             raise ValueError("logprobs: not available on this server yet")
         return self
 
     def params(self) -> SamplingParams:
-        return (self.options or OllamaOptions()).params()
+        """The options' sampling parameters with `format`'s grammar, checked (UnsupportedSchema: a 400)."""
+        return constrained((self.options or OllamaOptions()).params(), lambda: ollama_spec(self.format), "format")
 
     @property
     def unload(self) -> bool:

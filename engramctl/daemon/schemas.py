@@ -5,7 +5,8 @@ with the daemon's own state; `conversation_id`, the original Engram server's nam
 the sampling options OpenAI lacks (top_k, min_p, repeat_penalty: engine/sampling_params.py defines them
 all, OpenAI's presence/frequency penalties and logit_bias included). Unknown OpenAI fields (user, ...)
 are accepted and ignored, as other local servers do; fields that would change the answer in a way we
-cannot honour (n > 1, logprobs) are refused with a 400. `tools` go to routes_agent.chat_with_tools.
+cannot honour (n > 1, logprobs) are refused with a 400. `tools` go to routes_agent.chat_with_tools;
+`response_format` (structured output) is daemon/response_format.py's.
 /v1/completions' body is in completion_schemas.py, Ollama's in ollama_schemas.py.
 
 The snapshot routes also take the Engram server's own fields (turn_number, branch_name, a custom
@@ -28,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from engramctl.daemon.response_format import ResponseFormat, constrained
 from engramctl.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP, OPTIONS, SamplingParams
 from engramctl.errors import UsageError
 from engramctl.store.names import is_snapshot_id, named_session, validate_engram_api_name, validate_session_name
@@ -178,6 +180,7 @@ class ChatCompletionRequest(Sampling):
     tools: list[Any] | None = None
     tool_choice: Any = None  # "auto" (None), "none", "required" or a function: routes_agent.chat_with_tools
     logprobs: bool | None = None
+    response_format: ResponseFormat | None = None  # structured output: daemon/response_format.py
 
     @model_validator(mode="after")
     def _supported(self):
@@ -185,8 +188,15 @@ class ChatCompletionRequest(Sampling):
             raise ValueError("only n=1 is supported")
         if self.logprobs:
             raise ValueError("logprobs are not supported by this server")
+        if self.tools and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("response_format: a JSON reply cannot be combined with tools on this server")
         named_session(self.session, self.conversation_id, self.rid)
         return self
+
+    def params(self) -> SamplingParams:
+        """The sampling parameters with response_format's grammar, checked (UnsupportedSchema: a 400)."""
+        fmt = self.response_format
+        return constrained(super().params(), lambda: fmt.spec() if fmt else None, "response_format")
 
     @property
     def session_name(self) -> str | None:

@@ -52,6 +52,11 @@ class GgufTokenizer:
         self._pieces: dict[int, bytes] = {}  # token -> bytes, filled as tokens are decoded
         self._pieces_special: dict[int, bytes] = {}
 
+    @property
+    def llama_vocab(self):
+        """llama.cpp's vocabulary handle, for a library that reads it natively (engine/constraint.py)."""
+        return self._vocab
+
     def _text(self, token: int) -> str:
         if token < 0:
             return ""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
+from engramctl.engine.constraint import Constraint
 from engramctl.engine.sampling_params import REPEAT_WINDOW, SamplingParams
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class Sampler:
         self._rng = params.generator()
         self._eos = frozenset(tokenizer.eos_ids)
         self._window: deque[int] = deque(context[-REPEAT_WINDOW:], maxlen=REPEAT_WINDOW)  # the state's last tokens
+        self._constraint = Constraint(params.grammar, tokenizer) if params.grammar else None  # structured output
 
     def recent(self) -> list[int]:
         """What the penalties look at: the last tokens (prompt and reply so far), never an end-of-turn id
@@ -49,10 +51,14 @@ class Sampler:
 
     def pick(self, logits: torch.Tensor) -> int:
         """logits: (vocab,) float32, the state's last."""
-        return sample(logits, self.params, self._rng, self.recent())
+        if self._constraint is None:
+            return sample(logits, self.params, self._rng, self.recent())
+        return self._constraint.choose(sample(self._constraint.mask(logits), self.params, self._rng, self.recent()))
 
     def accept(self, token: int) -> None:
         self._window.append(token)
+        if self._constraint is not None:
+            self._constraint.advance(token)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, recent: Sequence[int] = ()) -> int:

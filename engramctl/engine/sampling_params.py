@@ -82,9 +82,15 @@ class SamplingParams:
         (), {"type": ["string", "array"], "items": {"type": "string"}, "maxItems": MAX_STOP}, "Stop string(s)."
     )
 
+    # Structured output: engine/constraint.py's spec (a JSON Schema as compact JSON text, or "json_object"),
+    # None = free text. Not a request option by this name (no schema metadata: not in OPTIONS): the routes
+    # set it from response_format / Ollama's format, which they check first.
+    grammar: str | None = None
+
     def __post_init__(self):
         for f in fields(self):
-            _check(f.name, getattr(self, f.name), f.metadata["schema"])
+            if "schema" in f.metadata:
+                _check(f.name, getattr(self, f.name), f.metadata["schema"])
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "SamplingParams":
@@ -159,4 +165,4 @@ def _check(name: str, value: Any, schema: dict) -> None:
 
 
 # JSON Schema of each option as a request carries it, by name, in declaration order.
-OPTIONS: dict[str, dict] = {f.name: f.metadata["schema"] for f in fields(SamplingParams)}
+OPTIONS: dict[str, dict] = {f.name: f.metadata["schema"] for f in fields(SamplingParams) if "schema" in f.metadata}

@@ -178,11 +178,28 @@ def test_speed_on_transformers_measures_engramctl_and_says_why_no_reference(repo
     )
 
 
+def test_structured_output_cost_per_constrained_token(report):
+    c = report["constrained"]
+    assert c["valid_reply_accepted"] is True  # the model's own tokenization of a valid reply passes the mask
+    assert c["vocab"] == 512 and c["runs"] == report["settings"]["runs"] and c["tokens"] > 20
+    for key in ("tokenizer_build_ms", "schema_compile_ms", "per_token_us", "per_token_p95_us", "per_token_max_us"):
+        assert isinstance(c[key], NUM) and c[key] > 0, key
+    assert c["per_token_us"] <= c["per_token_p95_us"] <= c["per_token_max_us"]
+
+
 def test_text_report_renders_every_section(report):
     from engramctl.cli.bench_report import render
 
     text = render(report)
-    for title in ("BANDWIDTH FLOOR", "CONTEXT SWEEP", "SPEED", "MULTI-TURN CHAT", "SNAPSHOT SAVES", "TARGETS"):
+    for title in (
+        "BANDWIDTH FLOOR",
+        "CONTEXT SWEEP",
+        "SPEED",
+        "MULTI-TURN CHAT",
+        "STRUCTURED OUTPUT",
+        "SNAPSHOT SAVES",
+        "TARGETS",
+    ):
         assert title in text
     assert "preset:tiny@seed0" in text
 

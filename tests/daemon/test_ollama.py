@@ -1,7 +1,7 @@
 """Ollama's API against a real daemon with the official `ollama` Python client (the bearer token through its
 `headers=`), on both backends: chat and generate, streamed and not, with Ollama's options and timing fields;
 list, show, ps, version; a resent conversation (chat) or a returned `context` (generate) continues from its
-snapshot (prompt_eval_count counts only the new tokens); `format` is refused for now, naming it."""
+snapshot (prompt_eval_count counts only the new tokens); a `format` the grammar cannot enforce is refused, naming it."""
 
 from __future__ import annotations
 
@@ -140,8 +140,11 @@ def test_options_are_honoured(client):
 
 def test_refusals_name_the_field(client):
     for call, field in (
-        (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}], format="json"), "format"),
-        (lambda: client.generate(model="default", prompt="x", format={"type": "object"}), "format"),
+        (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}], format="yaml"), "format"),
+        (
+            lambda: client.generate(model="default", prompt="x", format={"type": "array", "uniqueItems": True}),
+            "format: the JSON Schema uses uniqueItems",
+        ),
         (
             lambda: client.chat(
                 model="default", messages=[{"role": "user", "content": "x"}], options={"temperature": -1}
