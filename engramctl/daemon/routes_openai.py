@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from engramctl.daemon.context import daemon_of
+from engramctl.daemon.logprobs_json import LogprobText
 from engramctl.daemon.prompts import check_params
 from engramctl.daemon.schemas import ChatCompletionRequest
 from engramctl.daemon.service import ChatRequest
@@ -59,6 +60,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     chat = ChatRequest(messages=[m.plain() for m in body.messages], session=body.session_name, params=params)
     job = d.worker.submit(lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await answer_turn(
-        job, request, Completion(d.model_id, d.engine.info.fingerprint), body.stream, include_usage
-    )
+    logprobs = LogprobText(d.engine.tokenizer) if body.logprobs else None
+    completion = Completion(d.model_id, d.engine.info.fingerprint, logprobs)
+    return await answer_turn(job, request, completion, body.stream, include_usage)

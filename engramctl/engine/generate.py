@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from engramctl.engine.backend import Backend, Live
-from engramctl.engine.sampling import Sampler, SamplingParams
+from engramctl.engine.sampling import Sampler, SamplingParams, TokenLogprob
 from engramctl.engine.textstream import IncrementalDetokenizer, StopMatcher
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import EngramError
@@ -27,6 +27,22 @@ class Finish:
     pending: int | None  # last sampled token the state has not consumed yet
     ttft_s: float | None  # generate() call to first sampled token
     decode_s: float  # time spent after the first token
+    # with params.logprobs: one entry per reply token (an end-of-turn id that ended it has none), in order
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+class Piece(str):
+    """A piece of reply text, as the generation yields it: a str, which also carries the logprob entries of
+    the tokens sampled since the previous piece (with params.logprobs; else none). The tokens whose text was
+    held back (half a character, a possible stop string) go with the piece that shows it; entries no piece
+    carried are in Finish.logprobs past those the pieces did."""
+
+    logprobs: tuple[TokenLogprob, ...]
+
+    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> "Piece":
+        piece = super().__new__(cls, text)
+        piece.logprobs = logprobs
+        return piece
 
 
 class Generation:
@@ -48,7 +64,7 @@ class Generation:
         self._cancel = cancel or threading.Event()
         self.finish: Finish | None = None
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[Piece]:
         start = time.perf_counter()
         first_at = None
         sampler = Sampler(self._params, self._tok, self._live.token_ids)
@@ -58,6 +74,7 @@ class Generation:
         generated: list[int] = []
         shown: list[str] = []
         reason, pending = "length", None
+        carried = 0  # sampler.logprobs[:carried] went out with a piece
         for i in range(self._params.max_tokens):
             if self._cancel.is_set():
                 reason = "cancelled"
@@ -72,7 +89,8 @@ class Generation:
             piece, hit = stops.push(detok.push(token))
             if piece:
                 shown.append(piece)
-                yield piece
+                yield Piece(piece, tuple(sampler.logprobs[carried:]))
+                carried = len(sampler.logprobs)
             if hit:
                 reason, pending = "stop", token
                 break
@@ -80,10 +98,12 @@ class Generation:
                 pending = token
                 break
             logits = self._backend.decode(self._live, token)
+        ended_on_eos = reason == "stop" and pending in self._tok.eos_ids
+        entries = tuple(sampler.logprobs[: len(sampler.logprobs) - ended_on_eos])  # the reply's tokens
         tail = stops.flush()  # empty after a stop-string hit; otherwise text held back in vain
         if tail:
             shown.append(tail)
-            yield tail
+            yield Piece(tail, entries[carried:])
         end = time.perf_counter()
         self.finish = Finish(
             reason=reason,
@@ -92,6 +112,7 @@ class Generation:
             pending=pending,
             ttft_s=None if first_at is None else first_at - start,
             decode_s=0.0 if first_at is None else end - first_at,
+            logprobs=entries,
         )
 
 

@@ -47,4 +47,4 @@ def entry(scores: np.ndarray, token_at: int, top_n: int, ids: np.ndarray | None 
 
 def _logprob(score: float, norm: float) -> float:
     value = float(score) - norm  # <= 0: score <= 0 <= norm
-    return value if value >= FLOOR else FLOOR
+    return max(value, FLOOR)
