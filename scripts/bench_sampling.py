@@ -102,9 +102,8 @@ def main() -> None:
     print(f"per token, {args.vocab}-token vocabulary, median of {args.rounds} rounds of {args.tokens} tokens")
     print(f"{'setup':<20} {'wall ms':>9} {'(spread)':>9} {'cpu ms':>9} {'(spread)':>9}")
     for name, r in results.items():
-        print(
-            f"{name:<20} {r['wall_ms']:>9.4f} {r['wall_spread_ms']:>9.4f} {r['cpu_ms']:>9.4f} {r['cpu_spread_ms']:>9.4f}"
-        )
+        cells = [r[k] for k in ("wall_ms", "wall_spread_ms", "cpu_ms", "cpu_spread_ms")]
+        print(f"{name:<20} " + " ".join(f"{c:>9.4f}" for c in cells))
 
 
 if __name__ == "__main__":
