@@ -114,11 +114,33 @@ def _draw(s: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> in
         s = s[pos]
     if params.top_p < 1.0:
         pos, s = _nucleus(s, pos, params.top_p)
-    cum = np.cumsum(np.exp(s))  # the best is exp(0) = 1: the total is >= 1
-    at = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))  # never a token of probability 0
-    if at >= cum.size:  # the draw rounded up to the total: the last token that has a probability
-        at = int(np.flatnonzero(np.diff(cum, prepend=0.0))[-1])
+    at = _pick(s, rng)
     return at if pos is None else int(pos[at])
+
+
+_BLOCK = 1024  # scores drawn from in one cumulative sum; more are drawn block by block
+
+
+def _pick(s: np.ndarray, rng: np.random.Generator) -> int:
+    """A position of `s` (float64 scores, best exactly 0), drawn with probability exp(s) / sum(exp(s)); never
+    one of probability 0. Over a whole vocabulary (no top-k), exp is taken in float32 (a score under -87 is then
+    impossible: a probability under 1e-38 of the best's) and the sums in float64, and the draw finds its block
+    of _BLOCK scores before summing within it: a vocabulary-long float64 exp and cumsum cost ~0.5 ms a token."""
+    if s.size <= _BLOCK:
+        return _within(np.exp(s), rng.random())
+    p = np.exp(s.astype(np.float32))
+    starts = np.arange(0, s.size, _BLOCK)
+    block = _within(np.add.reduceat(p, starts, dtype=np.float64), rng.random())
+    return int(starts[block]) + _within(p[starts[block] : starts[block] + _BLOCK], rng.random())
+
+
+def _within(p: np.ndarray, u: float) -> int:
+    """The position where u (in [0, 1)) of the cumulative mass of `p` (non-negative, not all 0) falls."""
+    cum = np.cumsum(p, dtype=np.float64)
+    at = int(np.searchsorted(cum, u * cum[-1], side="right"))  # never a position of mass 0
+    if at >= cum.size:  # u * total rounded up to the total: the last position that has mass
+        at = int(np.flatnonzero(p)[-1])
+    return at
 
 
 def _best(s: np.ndarray, k: int) -> np.ndarray:
@@ -131,7 +153,8 @@ def _nucleus(s: np.ndarray, pos: np.ndarray | None, top_p: float) -> tuple[np.nd
     """Keep a token while the tokens before it (best first) cover less than top_p of the probability; the
     first one always stays. Returns (positions in the caller's s, their scores). Sorting only what can be in
     the nucleus: the best 64 scores, then 4x as many until they reach top_p (the vocabulary at worst)."""
-    total = float(np.exp(s).sum()) if pos is None else None
+    # over a whole vocabulary, as _pick: exp in float32, summed in float64
+    total = float(np.exp(s.astype(np.float32)).sum(dtype=np.float64)) if pos is None else None
     ordered = pos is not None  # s is the top-k's: already best first
     k = s.size if ordered else min(64, s.size)
     while True:
