@@ -3,7 +3,8 @@ every generating route shares (schemas.Sampling).
 
 `prompt` is a string, token ids, or a list of one of either (OpenAI's batch form, with one prompt: a
 batch of several is refused). `suffix` asks for fill-in-the-middle (engine/fim.py). `logprobs` (0 to 5, as
-OpenAI's) answers each token's logprob and that many most likely alternatives; `best_of` > 1 is refused with
+OpenAI's) answers each token's logprob and that many most likely alternatives (not with `echo`: the prompt's
+tokens are not scored); `best_of` > 1 is refused with
 a 400 naming it; `user` and other unknown fields are ignored.
 """
 

@@ -87,9 +87,13 @@ class SamplingParams:
     logprobs: int | None = field(
         default=None,
         metadata={
-            "schema": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+            "schema": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_TOP_LOGPROBS,
+                "description": "Record each reply token's logprob and this many most likely alternatives.",
+            },
             "request_option": False,
-            "help": "Record each reply token's logprob and this many most likely alternatives; None = off.",
         },
     )
 
