@@ -76,13 +76,7 @@ def choose(
     logits: Any, params: SamplingParams, rng: np.random.Generator, recent: Sequence[int] = (), top_n: int | None = None
 ) -> tuple[int, TokenLogprob | None]:
     """The token, and with `top_n` (top entries wanted, 0 included) its logprob entry (engine/logprobs.py)."""
-    with np.errstate(all="ignore"):  # once here: infinities and underflow to 0 are expected, and handled
-        return _choose(_numpy(logits), params, rng, recent, top_n)
-
-
-def _choose(
-    values: np.ndarray, params: SamplingParams, rng: np.random.Generator, recent: Sequence[int], top_n: int | None
-) -> tuple[int, TokenLogprob | None]:
+    values = _numpy(logits)
     if top_n is None and params.temperature == 0 and not params.penalizes and not params.logit_bias:
         # Plain greedy, the API's default at temperature 0, without scores()' float64 passes over the vocabulary
         # (~0.3 ms a token at 49k, on the path every streamed token takes). numpy's argmax takes the first
@@ -90,6 +84,13 @@ def _choose(
         best = int(values.argmax())
         if not math.isnan(values[best]):
             return best, None
+    with np.errstate(all="ignore"):  # once here: infinities and underflow to 0 are expected, and handled
+        return _choose(values, params, rng, recent, top_n)
+
+
+def _choose(
+    values: np.ndarray, params: SamplingParams, rng: np.random.Generator, recent: Sequence[int], top_n: int | None
+) -> tuple[int, TokenLogprob | None]:
     # the token ids scored (None: the whole vocabulary); a logprob needs every token's score
     vocab = _candidates(values, params, recent) if top_n is None else None
     s = _scores(values, params, recent, vocab)
@@ -175,7 +176,10 @@ def _numpy(logits: Any) -> np.ndarray:
     """A (vocab,) array of the logits; a CPU float32 tensor's without a copy."""
     if isinstance(logits, np.ndarray):
         return logits
-    return logits.detach().float().cpu().numpy()  # torch: .float() and .cpu() return the tensor itself on CPU
+    try:
+        return logits.numpy()  # a CPU tensor's own memory
+    except (TypeError, RuntimeError):  # on a GPU, in bfloat16 (which numpy lacks), or requiring grad
+        return logits.detach().float().cpu().numpy()
 
 
 def _candidates(values: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> np.ndarray | None:
