@@ -288,6 +288,7 @@ _ALL_FIELDS = [
     "echo",
     "best_of",
     "logprobs",
+    "top_logprobs",
     "min_p",
     "repeat_penalty",
     "presence_penalty",

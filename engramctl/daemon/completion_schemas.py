@@ -2,19 +2,24 @@
 every generating route shares (schemas.Sampling).
 
 `prompt` is a string, token ids, or a list of one of either (OpenAI's batch form, with one prompt: a
-batch of several is refused). `suffix` asks for fill-in-the-middle (engine/fim.py). `logprobs` and
-`best_of` > 1 are refused with a 400 naming them; `user` and other unknown fields are ignored.
+batch of several is refused). `suffix` asks for fill-in-the-middle (engine/fim.py). `logprobs` (0 to 5, as
+OpenAI's) answers each token's logprob and that many most likely alternatives (not with `echo`: the prompt's
+tokens are not scored); `best_of` > 1 is refused with
+a 400 naming it; `user` and other unknown fields are ignored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from pydantic import ConfigDict, Field, model_validator
 
 from engramctl.daemon.schemas import Sampling, StreamOptions, Text, text_only
+from engramctl.engine.sampling_params import SamplingParams
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
+MAX_LOGPROBS = 5  # OpenAI's bound on the legacy API's logprobs
 
 
 class CompletionBody(Sampling):
@@ -29,7 +34,12 @@ class CompletionBody(Sampling):
     stream_options: StreamOptions | None = None
     n: int = 1
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="Answer each token's logprob and this many most likely tokens with theirs (choices[].logprobs).",
+    )
 
     @model_validator(mode="after")
     def _supported(self):
@@ -37,8 +47,6 @@ class CompletionBody(Sampling):
             raise ValueError("n: only n=1 is supported")
         if self.best_of not in (None, 1):
             raise ValueError("best_of: only best_of=1 is supported")
-        if self.logprobs is not None:
-            raise ValueError("logprobs: not available on this server yet")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)):
             if len(self.prompt) != 1:
                 raise ValueError(f"prompt: one prompt per request (got a batch of {len(self.prompt)})")
@@ -48,6 +56,10 @@ class CompletionBody(Sampling):
             except ValueError as e:
                 raise ValueError(f"prompt: {e}") from None
         return self
+
+    def params(self) -> SamplingParams:
+        """The sampling options, with the logprob record the request asks for."""
+        return dataclasses.replace(super().params(), logprobs=self.logprobs)
 
     def prompt_one(self) -> str | list[int]:
         """The one prompt: its text, or its token ids."""

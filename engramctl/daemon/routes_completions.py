@@ -5,21 +5,24 @@ fill-in-the-middle prompt of a model that has FIM tokens. Like a chat without a 
 from the longest stored snapshot whose token ids are a prefix of the prompt's (a prompt that extends an
 earlier one, or an earlier prompt plus its completion, reuses that state: usage.prompt_tokens_details.
 cached_tokens says how much), and is snapshotted in its turn. The answer is OpenAI's `text_completion`
-object, or its SSE chunks with stream: true.
+object, or its SSE chunks with stream: true; with `logprobs`, each choice (or chunk) carries its tokens'
+logprobs in the legacy shape (logprobs_json.py).
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 from fastapi import APIRouter, Request
 
 from engramctl.daemon import prompts
 from engramctl.daemon.completion_schemas import CompletionBody
 from engramctl.daemon.context import daemon_of
+from engramctl.daemon.logprobs_json import LogprobText, TextOffsets
 from engramctl.daemon.service import ChatResult
 from engramctl.daemon.streaming import Completion, answer_turn, engram_json, finish_reason, usage_json
+from engramctl.engine.logprobs import TokenLogprob
 from engramctl.errors import UsageError
 
 router = APIRouter()
@@ -30,10 +33,16 @@ class TextCompletion(Completion):
     chat objects: a chat delta's content is the text; the stream's first chunk (the assistant role's) carries
     the echoed prompt, or nothing."""
 
-    def __init__(self, model: str, fingerprint: str, echo: str | None):
-        super().__init__(model, fingerprint)
+    def __init__(self, model: str, fingerprint: str, echo: str | None, logprobs: LogprobText | None = None):
+        super().__init__(model, fingerprint, logprobs)
         self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
         self.echo = echo
+        self._offsets = TextOffsets(len(echo or ""))  # a stream's: its chunks' text_offset run on
+
+    def logprobs_json(self, entries: Sequence[TokenLogprob] | None, offsets: TextOffsets | None = None):
+        if self.logprobs is None or entries is None:
+            return None
+        return self.logprobs.completion(entries, offsets or self._offsets)
 
     def _object(self, choices: list[dict], **extra: Any) -> dict[str, Any]:
         return {
@@ -48,12 +57,20 @@ class TextCompletion(Completion):
 
     def response(self, r: ChatResult) -> dict[str, Any]:
         text = (self.echo or "") + r.text
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(r)}
+        logprobs = self.logprobs_json(r.finish.logprobs, TextOffsets(len(self.echo or "")))
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(r)}
         return self._object([choice], usage=usage_json(r), engram=engram_json(r))
 
-    def chunk(self, delta: dict, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+    def chunk(
+        self,
+        delta: dict,
+        finish_reason: str | None = None,
+        entries: Sequence[TokenLogprob] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         text = (self.echo or "") if "role" in delta else delta.get("content", "")
-        return self._object([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}], **extra)
+        logprobs = self.logprobs_json(entries)
+        return self._object([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}], **extra)
 
     def usage_chunk(self, usage: dict) -> dict[str, Any]:
         return self._object([], usage=usage)
@@ -65,6 +82,8 @@ async def completions(body: CompletionBody, request: Request):
     prompt = body.prompt_one()
     if body.suffix is not None and body.echo:
         raise UsageError("suffix: cannot be used with echo (the prompt is not the start of the answer's text).")
+    if body.logprobs is not None and body.echo:
+        raise UsageError("logprobs: cannot be used with echo here (the prompt's tokens are not scored).")
     params = body.params()
     prompts.check_params(d.engine, params)  # a bad logit_bias id is a 400 now, not an error mid-stream
     echo = None
@@ -79,5 +98,6 @@ async def completions(body: CompletionBody, request: Request):
 
     job = d.worker.submit(run, name="completion", turn=True)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    completion = TextCompletion(d.model_id, d.engine.info.fingerprint, echo)
+    logprobs = None if body.logprobs is None else LogprobText(d.engine.tokenizer)
+    completion = TextCompletion(d.model_id, d.engine.info.fingerprint, echo, logprobs)
     return await answer_turn(job, request, completion, body.stream, include_usage)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from engramctl.daemon.context import daemon_of
+from engramctl.daemon.logprobs_json import LogprobText
 from engramctl.daemon.prompts import check_params
 from engramctl.daemon.schemas import ChatCompletionRequest
 from engramctl.daemon.service import ChatRequest
@@ -61,6 +62,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat", turn=True, session=chat.session
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await answer_turn(
-        job, request, Completion(d.model_id, d.engine.info.fingerprint), body.stream, include_usage
-    )
+    logprobs = LogprobText(d.engine.tokenizer) if body.logprobs else None
+    completion = Completion(d.model_id, d.engine.info.fingerprint, logprobs)
+    return await answer_turn(job, request, completion, body.stream, include_usage)

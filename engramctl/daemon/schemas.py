@@ -5,7 +5,8 @@ with the daemon's own state; `conversation_id`, the original Engram server's nam
 the sampling options OpenAI lacks (top_k, min_p, repeat_penalty: engine/sampling_params.py defines them
 all, OpenAI's presence/frequency penalties and logit_bias included). Unknown OpenAI fields (user, ...)
 are accepted and ignored, as other local servers do; fields that would change the answer in a way we
-cannot honour (n > 1, logprobs) are refused with a 400. `tools` go to routes_agent.chat_with_tools;
+cannot honour (n > 1) are refused with a 400. `logprobs: true` (with `top_logprobs`, 0 to 20) answers each
+reply token's logprob in OpenAI's shape (logprobs_json.py). `tools` go to routes_agent.chat_with_tools;
 `response_format` (structured output) is daemon/response_format.py's.
 /v1/completions' body is in completion_schemas.py, Ollama's in ollama_schemas.py.
 
@@ -16,6 +17,7 @@ in docs/engram-api.md.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 from pydantic import (
@@ -30,7 +32,7 @@ from pydantic import (
 )
 
 from engramctl.daemon.response_format import ResponseFormat, constrained
-from engramctl.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP, OPTIONS, SamplingParams
+from engramctl.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP, MAX_TOP_LOGPROBS, OPTIONS, SamplingParams
 from engramctl.errors import UsageError
 from engramctl.store.names import is_snapshot_id, named_session, validate_engram_api_name, validate_session_name
 
@@ -179,24 +181,35 @@ class ChatCompletionRequest(Sampling):
     rid: str | None = _doc(None, _ENGRAM_NAME_DOC)  # its clients' request id, their conversation key without one
     tools: list[Any] | None = None
     tool_choice: Any = None  # "auto" (None), "none", "required" or a function: routes_agent.chat_with_tools
-    logprobs: bool | None = None
+    logprobs: bool | None = Field(None, description="Answer each reply token's logprob (choices[].logprobs).")
+    top_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="With logprobs: this many most likely tokens at each position, with their logprobs.",
+    )
     response_format: ResponseFormat | None = None  # structured output: daemon/response_format.py
 
     @model_validator(mode="after")
     def _supported(self):
         if self.n != 1:
             raise ValueError("only n=1 is supported")
-        if self.logprobs:
-            raise ValueError("logprobs are not supported by this server")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
+        if self.logprobs and self.tools:
+            raise ValueError("logprobs: not supported with tools")
         if self.tools and self.response_format is not None and self.response_format.type != "text":
             raise ValueError("response_format: a JSON reply cannot be combined with tools on this server")
         named_session(self.session, self.conversation_id, self.rid)
         return self
 
     def params(self) -> SamplingParams:
-        """The sampling parameters with response_format's grammar, checked (UnsupportedSchema: a 400)."""
+        """The sampling options, with the logprob record the request asks for and response_format's grammar,
+        checked (UnsupportedSchema: a 400)."""
+        wanted = (self.top_logprobs or 0) if self.logprobs else None
         fmt = self.response_format
-        return constrained(super().params(), lambda: fmt.spec() if fmt else None, "response_format")
+        params = dataclasses.replace(super().params(), logprobs=wanted)
+        return constrained(params, lambda: fmt.spec() if fmt else None, "response_format")
 
     @property
     def session_name(self) -> str | None:

@@ -1,8 +1,9 @@
 """From worker-job events to HTTP answers: OpenAI chat completion JSON, SSE chunks, and client
 disconnects turned into cancellation.
 
-A job emits `start` (a TurnStart: the turn's prompt is in the state), `piece` (text) ..., then `done`
-(a ChatResult, or a route's own JSON) or `error`. The `engram` extension object and `usage` are built
+A job emits `start` (a TurnStart: the turn's prompt is in the state), `piece` (text: an engine Piece,
+which carries the logprob entries of the tokens it covers) ..., then `done` (a ChatResult, or a route's own
+JSON) or `error`. The `engram` extension object and `usage` are built
 here from those domain objects. A streamed answer starts only once `start` has arrived, so
 everything that can be refused (unknown session, prompt too long, queue full) still gets its own
 HTTP status instead of a 200 that fails half-way.
@@ -15,14 +16,16 @@ import dataclasses
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from engramctl.daemon.errors import Cancelled, body_for
+from engramctl.daemon.logprobs_json import LogprobText
 from engramctl.daemon.service import ChatResult, TurnStart
 from engramctl.daemon.worker import Job
+from engramctl.engine.logprobs import TokenLogprob
 from engramctl.protocol import TurnInfo
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -129,13 +132,19 @@ def finish_reason(r: ChatResult) -> str:
 
 class Completion:
     """Builds the OpenAI-shaped objects of one completion. `model` is the served model's name,
-    whatever name the request gave."""
+    whatever name the request gave. With `logprobs` (the request asked for them), choices carry the tokens'
+    logprobs; without, `logprobs` is null."""
 
-    def __init__(self, model: str, fingerprint: str):
+    def __init__(self, model: str, fingerprint: str, logprobs: LogprobText | None = None):
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model = model
         self.fingerprint = f"fp_{fingerprint[:12]}"
+        self.logprobs = logprobs
+
+    def logprobs_json(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+        """A choice's `logprobs`: null when not asked for, or for a chunk that covers no token (None)."""
+        return None if self.logprobs is None or entries is None else self.logprobs.chat(entries)
 
     def response(self, r: ChatResult) -> dict[str, Any]:
         return {
@@ -148,7 +157,7 @@ class Completion:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": r.text},
-                    "logprobs": None,
+                    "logprobs": self.logprobs_json(r.finish.logprobs),
                     "finish_reason": finish_reason(r),
                 }
             ],
@@ -156,14 +165,22 @@ class Completion:
             "engram": engram_json(r),
         }
 
-    def chunk(self, delta: dict, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+    def chunk(
+        self,
+        delta: dict,
+        finish_reason: str | None = None,
+        entries: Sequence[TokenLogprob] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """`entries`: the logprobs of the tokens this chunk's text covers."""
+        logprobs = self.logprobs_json(entries)
         return {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "system_fingerprint": self.fingerprint,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
             **extra,
         }
 
@@ -214,13 +231,17 @@ async def answer_turn(job: Job, request: Request, completion: Completion, stream
 async def _events(job: Job, completion: Completion, start: TurnStart, include_usage: bool) -> AsyncIterator[str]:
     try:
         yield sse(completion.chunk({"role": "assistant", "content": ""}, engram=engram_start(start)))
+        sent = 0  # logprob entries the chunks carried so far
         while True:
             kind, value = await job.events.get()
             if kind == "piece":
-                yield sse(completion.chunk({"content": value}))
+                entries = getattr(value, "logprobs", ())
+                sent += len(entries)
+                yield sse(completion.chunk({"content": str(value)}, entries=entries))
             elif kind == "done":
                 r: ChatResult = value
-                yield sse(completion.chunk({}, finish_reason(r), engram=engram_json(r)))
+                rest = r.finish.logprobs[sent:] or None  # tokens whose text no piece showed (a stop string's)
+                yield sse(completion.chunk({}, finish_reason(r), entries=rest, engram=engram_json(r)))
                 if include_usage:
                     yield sse(completion.usage_chunk(usage_json(r)))
                 yield "data: [DONE]\n\n"

@@ -145,12 +145,9 @@ class Constraint:
         self._allowed = ok[:n_logits]
         return self._allowed
 
-    def mask(self, logits):
-        """logits (vocab,) with every token the grammar forbids at -inf (a new tensor)."""
-        import torch
-
-        ok = torch.from_numpy(self.allowed(logits.numel()))
-        return logits.masked_fill(~ok.to(logits.device), float("-inf"))
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """logits (vocab,) float32 with every token the grammar forbids at -inf (a new array)."""
+        return np.where(self.allowed(logits.size), logits, np.float32(-np.inf)).astype(np.float32, copy=False)
 
     def choose(self, token: int) -> int:
         """`token` if the last mask allows it, else an allowed one: a sampler that saw only -inf or NaN

@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 
 from engramctl.engine.backend import Backend, Live
-from engramctl.engine.sampling import Sampler, SamplingParams
+from engramctl.engine.sampling import Sampler, SamplingParams, TokenLogprob
 from engramctl.engine.textstream import IncrementalDetokenizer, StopMatcher
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import EngramError
@@ -33,6 +33,22 @@ class Finish:
     pending: int | None  # last sampled token the state has not consumed yet
     ttft_s: float | None  # the reply's start to its first sampled token
     decode_s: float  # time spent after the first token
+    # with params.logprobs: one entry per reply token (an end-of-turn id that ended it has none), in order
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+class Piece(str):
+    """A piece of reply text, as the generation yields it: a str, which also carries the logprob entries of
+    the tokens sampled since the previous piece (with params.logprobs; else none). The tokens whose text was
+    held back (half a character, a possible stop string) go with the piece that shows it; entries no piece
+    carried are in Finish.logprobs past those the pieces did."""
+
+    logprobs: tuple[TokenLogprob, ...]
+
+    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> "Piece":
+        piece = super().__new__(cls, text)
+        piece.logprobs = logprobs
+        return piece
 
 
 class Reply:
@@ -50,11 +66,12 @@ class Reply:
         self._stops = StopMatcher(params.stop)
         self._generated: list[int] = []
         self._shown: list[str] = []
+        self._carried = 0  # sampler.logprobs[:_carried] went out with a piece
         self._start = time.perf_counter()
         self.first_at: float | None = None
         self.finish: Finish | None = None
 
-    def next(self, logits: torch.Tensor, cancelled: bool = False) -> tuple[list[str], int | None]:
+    def next(self, logits: torch.Tensor, cancelled: bool = False) -> tuple[list[Piece], int | None]:
         """(text pieces to show, the token to feed next), or (pieces, None) when the reply ends here."""
         if len(self._generated) >= self._params.max_tokens:
             return self._end("length", None)
@@ -67,7 +84,7 @@ class Reply:
         if token in self._tok.eos_ids:
             return self._end("stop", token)
         piece, hit = self._stops.push(self._detok.push(token))
-        pieces = [piece] if piece else []
+        pieces = [self._piece(piece, self.sampler.logprobs)] if piece else []
         self._shown.extend(pieces)
         if hit:
             return self._end("stop", token, pieces)
@@ -75,11 +92,19 @@ class Reply:
             return self._end("length", token, pieces)
         return pieces, token
 
-    def _end(self, reason: str, pending: int | None, pieces: list[str] | None = None) -> tuple[list[str], None]:
+    def _piece(self, text: str, entries: list | tuple) -> Piece:
+        """`text` with the logprob entries of the tokens since the last piece."""
+        piece = Piece(text, tuple(entries[self._carried :]))
+        self._carried = len(entries)
+        return piece
+
+    def _end(self, reason: str, pending: int | None, pieces: list[Piece] | None = None) -> tuple[list[Piece], None]:
         pieces = list(pieces or [])
+        ended_on_eos = reason == "stop" and pending in self._tok.eos_ids
+        entries = tuple(self.sampler.logprobs[: len(self.sampler.logprobs) - ended_on_eos])  # the reply's tokens
         tail = self._stops.flush()  # empty after a stop-string hit; otherwise text held back in vain
         if tail:
-            pieces.append(tail)
+            pieces.append(self._piece(tail, entries))
             self._shown.append(tail)
         end = time.perf_counter()
         first = self.first_at
@@ -90,6 +115,7 @@ class Reply:
             pending=pending,
             ttft_s=None if first is None else first - self._start,
             decode_s=0.0 if first is None else end - first,
+            logprobs=entries,
         )
         return pieces, None
 
@@ -110,7 +136,7 @@ class Generation:
         self._cancel = cancel or threading.Event()
         self.finish: Finish | None = None
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[Piece]:
         logits = self._live.last_logits
         while True:
             pieces, token = self._reply.next(logits, self._cancel.is_set())

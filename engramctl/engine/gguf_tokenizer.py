@@ -98,6 +98,10 @@ class GgufTokenizer:
             out.append(piece)
         return b"".join(out).decode("utf-8", "replace")
 
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes (a logprob's `bytes`), special tokens' text included."""
+        return self._piece(int(token), True)
+
     def _piece(self, token: int, special: bool) -> bytes:
         """A token's bytes; control tokens (<|im_end|>) are empty unless `special`."""
         buf = ctypes.create_string_buffer(64)

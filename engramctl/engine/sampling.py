@@ -6,24 +6,28 @@ no combination may give NaN probabilities: the scores are worked in float64, a N
 impossible, infinitely favoured tokens (a positive logit divided by a denormal repeat_penalty) share the
 draw, and the best score is shifted to 0 before the temperature divides, so at least one token always
 keeps a probability of 1 before normalisation.
+
+Written in numpy, not torch: a token's choice is a dozen small operations, and torch's per-operation
+dispatch cost ~0.5-1.5 ms a token more than the arithmetic (issue 18: `chat`'s sampling at 1.18-1.42x
+llama-server's ms/token). scripts/bench_sampling.py measures it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
 
 from engramctl.engine.constraint import Constraint
+from engramctl.engine.logprobs import TokenLogprob, entry
 from engramctl.engine.sampling_params import REPEAT_WINDOW, SamplingParams
 
 if TYPE_CHECKING:
     from engramctl.engine.tokenizer import ChatTokenizer
 
-__all__ = ["Sampler", "SamplingParams", "sample", "scores"]  # SamplingParams is torch-free: sampling_params.py
+__all__ = ["Sampler", "SamplingParams", "TokenLogprob", "sample", "scores"]  # SamplingParams: sampling_params.py
 
 
 class Sampler:
@@ -33,6 +37,8 @@ class Sampler:
 
         sampler = Sampler(params, engine.tokenizer, live.token_ids)
         token = sampler.pick(logits); sampler.accept(token)
+
+    With params.logprobs set, `logprobs` holds one TokenLogprob per accepted token, in order.
     """
 
     def __init__(self, params: SamplingParams, tokenizer: "ChatTokenizer", context: Sequence[int] = ()):
@@ -41,6 +47,8 @@ class Sampler:
         self._eos = frozenset(tokenizer.eos_ids)
         self._window: deque[int] = deque(context[-REPEAT_WINDOW:], maxlen=REPEAT_WINDOW)  # the state's last tokens
         self._constraint = Constraint(params.grammar, tokenizer) if params.grammar else None  # structured output
+        self.logprobs: list[TokenLogprob] = []
+        self._picked: TokenLogprob | None = None  # the last pick's entry, recorded once accepted
 
     def recent(self) -> list[int]:
         """What the penalties look at: the last tokens (prompt and reply so far), never an end-of-turn id
@@ -49,106 +57,214 @@ class Sampler:
             return []
         return [t for t in self._window if t not in self._eos]
 
-    def pick(self, logits: torch.Tensor) -> int:
-        """logits: (vocab,) float32, the state's last."""
-        if self._constraint is None:
-            return sample(logits, self.params, self._rng, self.recent())
-        return self._constraint.choose(sample(self._constraint.mask(logits), self.params, self._rng, self.recent()))
+    def pick(self, logits: Any) -> int:
+        """logits: (vocab,) float32 (a torch tensor or numpy array), the state's last."""
+        if self._constraint is not None:  # structured output: only what the grammar allows next
+            logits = self._constraint.mask(_numpy(logits))
+        token, self._picked = choose(logits, self.params, self._rng, self.recent(), self.params.logprobs)
+        return token if self._constraint is None else self._constraint.choose(token)
 
     def accept(self, token: int) -> None:
         self._window.append(token)
+        if self._picked is not None and self._picked.token == token:
+            self.logprobs.append(self._picked)
+        self._picked = None
         if self._constraint is not None:
             self._constraint.advance(token)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, recent: Sequence[int] = ()) -> int:
+def sample(logits: Any, params: SamplingParams, rng: np.random.Generator, recent: Sequence[int] = ()) -> int:
     """logits: (vocab,) float32; `recent`: the token ids the penalties look at (oldest first)."""
-    if params.temperature == 0 and not params.penalizes and not params.logit_bias and logits.device.type == "cpu":
+    return choose(logits, params, rng, recent)[0]
+
+
+def choose(
+    logits: Any, params: SamplingParams, rng: np.random.Generator, recent: Sequence[int] = (), top_n: int | None = None
+) -> tuple[int, TokenLogprob | None]:
+    """The token, and with `top_n` (top entries wanted, 0 included) its logprob entry (engine/logprobs.py)."""
+    values = _numpy(logits)
+    if top_n is None and params.temperature == 0 and not params.penalizes and not params.logit_bias:
         # Plain greedy, the API's default at temperature 0, without scores()' float64 passes over the vocabulary
         # (~0.3 ms a token at 49k, on the path every streamed token takes). numpy's argmax takes the first
-        # maximum as torch's does; a NaN would be its answer, and then the general path below decides.
-        values = logits.numpy()
+        # maximum; a NaN would be its answer, and then the general path below decides.
         best = int(values.argmax())
         if not math.isnan(values[best]):
-            return best
-    vocab = _candidates(logits, params, recent)  # the token ids scored; None: the whole vocabulary
-    s = scores(logits, params, recent, vocab)
+            return best, None
+    with np.errstate(all="ignore"):  # once here: infinities and underflow to 0 are expected, and handled
+        return _choose(values, params, rng, recent, top_n)
+
+
+def _choose(
+    values: np.ndarray, params: SamplingParams, rng: np.random.Generator, recent: Sequence[int], top_n: int | None
+) -> tuple[int, TokenLogprob | None]:
+    # the token ids scored (None: the whole vocabulary); a logprob needs every token's score
+    vocab = _candidates(values, params, recent) if top_n is None else None
+    s = _scores(values, params, recent, vocab)
     if params.temperature == 0:
-        best = int(torch.argmax(s))
-        return best if vocab is None else int(vocab[best])
+        best = int(np.argmax(s))
+        return (best if vocab is None else int(vocab[best])), (None if top_n is None else entry(s, best, top_n, vocab))
     # s <= 0 with a 0 in it, so dividing never makes NaN: a tiny temperature (5e-324 is > 0, so allowed) sends
     # every other score to -inf, which is greedy, as it should be.
     s = s / params.temperature
+    at = _draw(s, params, rng)
+    return (at if vocab is None else int(vocab[at])), (None if top_n is None else entry(s, at, top_n, vocab))
+
+
+def _draw(s: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """A position of `s` (float64 scores over the temperature, best exactly 0) drawn after min-p, top-k, top-p."""
+    pos = None  # positions in s of the scores kept, when a cut-off chose some
     if params.min_p > 0:
         # min-p: a token stays when its probability is at least min_p times the best one's (whose score is 0)
-        s = torch.where(s >= math.log(params.min_p), s, -math.inf)
-    s = s.float()
-    ids, ordered = vocab, False  # token ids of `s` (None: positions are ids); whether s is sorted, best first
-    if params.top_k and params.top_k < s.numel():
-        # the k best only, sorted: top-p below then sorts k scores, not the vocabulary (~2 ms a token at 49k)
-        s, pos = torch.topk(s, params.top_k)
-        ids, ordered = (pos if ids is None else ids[pos]), True
+        s = np.where(s >= math.log(params.min_p), s, -math.inf)
+    if params.top_k and params.top_k < s.size:
+        pos = _best(s, params.top_k)  # sorted: top-p below then sorts k scores, not the vocabulary
+        s = s[pos]
     if params.top_p < 1.0:
-        if not ordered:
-            s, pos = torch.sort(s, descending=True)
-            ids = pos if ids is None else ids[pos]
-        probs = torch.softmax(s, dim=-1)
-        # keep a token while the tokens before it cover less than top_p; the first one always stays
-        keep = (torch.cumsum(probs, dim=-1) - probs) < params.top_p
-        keep[0] = True  # said, not derived: a top_p under float32's smallest (5e-324) compares as 0 < 0
-        s, ids = s[keep], ids[keep]
-    pick = int(torch.multinomial(torch.softmax(s, dim=-1), 1, generator=generator))
-    return pick if ids is None else int(ids[pick])
+        pos, s = _nucleus(s, pos, params.top_p)
+    at = _pick(s, rng)
+    return at if pos is None else int(pos[at])
 
 
-def _candidates(logits: torch.Tensor, params: SamplingParams, recent: Sequence[int]) -> torch.Tensor | None:
-    """With top_k, the ids that can make the top k once penalties and logit_bias apply: the tokens they change,
-    plus the (k + that many) best raw logits. Scoring those alone picks the same tokens with the same scores
-    as scoring the vocabulary (~1 ms a token less at 49k on `chat`'s sampling). None: score everything."""
-    n = logits.numel()
-    if not params.top_k or logits.device.type != "cpu":
+_BLOCK = 1024  # scores drawn from in one cumulative sum; more are drawn block by block
+
+
+def _pick(s: np.ndarray, rng: np.random.Generator) -> int:
+    """A position of `s` (float64 scores, best exactly 0), drawn with probability exp(s) / sum(exp(s)); never
+    one of probability 0. Over a whole vocabulary (no top-k), exp is taken in float32 (a score under -87 is then
+    impossible: a probability under 1e-38 of the best's) and the sums in float64, and the draw finds its block
+    of _BLOCK scores before summing within it: a vocabulary-long float64 exp and cumsum cost ~0.5 ms a token."""
+    if s.size <= _BLOCK:
+        return _within(np.exp(s), rng.random())
+    p = np.exp(s.astype(np.float32))
+    starts = np.arange(0, s.size, _BLOCK)
+    block = _within(np.add.reduceat(p, starts, dtype=np.float64), rng.random())
+    return int(starts[block]) + _within(p[starts[block] : starts[block] + _BLOCK], rng.random())
+
+
+def _within(p: np.ndarray, u: float) -> int:
+    """The position where u (in [0, 1)) of the cumulative mass of `p` (non-negative, not all 0) falls."""
+    cum = np.cumsum(p, dtype=np.float64)
+    at = int(np.searchsorted(cum, u * cum[-1], side="right"))  # never a position of mass 0
+    if at >= cum.size:  # u * total rounded up to the total: the last position that has mass
+        at = int(np.flatnonzero(p)[-1])
+    return at
+
+
+def _best(s: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k best scores, best first (ties: the lower position first)."""
+    pos = np.argpartition(-s, k - 1)[:k]
+    return pos[np.lexsort((pos, -s[pos]))]
+
+
+def _nucleus(s: np.ndarray, pos: np.ndarray | None, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Keep a token while the tokens before it (best first) cover less than top_p of the probability; the
+    first one always stays. Returns (positions in the caller's s, their scores). Sorting only what can be in
+    the nucleus: the best 64 scores, then 4x as many until they reach top_p (the vocabulary at worst)."""
+    # over a whole vocabulary, as _pick: exp in float32, summed in float64
+    total = float(np.exp(s.astype(np.float32)).sum(dtype=np.float64)) if pos is None else None
+    ordered = pos is not None  # s is the top-k's: already best first
+    k = s.size if ordered else min(64, s.size)
+    while True:
+        at = np.arange(s.size) if ordered else _best(s, k)
+        probs = np.exp(s[at])
+        probs /= probs.sum() if total is None else total
+        covered = np.cumsum(probs) - probs
+        keep = covered < top_p
+        if ordered or k == s.size or not keep[-1]:
+            break
+        k = min(4 * k, s.size)
+    keep[0] = True  # said, not derived: a top_p of 5e-324 compares as 0 < 0
+    at = at[keep]
+    return (at if pos is None else pos[at]), s[at]
+
+
+def _numpy(logits: Any) -> np.ndarray:
+    """A (vocab,) array of the logits; a CPU float32 tensor's without a copy."""
+    if isinstance(logits, np.ndarray):
+        return logits
+    try:
+        return logits.numpy()  # a CPU tensor's own memory
+    except (TypeError, RuntimeError):  # on a GPU, in bfloat16 (which numpy lacks), or requiring grad
+        return logits.detach().float().cpu().numpy()
+
+
+def _candidates(values: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> np.ndarray | None:
+    """With top_k, token ids that include every one that can make the top k once penalties and logit_bias
+    apply: the tokens they change, plus at least the (k + that many) best raw logits. Scoring those alone picks
+    the same tokens with the same scores as scoring the vocabulary (~1 ms a token less at 49k on `chat`'s
+    sampling). Sorted. None: score everything."""
+    n = values.size
+    if not params.top_k:
         return None
     changed = {t for t in recent if 0 <= t < n} if params.penalizes else set()
     changed.update(t for t, _ in params.logit_bias if 0 <= t < n)
     k = params.top_k + len(changed)
     if 4 * k >= n:
         return None
-    values = logits.numpy()
-    best = np.argpartition(values, n - k)[n - k :]  # the k largest; NaN counts as largest to numpy
-    if np.isnan(values[best]).any():
-        return None  # so NaNs may have pushed real candidates out: the general path sorts them out
-    return torch.from_numpy(np.union1d(best, np.fromiter(changed, dtype=np.int64, count=len(changed))))
+    # A threshold no lower than needed, from every stride-th logit: its k-th best leaves at least k logits of
+    # the vocabulary at or above it (~stride x k of them), without ordering the vocabulary (a 49k argpartition
+    # is most of a token's sampling time).
+    sub = values[:: max(1, min(_STRIDE, n // (16 * k)))]
+    threshold = np.partition(sub, sub.size - k)[sub.size - k]
+    if math.isnan(threshold):
+        return None  # NaN counts as largest to numpy: the general path sorts them out
+    keep = values >= threshold  # a NaN logit compares False: impossible, as scores() makes it
+    if changed:
+        keep[np.fromiter(changed, dtype=np.int64, count=len(changed))] = True
+    ids = np.flatnonzero(keep)
+    return ids if 4 * ids.size < n else None
+
+
+_STRIDE = 8
 
 
 def scores(
-    logits: torch.Tensor, params: SamplingParams, recent: Sequence[int] = (), vocab: torch.Tensor | None = None
-) -> torch.Tensor:
+    logits: Any, params: SamplingParams, recent: Sequence[int] = (), vocab: np.ndarray | None = None
+) -> np.ndarray:
     """The logits after the penalties and logit_bias, as float64 scores whose best is exactly 0 and none is
-    NaN or +inf (a new tensor: the caller's logits stay as they are). With `vocab` (token ids holding the best
-    scores, _candidates), the scores of those ids only, in that order."""
-    n = logits.numel()
-    s = (logits if vocab is None else logits[vocab]).to("cpu", torch.float64, copy=True)
-    at = None if vocab is None else {t: i for i, t in enumerate(vocab.tolist())}  # token id -> position in s
-    if params.penalizes and recent:
-        counts = Counter(t for t in recent if 0 <= t < n and (at is None or t in at))
-        if counts:
-            tokens = sorted(counts)
-            ids = torch.tensor(tokens if at is None else [at[t] for t in tokens], dtype=torch.long)
-            seen = s[ids]
+    NaN or +inf (a new array: the caller's logits stay as they are). With `vocab` (sorted token ids holding the
+    best scores, _candidates), the scores of those ids only, in that order."""
+    with np.errstate(all="ignore"):
+        return _scores(_numpy(logits), params, recent, vocab)
+
+
+def _scores(values: np.ndarray, params: SamplingParams, recent: Sequence[int], vocab: np.ndarray | None) -> np.ndarray:
+    n = values.size
+    s = (values if vocab is None else values[vocab]).astype(np.float64)  # a copy, always
+    counts = Counter(t for t in recent if 0 <= t < n) if params.penalizes else None
+    if counts:
+        tokens = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+        times = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+        at = tokens if vocab is None else _positions(vocab, tokens)
+        if vocab is not None:
+            times, at = times[at >= 0], at[at >= 0]
+        if at.size:
+            seen = s[at]
             if params.repeat_penalty != 1.0:
                 # llama.cpp's rule: a positive logit is divided by the penalty, a negative one multiplied
-                seen = torch.where(seen > 0, seen / params.repeat_penalty, seen * params.repeat_penalty)
+                seen = np.where(seen > 0, seen / params.repeat_penalty, seen * params.repeat_penalty)
             # OpenAI's rule: minus frequency_penalty per occurrence, minus presence_penalty once
-            times = torch.tensor([counts[t] for t in tokens], dtype=torch.float64)
-            seen = seen - times * params.frequency_penalty - params.presence_penalty
-            s[ids] = seen
-    for token, bias in params.logit_bias:
-        if token < n and (at is None or token in at):  # an id past the logits is the route's to refuse
-            s[token if at is None else at[token]] += bias
-    s = torch.where(torch.isnan(s), -math.inf, s)
+            s[at] = seen - times * params.frequency_penalty - params.presence_penalty
+    if params.logit_bias:
+        bias = np.array(params.logit_bias, dtype=np.float64).reshape(-1, 2)
+        tokens = bias[:, 0].astype(np.int64)
+        inside = tokens < n  # an id past the logits is the route's to refuse
+        at = tokens[inside] if vocab is None else _positions(vocab, tokens[inside])
+        given = bias[inside, 1]
+        s[at[at >= 0]] += given[at >= 0]  # logit_bias ids are distinct: no two adds land on one score
+    s[np.isnan(s)] = -math.inf
     top = float(s.max())
     if top == math.inf:  # infinitely favoured tokens: only they stay, equally likely
-        return torch.where(s == math.inf, 0.0, -math.inf).double()
+        return np.where(s == math.inf, 0.0, -math.inf)
     if top == -math.inf:  # nothing is possible by the scores: every token equally (no NaN from -inf - -inf)
-        return torch.zeros_like(s)
-    return s - top
+        return np.zeros_like(s)
+    s -= top
+    return s
+
+
+def _positions(vocab: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Where each token id is in the sorted `vocab` (-1: not there)."""
+    at = np.searchsorted(vocab, tokens)
+    found = at < vocab.size
+    found[found] = vocab[at[found]] == tokens[found]
+    return np.where(found, at, -1)

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from engramctl.errors import UsageError
 
 MAX_STOP = 16  # stop strings per request
+MAX_TOP_LOGPROBS = 20  # top_logprobs per token (OpenAI's bound)
 MAX_LOGIT_BIAS = 1024  # logit_bias entries per request (OpenAI documents none; a bound keeps a body's work small)
 DEFAULT_MAX_TOKENS = 4096  # a reply's budget when max_tokens is not given: this, or what the context has left
 # What `engramctl chat` sends when its user sets nothing: Ollama's defaults, because at OpenAI's
@@ -81,6 +82,20 @@ class SamplingParams:
     stop: tuple[str, ...] = _option(
         (), {"type": ["string", "array"], "items": {"type": "string"}, "maxItems": MAX_STOP}, "Stop string(s)."
     )
+    # Not a request option by this name: each API spells it its own way (chat's `logprobs: true` with
+    # `top_logprobs`, completions' `logprobs: n`), so its route sets it and OPTIONS leaves it out.
+    logprobs: int | None = field(
+        default=None,
+        metadata={
+            "schema": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_TOP_LOGPROBS,
+                "description": "Record each reply token's logprob and this many most likely alternatives.",
+            },
+            "request_option": False,
+        },
+    )
 
     # Structured output: engine/constraint.py's spec (a JSON Schema as compact JSON text, or "json_object"),
     # None = free text. Not a request option by this name (no schema metadata: not in OPTIONS): the routes
@@ -110,15 +125,11 @@ class SamplingParams:
         return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def generator(self):
-        """A torch.Generator seeded with `seed` (or randomly)."""
-        import torch  # lazy: this module is imported where torch must not be
+        """A numpy random Generator seeded with `seed` (or from the OS's entropy)."""
+        import numpy as np  # lazy: the CLI imports this module and need not pay for numpy
 
-        g = torch.Generator()
-        if self.seed is not None:
-            g.manual_seed(self.seed % 2**64)  # any integer is a seed (OpenAI's are signed 64-bit, Ollama's too)
-        else:
-            g.seed()
-        return g
+        # any integer is a seed (OpenAI's are signed 64-bit, Ollama's too)
+        return np.random.default_rng(None if self.seed is None else self.seed % 2**64)
 
 
 def _bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
@@ -165,4 +176,8 @@ def _check(name: str, value: Any, schema: dict) -> None:
 
 
 # JSON Schema of each option as a request carries it, by name, in declaration order.
-OPTIONS: dict[str, dict] = {f.name: f.metadata["schema"] for f in fields(SamplingParams) if "schema" in f.metadata}
+OPTIONS: dict[str, dict] = {
+    f.name: f.metadata["schema"]
+    for f in fields(SamplingParams)
+    if "schema" in f.metadata and f.metadata.get("request_option", True)
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from engramctl.errors import UnsupportedModel
@@ -31,7 +32,27 @@ class ChatTokenizer:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False)
 
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes (a logprob's `bytes`), special tokens' text included. A byte-level BPE token
+        may hold part of a character, which decoding it alone would turn into U+FFFD: its vocabulary string
+        is mapped back to bytes instead."""
+        piece = self.hf.convert_ids_to_tokens(int(token))
+        decoder = getattr(getattr(self.hf, "backend_tokenizer", None), "decoder", None)
+        if piece is not None and type(decoder).__name__ == "ByteLevel":
+            table = _byte_decoder()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+        return self.decode([int(token)], skip_special=False).encode("utf-8")
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.has_chat_template:
             raise UnsupportedModel("this model has no chat template; it cannot hold a chat.")
         return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+
+@cache
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in character -> the byte it stands for (GPT-2's table)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {ch: b for b, ch in bytes_to_unicode().items()}

@@ -140,7 +140,7 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(daemon, backend):
             ({"prompt": [10**9]}, "prompt"),
             ({"prompt": [2**70], "echo": True}, "prompt"),  # regression (schema fuzz): decoded for echo unchecked
             ({"prompt": "\udfff"}, "prompt"),  # half a UTF-16 pair, as JSON may escape it: no tokenizer takes it
-            ({"prompt": "x", "logprobs": 2}, "logprobs"),
+            ({"prompt": "x", "logprobs": 6}, "logprobs"),  # OpenAI's legacy bound: 0 to 5
             ({"prompt": "x", "n": 2}, "n"),
             ({"prompt": "x", "best_of": 3}, "best_of"),
             ({"prompt": "x", "suffix": "y"}, "suffix"),  # the tiny model has no fill-in-the-middle tokens
