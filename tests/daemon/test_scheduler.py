@@ -162,6 +162,7 @@ def test_a_burst_of_64_is_queued_and_served_in_arrival_order(daemon):
     with daemon.http() as h:
         status = h.get("/v1/status").json()
         assert status["queue"]["max"] == 256 and status["serving"]["at_once"] == 1
+        before = status["turns"]
     client = _oai(daemon)
     n = 64
     done_order: list[int] = []
@@ -185,16 +186,25 @@ def test_a_burst_of_64_is_queued_and_served_in_arrival_order(daemon):
             errors.append(e)
 
     threads = []
-    for k in range(n):  # one after another, so that their arrival order is known
-        t = threading.Thread(target=one, args=(k,))
-        t.start()
-        threads.append(t)
-        time.sleep(0.03)
+    with daemon.http() as h:
+        for k in range(n):  # each sent once the daemon has the one before: their arrival order is known
+            t = threading.Thread(target=one, args=(k,))
+            t.start()
+            threads.append(t)
+            deadline = time.monotonic() + 60
+            while True:
+                s = h.get("/v1/status").json()
+                if s["turns"] - before + s["queue"]["waiting"] + s["queue"]["running"] >= k + 1:
+                    break
+                assert time.monotonic() < deadline, f"request {k} never reached the daemon"
+                time.sleep(0.002)
     for t in threads:
         t.join(300)
     assert not errors, errors[:3]  # no 429, no 5xx
     assert sorted(done_order) == list(range(n))
-    assert done_order == sorted(done_order)  # one turn at a time, admitted in arrival order
+    with daemon.http() as h:  # one turn at a time, admitted in arrival order: each session began after the last
+        created = {s["name"]: s["created"] for s in h.get("/v1/sessions").json()["sessions"]}
+    assert sorted(range(n), key=lambda k: created[f"burst-{k}"]) == list(range(n))
     for k in range(4, n):  # each its own answer: the same question gets the same greedy reply
         assert replies[k] == replies[k % 4]
 

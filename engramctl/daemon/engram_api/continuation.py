@@ -2,8 +2,9 @@
 
 Their clients send the chat template's render of the new user message (with the generation prompt) as
 token ids, not text. The turn is the service's like every other (ConversationService.plan_turn and
-run_turn: plan, then the scheduler prefills, generates, settles, records); what is theirs is here: the ids checked against the
-vocabulary, and the user message they render recovered for the transcript (`continuation_message`).
+run_turn: plan, then the scheduler prefills, generates, settles, records); what is theirs is here: the ids
+checked against the vocabulary, and the user message they render recovered for the transcript
+(`continuation_message`).
 """
 
 from __future__ import annotations
