@@ -415,7 +415,7 @@ async def chat_with_tools(body, request: Request):
         transcript: list[dict] = []
         if body.session_name is not None:
             try:
-                transcript = d.store.transcript(body.session_name)
+                transcript = d.store.transcripts.of_session(body.session_name)
             except NotFound:
                 pass
         messages = agent_calls.with_tools_message(messages, transcript, agent_calls.tools_message(tools))

@@ -385,7 +385,7 @@ def test_import_is_verified_against_the_loaded_model_and_stores_nothing_when_ref
     store = app_client.app.state.daemon.store
     messages = app_client.post("/get_snapshot_transcript", json={"snapshot_id": sid[:24]}).json()["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
-    own = exchange.pack(store.load(sid), messages, "src")
+    own = exchange.pack(store.snapshots.load(sid), messages, "src")
     tensors, meta = make_payload(8, fingerprint="another-model")
     meta.update(backend=engine.spec.backend, state_format=engine.spec.state_format)  # another model, same backend
     alien = exchange.pack((tensors, meta), [{"role": "user", "content": "x"}], "alien")
