@@ -193,7 +193,7 @@ def test_autostart_starts_the_daemon_once_when_allowed(engram_home, monkeypatch)
         with c, pytest.raises(DaemonUnreachable):
             c.health()
     assert calls == [True]
-    assert client_mod.Client(allowed, autostart=False).autostart is False
+    assert client_mod.Client(allowed, autostart=False).connection.autostart is False
 
 
 def test_management_methods_hit_their_routes():
