@@ -80,7 +80,7 @@ class Connection:
     def base_url(self) -> str:
         if self._base_url:
             return self._base_url
-        from engramctl.daemon.runner import daemon_url
+        from engramctl.daemon.rundir import daemon_url
 
         return daemon_url(self.settings)
 
@@ -106,7 +106,7 @@ class Connection:
         return DaemonUnreachable(f"no engramctl daemon answers at {url} ({type(e).__name__}).", hint=hint)
 
     def _autostart(self) -> None:
-        from engramctl.daemon.runner import start_background
+        from engramctl.daemon.background import start_background
 
         self._autostarted = True
         start_background(self.settings, wait=True)
