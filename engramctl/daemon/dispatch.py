@@ -2,7 +2,7 @@
 
     result = await Dispatcher(daemon).call("checkpoint", {"session": "s", "label": "before"})
 
-Arguments are validated first (tools.validate_arguments): bad ones raise ToolArgumentError and nothing
+Arguments are validated first (agent/arguments.py validate_arguments): bad ones raise ToolArgumentError and nothing
 is touched. Tools that change state (checkpoint, branch, restore, delete_checkpoint, chat) run as jobs
 on the daemon's single worker thread, in turn with generation: a checkpoint taken while a reply is
 being generated captures the state after that reply, and the conversation service's in-memory "hot"
@@ -28,11 +28,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engramctl.agent.tools import Tool, ToolArgumentError, get_tool, validate_arguments
+from engramctl.agent.arguments import validate_arguments
+from engramctl.agent.tools import Tool, get_tool
 from engramctl.daemon.service import ChatRequest
 from engramctl.daemon.streaming import job_result, turn_info, usage_json
 from engramctl.engine.sampling_params import SamplingParams
-from engramctl.errors import NotFound, UsageError
+from engramctl.errors import NotFound, ToolArgumentError, UsageError
 from engramctl.protocol import Snapshot
 from engramctl.store.names import is_id_prefix, is_snapshot_id
 

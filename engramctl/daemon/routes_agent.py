@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, StreamingResponse
 
 from engramctl.agent import calls as agent_calls
-from engramctl.agent.tools import ToolArgumentError, error_json, openai_tools, result_schemas
+from engramctl.agent.tools import error_json, openai_tools, result_schemas
 from engramctl.daemon.agent_socket import PROTOCOL, AgentSocket, BadMessage, decode_message
 from engramctl.daemon.auth import token_matches
 from engramctl.daemon.context import daemon_of
@@ -33,7 +33,7 @@ from engramctl.daemon.dispatch import Dispatcher
 from engramctl.daemon.errors import body_for, error_body
 from engramctl.daemon.service import ChatRequest, ChatResult
 from engramctl.daemon.streaming import SSE_HEADERS, Completion, engram_json, job_result, sse
-from engramctl.errors import EngramError, InvalidName, NotFound, UsageError
+from engramctl.errors import EngramError, InvalidName, NotFound, ToolArgumentError, UsageError
 from engramctl.store.names import named_session, validate_session_name
 
 router = APIRouter()

@@ -41,7 +41,8 @@ def ok(client, tool: str, **arguments) -> dict:
     assert r.status_code == 200, (tool, arguments, r.text)
     body = r.json()
     assert body["tool"] == tool
-    from engramctl.agent.tools import TOOLS, check
+    from engramctl.agent.schema_check import check
+    from engramctl.agent.tools import TOOLS
 
     check(TOOLS[tool].returns, body["result"], "")  # every result matches its published schema
     return body["result"]

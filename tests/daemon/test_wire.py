@@ -9,8 +9,10 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from engramctl.agent.tools import TOOLS, ToolArgumentError, validate_arguments
+from engramctl.agent.arguments import validate_arguments
+from engramctl.agent.tools import TOOLS
 from engramctl.daemon.engram_api import answers
+from engramctl.errors import ToolArgumentError
 from engramctl.protocol import Session, Snapshot
 from engramctl.store.names import MIN_ID_PREFIX
 from tests.helpers import chat, served_app
