@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import httpx
-
 from engramctl.client.connection import Connection
 from engramctl.client.stream import ChatStream
 from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
@@ -33,21 +31,10 @@ _SAMPLING = tuple(SAMPLING_OPTIONS)  # defined once: engine/sampling_params.py
 
 
 class Client:
-    def __init__(
-        self,
-        settings: Settings | None = None,
-        *,
-        base_url: str | None = None,
-        token: str | None = None,
-        autostart: bool | None = None,
-        timeout: float = 30.0,
-        transport: httpx.BaseTransport | None = None,
-    ):
-        """base_url: default = the running daemon of settings' data directory, else settings.host:port.
-        autostart: default = not settings.no_autostart, and only when base_url is not given."""
-        self.connection = Connection(
-            settings, base_url=base_url, token=token, autostart=autostart, timeout=timeout, transport=transport
-        )
+    def __init__(self, settings: Settings | None = None, **connection: Any):
+        """`connection`: Connection's options (base_url, token, autostart, timeout, transport), which say
+        where the daemon is and whether to start it."""
+        self.connection = Connection(settings, **connection)
         self.settings = self.connection.settings
 
     def _stream(self, path: str, body: dict) -> ChatStream:

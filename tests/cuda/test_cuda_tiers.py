@@ -19,6 +19,7 @@ from engramctl.store.store import Store
 from engramctl.tiers.hardware import detect_hardware
 from engramctl.tiers.plan import VRAM_RESERVE_FRACTION, VRAM_RESERVE_MIN, VRAM_SHARE, plan
 from tests.cuda._common import load_backend, record, requires_cuda, token_ids
+from tests.helpers import clear_store_env
 
 pytestmark = requires_cuda
 
@@ -29,14 +30,7 @@ MiB = 2**20
 @pytest.fixture
 def open_store(monkeypatch):
     """open_store(**settings flags) -> a Store planned from this machine's real hardware (or `hardware`)."""
-    for var in (
-        "ENGRAM_TIER_VRAM_BYTES",
-        "ENGRAM_TIER_RAM_BYTES",
-        "ENGRAM_TIER_DISK_BYTES",
-        "ENGRAM_KEEP_LAST",
-        "ENGRAM_SESSION_TTL_S",
-    ):
-        monkeypatch.delenv(var, raising=False)
+    clear_store_env(monkeypatch)
     opened: list[Store] = []
 
     def _open(hardware=None, **flags) -> Store:

@@ -12,6 +12,7 @@ from payloads import make_payload as _make_payload  # noqa: E402
 from engramctl.settings import load_settings  # noqa: E402
 from engramctl.store.store import Store  # noqa: E402
 from engramctl.tiers.hardware import Hardware  # noqa: E402
+from tests.helpers import clear_store_env  # noqa: E402
 
 MiB = 2**20
 
@@ -20,14 +21,7 @@ MiB = 2**20
 def engram_home(tmp_path, monkeypatch):
     home = tmp_path / "engram"
     monkeypatch.setenv("ENGRAM_HOME", str(home))
-    for var in (
-        "ENGRAM_TIER_VRAM_BYTES",
-        "ENGRAM_TIER_RAM_BYTES",
-        "ENGRAM_TIER_DISK_BYTES",
-        "ENGRAM_KEEP_LAST",
-        "ENGRAM_SESSION_TTL_S",
-    ):
-        monkeypatch.delenv(var, raising=False)
+    clear_store_env(monkeypatch)
     return home
 
 
