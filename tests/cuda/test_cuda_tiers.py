@@ -19,7 +19,6 @@ from engramctl.store.store import Store
 from engramctl.tiers.hardware import detect_hardware
 from engramctl.tiers.plan import VRAM_RESERVE_FRACTION, VRAM_RESERVE_MIN, VRAM_SHARE, plan
 from tests.cuda._common import load_backend, record, requires_cuda, token_ids
-from tests.helpers import clear_store_env
 
 pytestmark = requires_cuda
 
@@ -28,9 +27,8 @@ MiB = 2**20
 
 
 @pytest.fixture
-def open_store(monkeypatch):
+def open_store():
     """open_store(**settings flags) -> a Store planned from this machine's real hardware (or `hardware`)."""
-    clear_store_env(monkeypatch)
     opened: list[Store] = []
 
     def _open(hardware=None, **flags) -> Store:

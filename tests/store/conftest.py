@@ -12,17 +12,8 @@ from payloads import make_payload as _make_payload  # noqa: E402
 from engramctl.settings import load_settings  # noqa: E402
 from engramctl.store.store import Store  # noqa: E402
 from engramctl.tiers.hardware import Hardware  # noqa: E402
-from tests.helpers import clear_store_env  # noqa: E402
 
 MiB = 2**20
-
-
-@pytest.fixture(autouse=True)
-def engram_home(tmp_path, monkeypatch):
-    home = tmp_path / "engram"
-    monkeypatch.setenv("ENGRAM_HOME", str(home))
-    clear_store_env(monkeypatch)
-    return home
 
 
 @pytest.fixture
