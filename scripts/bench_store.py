@@ -13,10 +13,10 @@ counts), and throughput = payload bytes / wall time. Baselines measured in the s
 - sequential read, cold: readinto after posix_fadvise(DONTNEED) dropped the file from the page cache;
 - sequential read, warm: the same file read again from the page cache.
 Store operations:
-- commit (hot): Store.commit returning (index transaction, RAM insert; the disk write is queued);
+- commit (hot): store.snapshots.commit returning (index transaction, RAM insert; the disk write is queued);
 - commit + flush (disk write-through): encode, checksum, write, fsync, rename, index update;
-- restore RAM: Store.load of a RAM-tier hit (no copy, the daemon's path) and with copy=True;
-- restore disk, cold / warm: Store.load of a snapshot only on disk (read, verify checksum, decode);
+- restore RAM: store.snapshots.load of a RAM-tier hit (no copy, the daemon's path) and with copy=True;
+- restore disk, cold / warm: store.snapshots.load of a snapshot only on disk (read, verify checksum, decode);
 - restore VRAM and promotion RAM->VRAM, only when CUDA is available.
 """
 
@@ -130,13 +130,17 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
     out: dict = {}
     store = Store.open(settings)
     ids: list[str] = []
-    out["commit_hot"] = timed(lambda: ids.append(store.commit("bench", payload).id), repeat, setup=store.flush)
+    out["commit_hot"] = timed(
+        lambda: ids.append(store.snapshots.commit("bench", payload).id), repeat, setup=store.flush
+    )
     store.flush()
-    out["commit_flush_disk"] = timed(lambda: (ids.append(store.commit("bench", payload).id), store.flush()), repeat)
+    out["commit_flush_disk"] = timed(
+        lambda: (ids.append(store.snapshots.commit("bench", payload).id), store.flush()), repeat
+    )
     hot = ids[-1]
-    store.load(hot)
-    out["restore_ram"] = timed(lambda: store.load(hot), repeat)
-    out["restore_ram_copy"] = timed(lambda: store.load(hot, copy=True), repeat)
+    store.snapshots.load(hot)
+    out["restore_ram"] = timed(lambda: store.snapshots.load(hot), repeat)
+    out["restore_ram_copy"] = timed(lambda: store.snapshots.load(hot, copy=True), repeat)
     store.close()
 
     def reopen_and_drop(cold: bool):
@@ -149,22 +153,26 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
 
     pick = iter(ids * 4)
     store = Store.open(settings)
-    out["restore_disk_cold"] = timed(lambda: store.load(next(pick)), repeat, setup=lambda: reopen_and_drop(True))
-    out["restore_disk_warm"] = timed(lambda: store.load(next(pick)), repeat, setup=lambda: reopen_and_drop(False))
+    out["restore_disk_cold"] = timed(
+        lambda: store.snapshots.load(next(pick)), repeat, setup=lambda: reopen_and_drop(True)
+    )
+    out["restore_disk_warm"] = timed(
+        lambda: store.snapshots.load(next(pick)), repeat, setup=lambda: reopen_and_drop(False)
+    )
     if torch.cuda.is_available():  # only when the engine has loaded torch with CUDA: a VRAM tier exists
         store.close()
         store = Store.open(settings)
-        if store.budgets.budget("vram") > 0:
+        if store.tiers.plan.budget("vram") > 0:
             vid = ids[0]
-            store.load(vid)
-            out["restore_vram"] = timed(lambda: (store.load(vid), torch.cuda.synchronize()), repeat)
+            store.snapshots.load(vid)
+            out["restore_vram"] = timed(lambda: (store.snapshots.load(vid), torch.cuda.synchronize()), repeat)
 
             def demote():
                 store._placement.set_budget("vram", 0)
-                store._placement.set_budget("vram", store.budgets.budget("vram"))
+                store._placement.set_budget("vram", store.tiers.plan.budget("vram"))
 
             out["promote_ram_to_vram"] = timed(
-                lambda: (store.load(vid), torch.cuda.synchronize()), repeat, setup=demote
+                lambda: (store.snapshots.load(vid), torch.cuda.synchronize()), repeat, setup=demote
             )
     store.close()
     return out

@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated ENGRAM_HOME for every test, and tiny real models built once per run."""
+"""Shared fixtures: an isolated ENGRAM_HOME for every test (no store settings from the environment), and
+tiny real models built once per run."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 @pytest.fixture(autouse=True)
 def engram_home(tmp_path, monkeypatch) -> Path:
+    from tests.helpers import clear_store_env
+
     home = tmp_path / "engram-home"
     monkeypatch.setenv("ENGRAM_HOME", str(home))
     monkeypatch.setenv("ENGRAM_NO_AUTOSTART", "1")
+    clear_store_env(monkeypatch)  # budgets and retention come from each test's own settings
     return home
 
 

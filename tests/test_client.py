@@ -178,8 +178,8 @@ def test_autostart_starts_the_daemon_once_when_allowed(engram_home, monkeypatch)
         up["flag"] = True
         return {"ready": True}
 
-    monkeypatch.setattr("engramctl.daemon.runner.start_background", fake_start)
-    monkeypatch.setattr("engramctl.daemon.runner.daemon_url", lambda s: "http://127.0.0.1:1")
+    monkeypatch.setattr("engramctl.daemon.background.start_background", fake_start)
+    monkeypatch.setattr("engramctl.daemon.rundir.daemon_url", lambda s: "http://127.0.0.1:1")
     allowed = load_settings({"no_autostart": False})
     with Client(allowed, token="t", transport=httpx.MockTransport(handler)) as c:
         assert c.health() == {"status": "ok"}
@@ -193,7 +193,7 @@ def test_autostart_starts_the_daemon_once_when_allowed(engram_home, monkeypatch)
         with c, pytest.raises(DaemonUnreachable):
             c.health()
     assert calls == [True]
-    assert client_mod.Client(allowed, autostart=False).autostart is False
+    assert client_mod.Client(allowed, autostart=False).connection.autostart is False
 
 
 def test_management_methods_hit_their_routes():

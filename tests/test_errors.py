@@ -82,7 +82,7 @@ def test_each_error_round_trips_from_the_daemon_to_the_client(raising_daemon, ki
     sent = _raised(cls)
     with Client(raising_daemon.settings, autostart=False) as client:
         with pytest.raises(EngramError) as got:
-            client._request("POST", f"/v1/test/raise/{kind}")
+            client.connection.request("POST", f"/v1/test/raise/{kind}")
     assert type(got.value) is cls, (kind, type(got.value))
     assert (got.value.message, got.value.hint, got.value.param) == (sent.message, sent.hint, sent.param)
     assert got.value.exit_code == cls.exit_code

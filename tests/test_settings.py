@@ -123,7 +123,7 @@ def test_env_help_lists_every_variable(cli):
 
 
 def test_a_background_daemon_gets_every_daemon_setting(engram_home, tmp_path, monkeypatch):
-    from engramctl.daemon.runner import _settings_env
+    from engramctl.daemon.background import _settings_env
 
     _config(engram_home, 'tier_disk_bytes = "3GB"\n')
     model = tmp_path / "m.gguf"

@@ -1,6 +1,7 @@
 """The agent tools, defined once: name, description, JSON Schema of the arguments and of the result.
 
-Every transport serves these definitions and validates with `validate_arguments` before anything runs:
+Every transport serves these definitions and validates with arguments.py's `validate_arguments` before
+anything runs:
     GET  /v1/agent/tools          OpenAI function-calling tool objects (Tool.openai())
     POST /v1/agent/call           {"tool": name, "arguments": {...}} -> {"tool": name, "result": {...}}
     WS   /v1/agent/ws             {"type": "call", "tool": name, "arguments": {...}} -> result | error
@@ -10,24 +11,20 @@ Every transport serves these definitions and validates with `validate_arguments`
 A conversation transport (a WebSocket connection, the MCP server, a chat turn) knows its session, so
 there the `session` argument (`source` for branch) may be left out: Tool.context names that argument.
 
-Arguments are checked against the schema by `jsonschema` (schema_check.py); bad ones raise
-ToolArgumentError naming the field (`param`), before anything is touched.
+Arguments are checked against the schema by `jsonschema` (arguments.py over schema_check.py); bad ones
+raise ToolArgumentError naming the field (`param`), before anything is touched.
 No heavy imports here: the MCP server and the CLI import this module.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from engramctl.agent.schema_check import check, nullable, type_name
 from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
-from engramctl.errors import InvalidName, ToolArgumentError, UnknownTool
-from engramctl.store.names import MAX_LABEL_CHARS, MIN_ID_PREFIX, validate_label, validate_session_name
-
-__all__ = ["ToolArgumentError", "UnknownTool", "check"]  # re-exported: the daemon, the MCP server and tests use them
+from engramctl.errors import UnknownTool
+from engramctl.store.names import MAX_LABEL_CHARS, MIN_ID_PREFIX
 
 
 # -- schema pieces ----------------------------------------------------------------------------------------
@@ -357,40 +354,6 @@ def openai_tools(include_chat: bool = False, contextual: bool = False) -> list[d
 
 def result_schemas(include_chat: bool = False) -> dict[str, dict]:
     return {t.name: t.returns for t in TOOLS.values() if t.model_callable or include_chat}
-
-
-# -- validation --------------------------------------------------------------------------------------------
-# Names the store checks beyond the schema (".", ".." and the like), with its own messages.
-_NAME_FIELDS = {"session": validate_session_name, "new_session": validate_session_name, "label": validate_label}
-
-
-def validate_arguments(tool: Tool | str, arguments: Any, *, session: str | None = None) -> dict[str, Any]:
-    """The tool's arguments, checked against its schema; `session` (a conversation's) fills in the context
-    argument when it is missing. Optional arguments given as null are dropped. Raises ToolArgumentError."""
-    tool = get_tool(tool) if isinstance(tool, str) else tool
-    if arguments is None:
-        arguments = {}
-    if isinstance(arguments, str):  # OpenAI hands function arguments over as a JSON string
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ToolArgumentError(f"arguments: not valid JSON ({e.msg} at position {e.pos}).", "arguments") from None
-    if not isinstance(arguments, dict):
-        raise ToolArgumentError(f"arguments: must be a JSON object (got {type_name(arguments)}).", "arguments")
-    args = dict(arguments)
-    if session is not None and tool.context and args.get(tool.context) is None:
-        args[tool.context] = session
-    for key, validator in _NAME_FIELDS.items():
-        if key in tool.parameters["properties"] and isinstance(args.get(key), str):
-            try:
-                validator(args[key])
-            except InvalidName as e:
-                raise ToolArgumentError(f"{key}: {e.message}", key, e.hint) from None
-    props = tool.parameters["properties"]
-    # an argument given as null is left out (a required one is then missing), unless null is a value it takes
-    args = {k: v for k, v in args.items() if v is not None or k not in props or nullable(props[k])}
-    check(tool.parameters, args, "")
-    return {k: v for k, v in args.items() if v is not None}
 
 
 def error_json(exc: BaseException) -> dict[str, Any]:

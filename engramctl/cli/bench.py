@@ -17,6 +17,7 @@ import typer
 
 from engramctl.cli import bench_serve
 from engramctl.cli.bench_ngram import ngram
+from engramctl.cli.common import counts
 from engramctl.errors import UsageError
 
 QUICK = {
@@ -38,19 +39,6 @@ FULL = {
     "prefill_tokens": 512,
     "decode_tokens": 64,
 }
-
-
-def _contexts(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UsageError(
-            f"--contexts {text!r} is not a comma-separated list of token counts.",
-            hint="for example: --contexts 256,1024,4096",
-        ) from None
-    if any(v < 1 for v in values):
-        raise UsageError("every --contexts value must be at least 1 token.")
-    return tuple(sorted(set(values)))
 
 
 def bench(
@@ -172,7 +160,7 @@ def bench(
             )
         chosen = "llama.cpp"
     cfg = BenchConfig(
-        contexts=_contexts(contexts) if contexts is not None else d["contexts"],
+        contexts=counts(contexts, "--contexts", "256,1024,4096") if contexts is not None else d["contexts"],
         turns=d["turns"] if turns is None else turns,
         runs=d["runs"] if runs is None else runs,
         reply_tokens=d["reply_tokens"] if reply_tokens is None else reply_tokens,

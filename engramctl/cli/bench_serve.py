@@ -11,18 +11,9 @@ from typing import Optional
 
 import typer
 
+from engramctl.cli.common import counts
 from engramctl.cli.output import Column, Output, render_table
 from engramctl.errors import UsageError
-
-
-def _counts(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise UsageError(f"--clients {text!r} is not a comma-separated list of numbers.", hint="e.g. --clients 1,2,4")
-    if not values or values[0] < 1:
-        raise UsageError("--clients needs numbers of at least 1.", hint="e.g. --clients 1,2,4")
-    return values
 
 
 def serve(
@@ -79,7 +70,7 @@ def serve(
         stream_tokens=stream_tokens,
         turns=turns,
         turn_tokens=turn_tokens,
-        clients=_counts(clients),
+        clients=counts(clients, "--clients", "1,2,4"),
         client_tokens=client_tokens,
         seed=seed,
         llama_server=binary,

@@ -87,6 +87,19 @@ def output(json_: bool = False, quiet: bool = False) -> Output:
     return Output(JSON if json_ else QUIET if quiet else HUMAN)
 
 
+def counts(text: str, flag: str, example: str) -> tuple[int, ...]:
+    """A flag's comma-separated whole numbers, each at least 1 ("256,1_024"): sorted, each once."""
+    try:
+        values = {int(x.replace("_", "")) for x in text.split(",") if x.strip()}
+    except ValueError:
+        raise UsageError(
+            f"{flag} {text!r} is not a comma-separated list of numbers.", hint=f"for example: {flag} {example}"
+        ) from None
+    if not values or min(values) < 1:
+        raise UsageError(f"every {flag} value must be at least 1.", hint=f"for example: {flag} {example}")
+    return tuple(sorted(values))
+
+
 # -- settings -----------------------------------------------------------------------------------------
 def settings(**flags: Any):
     """The one frozen Settings of this invocation: defaults < config.toml < ENGRAM_* env < flags."""

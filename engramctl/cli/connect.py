@@ -16,7 +16,7 @@ from engramctl.protocol import same_model
 
 def running(settings: Any) -> dict | None:
     """The running (or still starting) daemon's status, or None when none runs. Never starts one."""
-    from engramctl.daemon.runner import daemon_status
+    from engramctl.daemon.background import daemon_status
 
     return daemon_status(settings)
 
@@ -26,7 +26,7 @@ def connect(settings: Any, out: Any, *, model: str | None = None, start: bool = 
     allowed; waits for one that is loading. `model`: the daemon must serve it (ModelNotFound says how to
     switch). Without a daemon and without autostart, raises DaemonUnreachable with the hint."""
     from engramctl.client import Client
-    from engramctl.daemon.runner import start_background
+    from engramctl.daemon.background import start_background
 
     info = running(settings)
     if info is None and start and not settings.no_autostart:

@@ -1,6 +1,7 @@
 """`engramctl serve` (foreground) and `engramctl daemon start|stop|status|logs` (background).
 
-The process work is engramctl.daemon.runner's; this module only parses flags and prints."""
+The process work is engramctl.daemon's: runner.py (foreground) and background.py; this module only parses
+flags and prints."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def start(flags: dict[str, Any], json_: bool = JsonOpt, quiet: bool = QuietOpt) 
     """Start the daemon in the background and wait until it answers (loading the model).
 
     Each option overrides its ENGRAM_* variable and config.toml key."""
-    from engramctl.daemon.runner import daemon_status, start_background
+    from engramctl.daemon.background import daemon_status, start_background
 
     out = common.output(json_, quiet)
     st = common.settings(**flags)
@@ -73,7 +74,7 @@ def start(flags: dict[str, Any], json_: bool = JsonOpt, quiet: bool = QuietOpt) 
 @app.command("stop")
 def stop(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     """Stop the background daemon (pending snapshot writes finish first)."""
-    from engramctl.daemon.runner import stop_background
+    from engramctl.daemon.background import stop_background
 
     out = common.output(json_, quiet)
     st = common.settings()
@@ -86,7 +87,7 @@ def stop(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
 def status(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     """Is the daemon running, and with what. Exit code 3 when it is not running."""
     from engramctl.cli.status import daemon_fields
-    from engramctl.daemon.runner import daemon_status
+    from engramctl.daemon.background import daemon_status
 
     out = common.output(json_, quiet)
     st = common.settings()
@@ -112,7 +113,7 @@ def logs(
     path: bool = typer.Option(False, "--path", help="Only print the log file's path."),
 ) -> None:
     """Show the daemon's log."""
-    from engramctl.daemon.runner import log_file
+    from engramctl.daemon.rundir import log_file
 
     out = common.output()
     st = common.settings()

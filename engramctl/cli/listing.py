@@ -53,16 +53,16 @@ class StoreSource:
         self.store.close()
 
     def sessions(self) -> tuple[list[Session], set[str] | None]:
-        return [Session.from_info(s) for s in self.store.list_sessions()], None  # nothing is in memory
+        return [Session.from_info(s) for s in self.store.sessions.list()], None  # nothing is in memory
 
     def snapshots(self, session: str | None) -> list[Snapshot]:
-        return [Snapshot.from_record(r) for r in self.store.list(session)]
+        return [Snapshot.from_record(r) for r in self.store.snapshots.list(session)]
 
     def snapshot(self, ref: str) -> Snapshot:
-        return Snapshot.from_record(self.store.info(self.store.resolve(ref)))
+        return Snapshot.from_record(self.store.snapshots.info(self.store.resolve(ref)))
 
     def snapshot_transcript(self, sid: str) -> list[dict]:
-        return self.store.snapshot_transcript(sid)
+        return self.store.transcripts.of_snapshot(sid)
 
     def tiers(self) -> dict:
         """The store's plan, with the N-gram tables written under the data dir's ngram/ claimed on it
@@ -75,7 +75,7 @@ class StoreSource:
         if not tables:
             return self.store.tiers.plan_json()
         claims = [(str(path.relative_to(root)), meta.spec.size_bytes) for path, meta in tables]
-        return plan_json(claim_tables(self.store.tiers.plan, claims), self.store.tiers.usage())
+        return plan_json(claim_tables(self.store.tiers.plan, claims), self.store.retention.usage())
 
 
 class Listing:

@@ -18,8 +18,9 @@ import logging
 from typing import Any
 
 from engramctl import __version__
-from engramctl.agent.tools import TOOLS, UnknownTool, get_tool, validate_arguments
-from engramctl.errors import EngramError
+from engramctl.agent.arguments import validate_arguments
+from engramctl.agent.tools import TOOLS, get_tool
+from engramctl.errors import EngramError, UnknownTool
 
 log = logging.getLogger("engramctl.mcp")
 

@@ -142,7 +142,7 @@ _OPENAPI_DESCRIPTION = """engramctl's daemon: OpenAI-compatible chat and complet
 routes, sessions, agent tools. Every route but GET /health needs `Authorization: Bearer <token>` (the Ollama
 routes /api/* too, unless the ollama_no_token setting lets loopback clients use them without it). Every
 failure answers a non-2xx status with the ErrorBody JSON. Not in this document (OpenAPI cannot describe it):
-the WebSocket `/v1/agent/ws`, whose messages are documented in engramctl/daemon/routes_agent.py."""
+the WebSocket `/v1/agent/ws`, whose messages are documented in engramctl/daemon/agent_socket.py."""
 
 
 def _openapi(app: FastAPI) -> dict:

@@ -2,7 +2,7 @@
 
     result = await Dispatcher(daemon).call("checkpoint", {"session": "s", "label": "before"})
 
-Arguments are validated first (tools.validate_arguments): bad ones raise ToolArgumentError and nothing
+Arguments are validated first (agent/arguments.py validate_arguments): bad ones raise ToolArgumentError and nothing
 is touched. Tools that change state (checkpoint, branch, restore, delete_checkpoint, chat) run as jobs
 on the daemon's single worker thread, in turn with generation: a checkpoint taken while a reply is
 being generated captures the state after that reply, and the conversation service's in-memory "hot"
@@ -28,12 +28,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engramctl.agent.tools import Tool, ToolArgumentError, get_tool, validate_arguments
+from engramctl.agent.arguments import validate_arguments
+from engramctl.agent.tools import Tool, get_tool
 from engramctl.daemon.scheduler import TurnRequest
 from engramctl.daemon.service import ChatRequest
 from engramctl.daemon.streaming import job_result, turn_info, usage_json
 from engramctl.engine.sampling_params import SamplingParams
-from engramctl.errors import NotFound, UsageError
+from engramctl.errors import NotFound, ToolArgumentError, UsageError
 from engramctl.protocol import Snapshot
 from engramctl.store.names import is_id_prefix, is_snapshot_id
 
@@ -93,8 +94,8 @@ class Dispatcher:
     # -- lookups ---------------------------------------------------------------------------------------
     def _pool(self, session: str) -> tuple[dict[str, Any], set[str]]:
         """The snapshots a session may go back to: those it owns and those its head descends from."""
-        owned = self.store.list(session)
-        history = self.store.history(session)
+        owned = self.store.snapshots.list(session)
+        history = self.store.sessions.history(session)
         pool = {r.id: r for r in owned}
         pool.update((r.id, r) for r in history)
         return pool, {r.id for r in history}
@@ -107,7 +108,7 @@ class Dispatcher:
             if not rec.parent:
                 return False
             try:
-                rec = self.store.info(rec.parent)
+                rec = self.store.snapshots.info(rec.parent)
             except NotFound:
                 return False
         return False
@@ -128,13 +129,13 @@ class Dispatcher:
         if is_snapshot_id(ref):
             if ref in pool:
                 return pool[ref]
-            rec = self.store.info(ref)  # NotFound when it does not exist at all
+            rec = self.store.snapshots.info(ref)  # NotFound when it does not exist at all
             if self._related(rec, pool):
                 return rec
             raise unrelated(rec)
         labelled = [r for r in pool.values() if r.label == ref]
         if not labelled:
-            labelled = [r for r in self.store.list() if r.label == ref and self._related(r, pool)]
+            labelled = [r for r in self.store.snapshots.list() if r.label == ref and self._related(r, pool)]
         if labelled:
             return max(labelled, key=lambda r: r.id)  # ids sort by creation time
         if is_id_prefix(ref):
@@ -146,7 +147,7 @@ class Dispatcher:
             if matches:
                 return matches[0]
             try:
-                rec = self.store.info(self.store.resolve(ref))
+                rec = self.store.snapshots.info(self.store.resolve(ref))
             except NotFound:
                 rec = None
             except UsageError as e:
@@ -161,22 +162,22 @@ class Dispatcher:
         )
 
     def _branch_source(self, source: str, checkpoint: str | None) -> tuple[str, str | None]:
-        """(what store.branch takes: a snapshot id or a session name, the source session)."""
+        """(what store.sessions.branch takes: a snapshot id or a session name, the source session)."""
         if checkpoint is not None:
-            if not self.store.has_session(source):
+            if not self.store.sessions.has(source):
                 raise NotFound(f"no session named {source!r} (with `checkpoint`, the source is a session).")
             return self._in_history(source, checkpoint).id, source
         if is_snapshot_id(source):
-            return source, self.store.info(source).session
-        if self.store.has_session(source):
+            return source, self.store.snapshots.info(source).session
+        if self.store.sessions.has(source):
             return source, source
         if is_id_prefix(source):
             try:
                 sid = self.store.resolve(source)
-                return sid, self.store.info(sid).session
+                return sid, self.store.snapshots.info(sid).session
             except NotFound:
                 pass
-        labelled = [r for r in self.store.list() if r.label == source]
+        labelled = [r for r in self.store.snapshots.list() if r.label == source]
         sessions = {r.session for r in labelled}
         if len(sessions) > 1:
             raise ToolArgumentError(
@@ -196,12 +197,12 @@ class Dispatcher:
     # -- tools (mutating ones run on the worker thread) -------------------------------------------------
     def _checkpoint(self, args: dict, job) -> dict:
         sid = self.service.save(args["session"], args.get("label"), True)
-        return {**_fields(self.store.info(sid), _CHECKPOINT_FIELDS), "session": args["session"]}
+        return {**_fields(self.store.snapshots.info(sid), _CHECKPOINT_FIELDS), "session": args["session"]}
 
     def _branch(self, args: dict, job) -> dict:
         ref, source_session = self._branch_source(args["source"], args.get("checkpoint"))
-        info = self.store.branch(ref, args["new_session"])
-        rec = self.store.info(info.head) if info.head else None
+        info = self.store.sessions.branch(ref, args["new_session"])
+        rec = self.store.snapshots.info(info.head) if info.head else None
         return {
             "session": info.name,
             "source_session": source_session,
@@ -212,7 +213,7 @@ class Dispatcher:
 
     def _restore(self, args: dict, job) -> dict:
         session = args["session"]
-        before = self.store.get_session(session)
+        before = self.store.sessions.get(session)
         rec = self._in_history(session, args["checkpoint"])
         # The service moves the head (rewinding the transcript) and loads the state into the model as
         # the session's hot state, so the next turn continues from exactly this point.
@@ -230,7 +231,7 @@ class Dispatcher:
 
     def _list_checkpoints(self, args: dict, job) -> dict:
         session = args["session"]
-        info = self.store.get_session(session)
+        info = self.store.sessions.get(session)
         pool, history = self._pool(session)
         turns = bool(args.get("include_turns"))
         items = [self._item(r, info.head, history) for _, r in sorted(pool.items()) if turns or is_checkpoint(r)]
@@ -245,13 +246,13 @@ class Dispatcher:
             raise
         except UsageError as e:  # an ambiguous prefix
             raise ToolArgumentError(f"id: {e.message}", "id", e.hint) from None
-        rec = self.store.info(sid)
+        rec = self.store.snapshots.info(sid)
         if rec.pinned:
-            self.store.unpin(sid)
+            self.store.snapshots.unpin(sid)
         if rec.label is not None:
-            self.store.label(sid, None)
+            self.store.snapshots.label(sid, None)
         try:
-            self.store.delete(sid)
+            self.store.snapshots.delete(sid)
             deleted, reason = True, None
         except SnapshotInUse as e:
             deleted, reason = False, e.message
@@ -262,8 +263,8 @@ class Dispatcher:
 
     def _session_info(self, args: dict, job) -> dict:
         session = args["session"]
-        info = self.store.get_session(session)
-        head = self.store.info(info.head) if info.head else None
+        info = self.store.sessions.get(session)
+        head = self.store.snapshots.info(info.head) if info.head else None
         pool, _ = self._pool(session)
         hot = self.service.hot
         return {

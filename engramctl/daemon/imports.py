@@ -62,17 +62,17 @@ def import_file(
     except SnapshotMismatch as e:
         raise SnapshotMismatch(f"cannot import: {e.message}", hint=e.hint) from None
     try:
-        store.create_session(name)
+        store.sessions.create(name)
     except AlreadyExists:
         raise AlreadyExists(
             f"session {name!r} already exists.", hint="import it under another name: --session NEW"
         ) from None
     try:
-        rec = store.commit(name, payload, messages=messages or None, label=label)
+        rec = store.snapshots.commit(name, payload, messages=messages or None, label=label)
     except BaseException:
         store.delete_session(name)
         raise
-    return store.wait_durable(rec.id, timeout=DURABLE_WAIT_S), len(messages)
+    return store.snapshots.wait_durable(rec.id, timeout=DURABLE_WAIT_S), len(messages)
 
 
 def _check_transcript(messages: list[dict]) -> None:

@@ -58,7 +58,7 @@ async def sessions(request: Request):
     return {
         "sessions": [
             {**Session.from_info(s).to_json(), "hot": hot is not None and hot.session == s.name}
-            for s in d.store.list_sessions()
+            for s in d.store.sessions.list()
         ]
     }
 
@@ -66,8 +66,8 @@ async def sessions(request: Request):
 @router.get("/v1/sessions/{name}")
 async def session(name: SessionName, request: Request):
     d = daemon_of(request)
-    info = d.store.get_session(validate_session_name(name))
-    return {**Session.from_info(info).to_json(), "messages": d.store.transcript(name)}
+    info = d.store.sessions.get(validate_session_name(name))
+    return {**Session.from_info(info).to_json(), "messages": d.store.transcripts.of_session(name)}
 
 
 @router.delete("/v1/sessions/{name}")

@@ -145,9 +145,11 @@ class Constraint:
         self._allowed = ok[:n_logits]
         return self._allowed
 
-    def mask(self, logits: np.ndarray) -> np.ndarray:
-        """logits (vocab,) float32 with every token the grammar forbids at -inf (a new array)."""
-        return np.where(self.allowed(logits.size), logits, np.float32(-np.inf)).astype(np.float32, copy=False)
+    def mask(self, logits) -> np.ndarray:
+        """logits (vocab,) (numpy, or a torch tensor) as a new float32 array with every token the grammar
+        forbids at -inf."""
+        values = logits if isinstance(logits, np.ndarray) else logits.detach().float().cpu().numpy()
+        return np.where(self.allowed(values.size), values, np.float32(-np.inf)).astype(np.float32, copy=False)
 
     def choose(self, token: int) -> int:
         """`token` if the last mask allows it, else an allowed one: a sampler that saw only -inf or NaN

@@ -11,7 +11,7 @@ them, kept in the index (schema migration 2). Nothing is copied:
   prompt snapshot in the middle of a turn ends none): the one on the session's current line (its head's
   ancestry) first, else the newest it owns. Turns count from 1: turn 1 is the state after the first
   reply, as the Engram guide saves it; turn 0 exists only when a save names it.
-- branch B of a session: a session of its own (as Store.branch makes: head and branch point shared, not
+- branch B of a session: a session of its own (as Sessions.branch makes: head and branch point shared, not
   copied), named "<session>.<B>" where that is free (names.branch_session_name). Saving B again moves it.
 - a custom snapshot id: a store-wide name for one snapshot. Saving it again moves it.
 - the latest save of a session: what /save_snapshot saved last, which a restore in the Engram API's terms

@@ -16,7 +16,7 @@ plan. The rules, in the order `Retention.gc` applies them:
 Protected, always: pinned snapshots (never evicted by any rule), snapshots being written or read,
 and snapshots another live session depends on (its head or its branch point). Rules 1 and 2 also
 keep labelled snapshots; rule 1 keeps every session's head and branch point.
-Explicit deletes (Store.delete, Store.delete_session) are the user's decision, not retention.
+Explicit deletes (Snapshots.delete, Store.delete_session) are the user's decision, not retention.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ Parts (all over one StoreCore, core.py):
   store.names        name_table.py  the Engram API's names: turns, branch names, custom ids, the latest save
   store.retention    retention.py   keep-last-N, TTL, the disk budget, gc; follows the tier plan
   store.tiers        tiers/planner.py  the tier plan the store follows (the daemon holds it: Daemon.tiers)
-The methods below the parts are the store's own (open, close, flush, resolve, delete_session, verify) and
-the short names callers outside the store have always used, each one line onto its part.
+Callers use the parts (`store.sessions.branch(...)`); the store's own methods are open, close, flush,
+pending_writes, resolve, delete_session and verify. A few old one-line names onto the parts remain at the
+end of the class, for callers not yet moved.
 
 Durability: `commit` puts the payload in the hottest memory tier with room and queues the disk
 write; the record says `durable=False` until the file is complete (`flush()` waits, `info()` tells).
@@ -41,13 +42,12 @@ from engramctl.store.index import Index
 from engramctl.store.name_table import NameTable
 from engramctl.store.names import is_snapshot_id, parse_turn_ref
 from engramctl.store.reconcile import reconcile, verify_all
-from engramctl.store.records import GcReport, Payload, SessionInfo, SnapshotRecord
+from engramctl.store.records import Payload, SessionInfo, SnapshotRecord
 from engramctl.store.retention import Retention
 from engramctl.store.sessions import Sessions
 from engramctl.store.snapshots import Snapshots
 from engramctl.store.transcript import Transcripts
 from engramctl.tiers.hardware import Hardware
-from engramctl.tiers.plan import TierPlan
 from engramctl.tiers.planner import TierPlanner
 
 
@@ -127,11 +127,6 @@ class Store:
     def pending_writes(self) -> int:
         return self._core.writer.pending
 
-    @property
-    def budgets(self) -> TierPlan | None:
-        """The tier plan the store keeps within now (store.tiers.plan)."""
-        return self._core.budgets
-
     def resolve(self, ref: str) -> str:
         """A full snapshot id from a full id or a unique prefix (Snapshots.resolve_id), or from a name the
         Engram API gave it (name_table.py): a custom snapshot id (looked up first: a client's own name wins
@@ -161,15 +156,11 @@ class Store:
         """Check every durable snapshot's checksum; quarantine corrupt ones. Returns {id: reason}."""
         return verify_all(self._core)
 
-    def gc(self) -> GcReport:
-        return self.retention.gc()
-
-    # -- the short names: one line each onto a part ----------------------------------------------------
+    # -- old short names, one line each onto a part: kept only for callers not yet moved to the parts
+    # (daemon/service.py, sources.py, recorder.py, bench/workloads/, tests/engine/test_llama_backend.py,
+    # tests/daemon/test_live.py); new code calls the part (store.snapshots.commit, ...). Delete with the last.
     def commit(self, session: str, payload: Payload, parent: str | None = None, **kw: Any) -> SnapshotRecord:
         return self.snapshots.commit(session, payload, parent, **kw)
-
-    def load(self, snapshot_id: str, *, copy: bool = False) -> Payload:
-        return self.snapshots.load(snapshot_id, copy=copy)
 
     def load_from(self, snapshot_id: str, *, copy: bool = False) -> tuple[Payload, str]:
         return self.snapshots.load_from(snapshot_id, copy=copy)
@@ -180,50 +171,20 @@ class Store:
     def info(self, snapshot_id: str) -> SnapshotRecord:
         return self.snapshots.info(snapshot_id)
 
-    def list(self, session: str | None = None) -> list[SnapshotRecord]:
-        return self.snapshots.list(session)
-
-    def token_ids(self, snapshot_id: str) -> list[int] | None:
-        return self.snapshots.token_ids(snapshot_id)
-
-    def promote(self, snapshot_id: str) -> str | None:
-        return self.snapshots.promote(snapshot_id)
-
     def find_prefix(self, token_ids: Sequence[int], fingerprint: str, session: str | None = None):
         return self.snapshots.find_prefix(token_ids, fingerprint, session)
-
-    def delete(self, snapshot_id: str, *, force: bool = False) -> None:
-        self.snapshots.delete(snapshot_id, force=force)
 
     def pin(self, snapshot_id: str) -> SnapshotRecord:
         return self.snapshots.pin(snapshot_id)
 
-    def unpin(self, snapshot_id: str) -> SnapshotRecord:
-        return self.snapshots.unpin(snapshot_id)
-
     def label(self, snapshot_id: str, label: str | None) -> SnapshotRecord:
         return self.snapshots.label(snapshot_id, label)
-
-    def create_session(self, name: str, *, exist_ok: bool = False) -> SessionInfo:
-        return self.sessions.create(name, exist_ok=exist_ok)
 
     def get_session(self, name: str) -> SessionInfo:
         return self.sessions.get(name)
 
     def has_session(self, name: str) -> bool:
         return self.sessions.has(name)
-
-    def list_sessions(self) -> list[SessionInfo]:
-        return self.sessions.list()
-
-    def touch_session(self, name: str) -> None:
-        self.sessions.touch(name)
-
-    def head(self, session: str) -> SnapshotRecord | None:
-        return self.sessions.head(session)
-
-    def history(self, session: str) -> list[SnapshotRecord]:
-        return self.sessions.history(session)
 
     def branch(self, source: str, new_session: str) -> SessionInfo:
         return self.sessions.branch(source, new_session)
@@ -245,6 +206,3 @@ class Store:
 
     def set_transcript(self, session: str, messages: Sequence[dict]) -> int:
         return self.transcripts.replace(session, messages)
-
-    def truncate_transcript(self, session: str, n_messages: int) -> int:
-        return self.transcripts.truncate(session, n_messages)

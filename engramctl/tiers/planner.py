@@ -56,11 +56,8 @@ class TierPlanner:
             self._apply(new)
         return {c.name: c.tier for c in new.tables}
 
-    def usage(self) -> dict[str, tuple[int, int]]:
-        return self._holder.usage()
-
     def plan_json(self) -> dict[str, Any]:
-        return plan_json(self._current(), self.usage())
+        return plan_json(self._current(), self._holder.usage())
 
     def _current(self) -> TierPlan:
         if self.plan is None:

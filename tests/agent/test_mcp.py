@@ -10,7 +10,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from engramctl.agent.tools import TOOLS
-from engramctl.daemon.runner import daemon_status, stop_background
+from engramctl.daemon.background import daemon_status, stop_background
 from engramctl.settings import load_settings
 from tests.daemon.conftest import ROOT, daemon_env
 

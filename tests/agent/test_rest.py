@@ -41,7 +41,8 @@ def ok(client, tool: str, **arguments) -> dict:
     assert r.status_code == 200, (tool, arguments, r.text)
     body = r.json()
     assert body["tool"] == tool
-    from engramctl.agent.tools import TOOLS, check
+    from engramctl.agent.schema_check import check
+    from engramctl.agent.tools import TOOLS
 
     check(TOOLS[tool].returns, body["result"], "")  # every result matches its published schema
     return body["result"]
@@ -105,7 +106,7 @@ def test_every_tool_end_to_end(client, app):
 
     info = ok(client, "session_info", session="s")
     assert info["head"] == h2 and info["hot"] and info["tier"] in ("vram", "ram", "disk")
-    assert info["tokens"] == d.store.info(h2).n_tokens > cp["tokens"] and info["snapshot_bytes"] > 0
+    assert info["tokens"] == d.store.snapshots.info(h2).n_tokens > cp["tokens"] and info["snapshot_bytes"] > 0
     assert info["n_messages"] == 4 and info["n_checkpoints"] == 1 and info["stored_bytes"] >= info["snapshot_bytes"]
 
     listed = ok(client, "list_checkpoints", session="s")
@@ -145,7 +146,7 @@ def test_every_tool_end_to_end(client, app):
     assert client.get("/v1/sessions/s").json()["messages"] == client.get("/v1/sessions/b-cp").json()["messages"]
     assert ok(client, "restore", session="s", checkpoint=h2)["snapshot_id"] == h2
     chat(client, "other", "Unrelated")
-    foreign = d.store.get_session("other").head
+    foreign = d.store.sessions.get("other").head
     for ref in (foreign, foreign[:31]):
         r = call(client, "restore", session="b-cp", checkpoint=ref)
         assert r.status_code == 400 and r.json()["error"]["param"] == "checkpoint", r.text
@@ -154,7 +155,7 @@ def test_every_tool_end_to_end(client, app):
     # delete: a branch point keeps its data, a free checkpoint goes
     kept = ok(client, "delete_checkpoint", id=h1)
     assert kept == {"snapshot_id": h1, "session": "s", "deleted": False, "reason": kept["reason"]} and kept["reason"]
-    assert not d.store.info(h1).pinned and d.store.info(h1).label is None
+    assert not d.store.snapshots.info(h1).pinned and d.store.snapshots.info(h1).label is None
     assert ok(client, "list_checkpoints", session="s")["checkpoints"] == []
     chat(client, "solo", "Hello there")
     free = ok(client, "checkpoint", session="solo", label="second")["snapshot_id"]
@@ -166,7 +167,7 @@ def test_every_tool_end_to_end(client, app):
     # the chat tool (REST and MCP use it)
     c = ok(client, "chat", session="s", message="Hi again", **GREEDY)
     assert c["session"] == "s" and c["finish_reason"] == "length" and c["usage"]["completion_tokens"] == 3
-    assert c["resumed"] and c["tier"] in ("live", "ram") and c["snapshot_id"] == d.store.get_session("s").head
+    assert c["resumed"] and c["tier"] in ("live", "ram") and c["snapshot_id"] == d.store.sessions.get("s").head
 
 
 def test_bad_arguments_change_nothing(client):
@@ -267,7 +268,7 @@ def test_model_tool_calls_run_in_its_session(client, app, monkeypatch):
     assert result["tool_call_id"] == cp_call["id"] and result["ok"]
     sid = result["result"]["snapshot_id"]
     assert sid == out["engram"]["snapshot_id"]  # the state right after the reply that asked for it
-    rec = app.state.daemon.store.info(sid)
+    rec = app.state.daemon.store.snapshots.info(sid)
     assert rec.pinned and rec.label == "mine" and rec.session == "agent"
     (msg,) = out["engram"]["tool_messages"]
     assert msg["role"] == "tool" and msg["tool_call_id"] == cp_call["id"]

@@ -8,16 +8,10 @@ import json
 import pytest
 
 from engramctl.agent import calls
-from engramctl.agent.tools import (
-    STATE_TOOLS,
-    TOOLS,
-    ToolArgumentError,
-    UnknownTool,
-    check,
-    openai_tools,
-    result_schemas,
-    validate_arguments,
-)
+from engramctl.agent.arguments import validate_arguments
+from engramctl.agent.schema_check import check
+from engramctl.agent.tools import STATE_TOOLS, TOOLS, openai_tools, result_schemas
+from engramctl.errors import ToolArgumentError, UnknownTool
 
 # For every tool: arguments that are valid, and bad ones with the field the error must name.
 VALID = {

@@ -12,8 +12,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from engramctl.store.names import session_for_conversation
-from tests.agent.conftest import greedy_reference, start_daemon
+from tests.agent.conftest import greedy_reference
 from tests.backends import both_backends
+from tests.helpers import module_daemon
 
 N = 6  # tokens per greedy reply
 GREEDY = {"temperature": 0, "max_tokens": N}
@@ -21,11 +22,7 @@ GREEDY = {"temperature": 0, "max_tokens": N}
 pytestmark = both_backends
 
 
-@pytest.fixture(scope="module")
-def daemon(served, tmp_path_factory):
-    d = start_daemon(served, tmp_path_factory.mktemp("agent-ws-home"))
-    yield d
-    d.stop()
+daemon = module_daemon("agent-ws-home")
 
 
 class Conn:

@@ -252,13 +252,13 @@ def test_multiturn_stateful_side_records_what_the_daemon_records(engram_home):
         engine = load_engine(str(model_dir), settings.paths.cache_dir, "cpu", "float32", backend="transformers")
         rows = multiturn.run(engine, box, 3, 4)["rows"]
         store, session = box.store, multiturn.SESSION
-        messages = store.transcript(session)
+        messages = store.transcripts.of_session(session)
         assert [m["role"] for m in messages] == ["user", "assistant"] * 3
         ids = [r["stateful"]["_save"]["ids"] for r in rows]
-        assert all(len(pair) == 2 for pair in ids) and store.get_session(session).head == ids[-1][1]
-        assert [store.info(reply).parent for _, reply in ids] == [prompt for prompt, _ in ids]
-        assert [store.info(prompt).parent for prompt, _ in ids[1:]] == [reply for _, reply in ids[:-1]]
-        assert [store.info(reply).n_tokens for _, reply in ids] == [
+        assert all(len(pair) == 2 for pair in ids) and store.sessions.get(session).head == ids[-1][1]
+        assert [store.snapshots.info(reply).parent for _, reply in ids] == [prompt for prompt, _ in ids]
+        assert [store.snapshots.info(prompt).parent for prompt, _ in ids[1:]] == [reply for _, reply in ids[:-1]]
+        assert [store.snapshots.info(reply).n_tokens for _, reply in ids] == [
             r["stateful"]["prompt_tokens"] + r["stateful"]["reply_tokens"] for r in rows
         ]
         later = [r["stateful"] for r in rows[1:]]

@@ -57,14 +57,14 @@ def seed_store(spec: dict[str, int], *, pin: list[tuple[str, int]] = (), label: 
             ids = []
             for i in range(n):
                 msgs = [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
-                rec = store.commit(session, make_payload(8 * (i + 1), seed=i), messages=msgs)
+                rec = store.snapshots.commit(session, make_payload(8 * (i + 1), seed=i), messages=msgs)
                 ids.append(rec.id)
             out.sessions[session] = ids
         store.flush()
         for session, i in pin:
-            store.pin(out.sessions[session][i])
+            store.snapshots.pin(out.sessions[session][i])
         for (session, i), text in (label or {}).items():
-            store.label(out.sessions[session][i], text)
+            store.snapshots.label(out.sessions[session][i], text)
     return out
 
 

@@ -199,16 +199,18 @@ def test_one_line_fence():
 
 
 def test_autostart_prints_the_daemons_notices_once(monkeypatch, engram_home):
-    """The fallback-model line is worded once, by the daemon (runner.load_model -> /v1/status
+    """The fallback-model line is worded once, by the daemon (daemon/model.py load_model -> /v1/status
     notices); the CLI prints what the daemon it started reports."""
     from engramctl.cli import chatlink
-    from engramctl.daemon import runner
+    from engramctl.daemon import background
     from engramctl.settings import load_settings
 
     line = "the default model is not available offline; using the fallback."
-    monkeypatch.setattr(runner, "daemon_status", lambda settings: None)
+    monkeypatch.setattr(background, "daemon_status", lambda settings: None)
     monkeypatch.setattr(
-        runner, "start_background", lambda settings, wait=True: {"ready": True, "model": "fallback", "notices": [line]}
+        background,
+        "start_background",
+        lambda settings, wait=True: {"ready": True, "model": "fallback", "notices": [line]},
     )
     out, o, e = outputs()
     link = chatlink.connect_chat(load_settings({"no_autostart": False}), out, requested_model=None)

@@ -11,7 +11,7 @@ from tests.backends import BACKENDS, both_backends, weight_dtype
 @pytest.fixture
 def daemon(backend, served_model, engram_home, monkeypatch, cli):
     """`engramctl daemon start --backend <backend>` on a tiny model; stopped at the end."""
-    from engramctl.daemon.runner import stop_background
+    from engramctl.daemon.background import stop_background
     from engramctl.settings import load_settings
 
     monkeypatch.setenv("ENGRAM_PORT", "0")

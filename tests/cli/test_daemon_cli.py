@@ -28,7 +28,7 @@ pytestmark = both_backends  # the CLI does not depend on what runs the model: ev
 @pytest.fixture(scope="module")
 def daemon(backend, served_model, tmp_path_factory):
     """`engramctl daemon start --model <tiny model>` in a home of its own; stopped at the end."""
-    from engramctl.daemon.runner import daemon_status, stop_background
+    from engramctl.daemon.background import daemon_status, stop_background
     from engramctl.settings import load_settings
     from tests.cli.conftest import Runner
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from engramctl.cli import snapshots as snapshots_cli
+from engramctl.cli import snapshots_rm
 from tests.cli.conftest import seed_store
 
 
@@ -103,7 +103,7 @@ def test_rm_refuses_without_terminal_and_asks_on_one(cli, seeded, daemon, monkey
     assert "stdin is not a terminal" in refused.stderr and "--yes" in refused.stderr
     assert old in cli("snapshots", "ls", "-q").stdout
 
-    monkeypatch.setattr(snapshots_cli, "stdin_is_tty", lambda: True)
+    monkeypatch.setattr(snapshots_rm, "stdin_is_tty", lambda: True)
     no = cli("snapshots", "rm", old, input="n\n", code=1)
     assert "[y/N]" in no.stderr and "Nothing deleted" in no.stderr
     assert old in cli("snapshots", "ls", "-q").stdout

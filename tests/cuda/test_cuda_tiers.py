@@ -27,16 +27,8 @@ MiB = 2**20
 
 
 @pytest.fixture
-def open_store(monkeypatch):
+def open_store():
     """open_store(**settings flags) -> a Store planned from this machine's real hardware (or `hardware`)."""
-    for var in (
-        "ENGRAM_TIER_VRAM_BYTES",
-        "ENGRAM_TIER_RAM_BYTES",
-        "ENGRAM_TIER_DISK_BYTES",
-        "ENGRAM_KEEP_LAST",
-        "ENGRAM_SESSION_TTL_S",
-    ):
-        monkeypatch.delenv(var, raising=False)
     opened: list[Store] = []
 
     def _open(hardware=None, **flags) -> Store:
@@ -96,39 +88,51 @@ def test_vram_tier_holds_real_cuda_tensors_and_restores_exactly(open_store, zoo)
     assert all(payload_nbytes(p) == size for p in payloads)
 
     s = open_store(tier_ram_bytes=size)  # RAM: room for one
-    assert s.budgets.budget("vram") > 0 and s.budgets.tier("vram").device == "cuda"  # the real default rule
+    assert s.tiers.plan.budget("vram") > 0 and s.tiers.plan.tier("vram").device == "cuda"  # the real default rule
     s._placement.set_budget("vram", size)  # VRAM: room for one
-    a = s.commit("a", payloads[0]).id
+    a = s.snapshots.commit("a", payloads[0]).id
     s.flush()  # until written, a could not be moved out of the way
-    assert s.info(a).tiers == ("vram", "disk") and _devices(s, a) == {"cuda"}
-    b = s.commit("a", payloads[1]).id
+    assert s.snapshots.info(a).tiers == ("vram", "disk") and _devices(s, a) == {"cuda"}
+    b = s.snapshots.commit("a", payloads[1]).id
     s.flush()
-    assert s.info(b).tiers == ("vram", "disk") and s.info(a).tiers == ("ram", "disk")
+    assert s.snapshots.info(b).tiers == ("vram", "disk") and s.snapshots.info(a).tiers == ("ram", "disk")
     assert _devices(s, a) == {"cpu"} and _devices(s, b) == {"cuda"}  # demoted = copied off the GPU
-    c = s.commit("a", payloads[2]).id
+    c = s.snapshots.commit("a", payloads[2]).id
     s.flush()
-    assert s.info(c).tiers == ("vram", "disk") and s.info(b).tiers == ("ram", "disk") and s.info(a).tiers == ("disk",)
+    assert (
+        s.snapshots.info(c).tiers == ("vram", "disk")
+        and s.snapshots.info(b).tiers == ("ram", "disk")
+        and s.snapshots.info(a).tiers == ("disk",)
+    )
 
     # restore a from disk: verified, promoted into VRAM; c goes down to RAM, b out to disk only
-    tensors, meta = s.load(a)
+    tensors, meta = s.snapshots.load(a)
     assert {t.device.type for t in tensors.values()} == {"cuda"} and _equal(tensors, originals[0])
-    assert s.info(a).tiers == ("vram", "disk") and s.info(c).tiers == ("ram", "disk") and s.info(b).tiers == ("disk",)
+    assert (
+        s.snapshots.info(a).tiers == ("vram", "disk")
+        and s.snapshots.info(c).tiers == ("ram", "disk")
+        and s.snapshots.info(b).tiers == ("disk",)
+    )
     # restore c from RAM: promoted, a goes down
-    assert _equal(s.load(c)[0], originals[2]) and _devices(s, c) == {"cuda"} and s.info(a).tiers == ("ram", "disk")
-    assert _equal(s.load(b)[0], originals[1])
+    assert (
+        _equal(s.snapshots.load(c)[0], originals[2])
+        and _devices(s, c) == {"cuda"}
+        and s.snapshots.info(a).tiers == ("ram", "disk")
+    )
+    assert _equal(s.snapshots.load(b)[0], originals[1])
     for sid, original in zip((a, b, c), originals):  # what the writer thread wrote from VRAM/RAM copies
         assert _equal(snapshot_file.read(s._files.path(sid))[0], original)
 
     # the VRAM copy feeds a model on the GPU: inject, continue, compare; the tier's copy stays intact
-    s.load(a)
-    assert s.info(a).tiers[0] == "vram"
-    tensors, meta = s.load(a)
+    s.snapshots.load(a)
+    assert s.snapshots.info(a).tiers[0] == "vram"
+    tensors, meta = s.snapshots.load(a)
     live = backend.inject(from_payload(tensors, meta, backend.spec))
     got = backend.prefill(live, more).cpu()
     backend.decode(live, int(torch.argmax(got)))
     assert torch.equal(got, expected)
     assert _equal(s._placement.get(a, touch=False)[0][0], originals[0])  # inject copied, never aliased
-    found = s.find_prefix(token_ids(N_TOKENS, seed=10) + more, backend.info.fingerprint)
+    found = s.snapshots.find_prefix(token_ids(N_TOKENS, seed=10) + more, backend.info.fingerprint)
     assert found is not None and found[0].id == a and found[1] == N_TOKENS
 
 
@@ -139,15 +143,15 @@ def test_a_store_opened_before_the_gpu_was_seen_gets_its_vram_tier_on_replan(ope
 
     blind = dataclasses.replace(detect_hardware(tmp_path), vram_total_bytes=None, vram_free_bytes=None, gpu=None)
     s = open_store(hardware=blind)
-    assert s.budgets.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
+    assert s.tiers.plan.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
     s.tiers.replan()  # real detection: this process has torch and a GPU
     assert [t.name for t in s._placement.tiers] == ["vram", "ram"] and s._placement.tiers[0].budget > 0
     backend = load_backend(zoo.path("granitemoehybrid"))
     live = backend.new_live()
     backend.prefill(live, token_ids(N_TOKENS, seed=30))
-    sid = s.commit("late", to_payload(backend.capture(live), backend.spec, {"stage": "test"})).id
+    sid = s.snapshots.commit("late", to_payload(backend.capture(live), backend.spec, {"stage": "test"})).id
     s.flush()
-    assert s.info(sid).tiers == ("vram", "disk") and _devices(s, sid) == {"cuda"}
+    assert s.snapshots.info(sid).tiers == ("vram", "disk") and _devices(s, sid) == {"cuda"}
 
 
 def _median_ms(times: list[float]) -> float:
@@ -156,7 +160,7 @@ def _median_ms(times: list[float]) -> float:
 
 def test_restore_time_by_tier_on_a_granite_350m_shaped_model(open_store, tmp_path):
     """Figures, not a benchmark: one run, medians of repeated restores of one snapshot of a random
-    GraniteMoeHybrid shaped like granite-4.0-h-350m after 512 tokens. A restore = store.load +
+    GraniteMoeHybrid shaped like granite-4.0-h-350m after 512 tokens. A restore = store.snapshots.load +
     from_payload (every check a restore makes) + engine inject into a fresh cache on the GPU."""
     from engramctl.bench.preset_dir import preset_dir
     from engramctl.engine.loading import load_engine
@@ -176,14 +180,14 @@ def test_restore_time_by_tier_on_a_granite_350m_shaped_model(open_store, tmp_pat
     payload = to_payload(backend.capture(live), backend.spec, {"stage": "timing"})
     nbytes = payload_nbytes(payload)
     s = open_store(tier_ram_bytes=4 * nbytes)
-    sid = s.commit("t", payload).id
+    sid = s.snapshots.commit("t", payload).id
     s.flush()
     reference = payload[0]["last_logits"].cpu()
 
     def restore() -> tuple[float, torch.Tensor]:
         torch.cuda.synchronize()
         t = time.perf_counter()
-        tensors, meta = s.load(sid)
+        tensors, meta = s.snapshots.load(sid)
         restored = backend.inject(from_payload(tensors, meta, backend.spec))
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - t
@@ -198,12 +202,12 @@ def test_restore_time_by_tier_on_a_granite_350m_shaped_model(open_store, tmp_pat
         if tier == "disk":
             s._placement.set_budget("ram", 0)  # only the (page-cached) file is left
         restore()  # warm-up
-        assert s.info(sid).tiers[0] == tier
+        assert s.snapshots.info(sid).tiers[0] == tier
         runs = [restore() for _ in range(reps)]
         times[tier] = [r[0] for r in runs]
         steps[tier] = runs[-1][1]
     assert torch.equal(steps["vram"], steps["ram"]) and torch.equal(steps["vram"], steps["disk"])
-    assert torch.equal(s.load(sid)[0]["last_logits"].cpu(), reference)
+    assert torch.equal(s.snapshots.load(sid)[0]["last_logits"].cpu(), reference)
     ms = {tier: _median_ms(t) for tier, t in times.items()}
     record(
         "restore_time",

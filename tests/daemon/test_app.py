@@ -385,7 +385,7 @@ def test_import_is_verified_against_the_loaded_model_and_stores_nothing_when_ref
     store = app_client.app.state.daemon.store
     messages = app_client.post("/get_snapshot_transcript", json={"snapshot_id": sid[:24]}).json()["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
-    own = exchange.pack(store.load(sid), messages, "src")
+    own = exchange.pack(store.snapshots.load(sid), messages, "src")
     tensors, meta = make_payload(8, fingerprint="another-model")
     meta.update(backend=engine.spec.backend, state_format=engine.spec.state_format)  # another model, same backend
     alien = exchange.pack((tensors, meta), [{"role": "user", "content": "x"}], "alien")
@@ -409,7 +409,7 @@ def test_import_is_verified_against_the_loaded_model_and_stores_nothing_when_ref
 
 
 def test_load_model_logs_the_fallback_notice_and_keeps_it(zoo, engram_home, monkeypatch, caplog):
-    from engramctl.daemon import runner
+    from engramctl.daemon import model as daemon_model
     from engramctl.engine import models
 
     def fallback(cache_dir, say=None, **_choice):  # device= and backend= pick among defaults
@@ -418,7 +418,7 @@ def test_load_model_logs_the_fallback_notice_and_keeps_it(zoo, engram_home, monk
 
     monkeypatch.setattr(models, "default_model_ref", fallback)
     with caplog.at_level("WARNING", logger="engramctl.daemon"):
-        engine = runner.load_model(load_settings({"device": "cpu", "dtype": "float32"}))
+        engine = daemon_model.load_model(load_settings({"device": "cpu", "dtype": "float32"}))
     assert engine.notices == ["the default model is not available offline; using the fallback."]
     assert "not available offline" in caplog.text
 

@@ -180,7 +180,7 @@ def test_a_store_written_by_the_other_backend_goes_on_from_transcripts(writer, t
         export = c.post("/get_snapshot_transcript", json={"snapshot_id": second["engram"]["snapshot_id"]}).json()
         from engramctl.store import exchange
 
-        packed = exchange.pack(c.daemon.store.load(second["engram"]["snapshot_id"]), export["messages"], "s")
+        packed = exchange.pack(c.daemon.store.snapshots.load(second["engram"]["snapshot_id"]), export["messages"], "s")
 
     with served_app(tiny_engine(reader)) as c:
         # a restore of the other backend's snapshot is refused, naming both, and changes nothing

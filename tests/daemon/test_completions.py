@@ -13,18 +13,14 @@ import openai
 import pytest
 
 from tests.backends import both_backends
-from tests.daemon.conftest import start_daemon
+from tests.helpers import module_daemon
 
 pytestmark = both_backends
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 
 
-@pytest.fixture(scope="module")
-def daemon(backend, served, tmp_path_factory):
-    d = start_daemon(served, tmp_path_factory.mktemp("completions-home"), "--backend", backend)
-    yield d
-    d.stop()
+daemon = module_daemon("completions-home", backend_flag=True)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import pytest
 
 from tests import helpers
 from tests.backends import both_backends
-from tests.daemon.conftest import start_daemon
 
 ROUTES = ("/save_snapshot", "/list_snapshots", "/get_snapshot_info", "/restore_snapshot", "/delete_snapshot")
 THEIR_ITEM = {"conversation_id", "turn_number", "branch_name", "timestamp", "token_count", "model_name"}
@@ -17,11 +16,7 @@ THEIR_ITEM = {"conversation_id", "turn_number", "branch_name", "timestamp", "tok
 pytestmark = both_backends  # the Engram routes sit above the engine: the same on either backend
 
 
-@pytest.fixture(scope="module")
-def daemon(served, tmp_path_factory):
-    d = start_daemon(served, tmp_path_factory.mktemp("engram-home"))
-    yield d
-    d.stop()
+daemon = helpers.module_daemon("engram-home")
 
 
 @pytest.fixture

@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import signal
 
-import pytest
-
 from tests.backends import both_backends
 from tests.daemon.conftest import start_daemon
 from tests.daemon.test_engram_api import chat, generate_from, post, user_turn_ids
+from tests.helpers import module_daemon
 
 pytestmark = both_backends  # the Engram routes sit above the engine: the same on either backend
 
 
-@pytest.fixture(scope="module")
-def daemon(served, tmp_path_factory):
-    d = start_daemon(served, tmp_path_factory.mktemp("engram-scenarios"))
-    yield d
-    d.stop()
+daemon = module_daemon("engram-scenarios")
 
 
 def test_restore_turn_1_then_regenerating_turn_2_gives_the_same_text(daemon):

@@ -96,24 +96,24 @@ def test_enospc_in_the_write_itself_is_abandoned_cleanly(tmpfs):
     store = Store.open(load_settings({}))
     try:
         payload = ({"token_ids": torch.arange(10), "x": torch.ones(300_000)}, {"fingerprint": "f", "model_id": "m"})
-        kept = store.commit("s", payload, messages=[{"role": "user", "content": "kept"}])
+        kept = store.snapshots.commit("s", payload, messages=[{"role": "user", "content": "kept"}])
         store.flush()
         gate = threading.Event()
         store._writer.submit(gate.wait)  # hold the writer: the next commit waits in its queue
-        lost = store.commit("s", payload, messages=[{"role": "user", "content": "lost"}])
+        lost = store.snapshots.commit("s", payload, messages=[{"role": "user", "content": "lost"}])
         filler = fill(home, 200_000)  # less than the 1.2 MB file
         gate.set()
         store.flush()
-        assert [r.id for r in store.list("s")] == [kept.id]  # dropped as a crash would drop it
-        assert store.get_session("s").head == kept.id
-        assert [m["content"] for m in store.transcript("s")] == ["kept", "lost"]  # the transcript stays
+        assert [r.id for r in store.snapshots.list("s")] == [kept.id]  # dropped as a crash would drop it
+        assert store.sessions.get("s").head == kept.id
+        assert [m["content"] for m in store.transcripts.of_session("s")] == ["kept", "lost"]  # the transcript stays
         assert any("No space left" in e and lost.id in e for e in store.write_errors)
         view = harness.read_store(home)
         assert harness.agreement_problems(view) == [] and view.temps == []
         filler.unlink()
-        again = store.commit("s", payload)
+        again = store.snapshots.commit("s", payload)
         store.flush()
-        assert store.info(again.id).durable
+        assert store.snapshots.info(again.id).durable
     finally:
         store.close()
 

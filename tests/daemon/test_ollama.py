@@ -10,7 +10,8 @@ import ollama
 import pytest
 
 from tests.backends import both_backends, served_id
-from tests.daemon.conftest import greedy_reference, start_daemon
+from tests.daemon.conftest import greedy_reference
+from tests.helpers import module_daemon
 
 pytestmark = both_backends
 
@@ -18,11 +19,7 @@ GREEDY = {"temperature": 0, "num_predict": 6, "repeat_penalty": 1.0}  # Ollama's
 TIMINGS = ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
 
 
-@pytest.fixture(scope="module")
-def daemon(backend, served, tmp_path_factory):
-    d = start_daemon(served, tmp_path_factory.mktemp("ollama-home"), "--backend", backend)
-    yield d
-    d.stop()
+daemon = module_daemon("ollama-home", backend_flag=True)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A stock OpenAI client (no `session`) holds a 6-turn conversation; the daemon is SIGKILLed and started
 again; the resent history is restored from disk instead of recomputed, and the greedy reply equals a
-full prefill's. The daemon runs in the background through the runner (start/status/stop)."""
+full prefill's. The daemon runs in the background through daemon/background.py (start/status/stop)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import httpx
 import openai
 import pytest
 
-from engramctl.daemon import runner
+from engramctl.daemon import background
+from engramctl.daemon.rundir import log_file
 from engramctl.settings import load_settings
 from tests.backends import both_backends, weight_dtype
 from tests.daemon.conftest import daemon_env, greedy_reference
@@ -31,7 +32,7 @@ def bg_settings(served, backend, tmp_path, monkeypatch):
     monkeypatch.setenv("ENGRAM_DTYPE", "float32")
     settings = load_settings({"model": str(served), "backend": backend, "port": 0})
     yield settings
-    runner.stop_background(settings)
+    background.stop_background(settings)
 
 
 def _client(settings, status) -> openai.OpenAI:
@@ -41,11 +42,11 @@ def _client(settings, status) -> openai.OpenAI:
 
 
 def test_history_resent_after_sigkill_is_restored_not_recomputed(bg_settings, reference_backend, backend):
-    assert runner.daemon_status(bg_settings) is None
-    st = runner.start_background(bg_settings, wait=True, timeout=90)
+    assert background.daemon_status(bg_settings) is None
+    st = background.start_background(bg_settings, wait=True, timeout=90)
     assert st["ready"] and st["pid"] != os.getpid() and st["port"] > 0 and not st["already_running"]
     assert st["device"] == "cpu" and st["dtype"] == weight_dtype(backend) and st["uptime_s"] >= 0
-    assert runner.start_background(bg_settings)["already_running"]
+    assert background.start_background(bg_settings)["already_running"]
     client = _client(bg_settings, st)
 
     messages = [{"role": "system", "content": "You are a terse assistant."}]
@@ -64,12 +65,12 @@ def test_history_resent_after_sigkill_is_restored_not_recomputed(bg_settings, re
 
     os.kill(st["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while runner.daemon_status(bg_settings) is not None:
-        runner._reap(st["pid"])
+    while background.daemon_status(bg_settings) is not None:
+        background._reap(st["pid"])
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
-    st2 = runner.start_background(bg_settings, wait=True, timeout=90)  # stale pid/state files are ignored
+    st2 = background.start_background(bg_settings, wait=True, timeout=90)  # stale pid/state files are ignored
     assert st2["pid"] != st["pid"] and not st2["already_running"]
     client = _client(bg_settings, st2)
     messages.append({"role": "user", "content": "And finally, a summary?"})
@@ -83,6 +84,6 @@ def test_history_resent_after_sigkill_is_restored_not_recomputed(bg_settings, re
     assert ext["resumed"] and ext["tier"] == "disk" and ext["restored_tokens"] == cached
     assert r.choices[0].message.content == greedy_reference(reference_backend, messages, MAX_TOKENS)
 
-    assert runner.stop_background(bg_settings) is True
-    assert runner.daemon_status(bg_settings) is None and runner.stop_background(bg_settings) is False
-    assert "Traceback" not in runner.log_file(bg_settings).read_text()
+    assert background.stop_background(bg_settings) is True
+    assert background.daemon_status(bg_settings) is None and background.stop_background(bg_settings) is False
+    assert "Traceback" not in log_file(bg_settings).read_text()

@@ -148,7 +148,7 @@ def test_token_compare_is_constant_time(monkeypatch):
     agent = (ROOT / "engramctl/daemon/routes_agent.py").read_text()
     assert agent.count("token_matches(") >= 2 and "compare_digest" not in agent
     files = [*sorted((ROOT / "engramctl/daemon").glob("*.py")), ROOT / "engramctl/cli/mcp_server.py"]
-    files.append(ROOT / "engramctl/client.py")
+    files += sorted((ROOT / "engramctl/client").glob("*.py"))
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):

@@ -9,8 +9,10 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from engramctl.agent.tools import TOOLS, ToolArgumentError, validate_arguments
+from engramctl.agent.arguments import validate_arguments
+from engramctl.agent.tools import TOOLS
 from engramctl.daemon.engram_api import answers
+from engramctl.errors import ToolArgumentError
 from engramctl.protocol import Session, Snapshot
 from engramctl.store.names import MIN_ID_PREFIX
 from tests.helpers import chat, served_app
@@ -95,11 +97,11 @@ def test_the_wire_snapshot_is_the_stores_record(client):
     assert len(listed) >= 2
     for item in listed:
         snap = Snapshot.from_json(item)
-        assert snap == Snapshot.from_record(store.info(snap.id))
-        assert snap.to_dict() == store.info(snap.id).to_json()
+        assert snap == Snapshot.from_record(store.snapshots.info(snap.id))
+        assert snap.to_dict() == store.snapshots.info(snap.id).to_json()
         assert Snapshot.from_json(snap.to_json()) == snap
     session = Session.from_json(client.get("/v1/sessions/fields").json())
-    assert session == Session.from_info(store.get_session("fields"))
+    assert session == Session.from_info(store.sessions.get("fields"))
 
 
 def test_a_turn_on_the_wire_is_protocol_turninfo(client):
@@ -146,13 +148,13 @@ def test_the_shortest_id_prefix_is_one_rule(client):
 
 
 def test_a_session_named_like_an_id_prefix_is_the_session(client):
-    """Store.has_session decides for /branch_snapshot and the agent's branch tool alike."""
+    """Sessions.has decides for /branch_snapshot and the agent's branch tool alike."""
     sid = _turn(client, "prefix-owner")
     name = sid[:8]
     _turn(client, name)
     store = client.daemon.store
-    assert store.has_session(name) and not store.has_session("nobody") and not store.has_session("../x")
-    head = store.get_session(name).head
+    assert store.sessions.has(name) and not store.sessions.has("nobody") and not store.sessions.has("../x")
+    head = store.sessions.get(name).head
     assert client.post("/branch_snapshot", json={"source": name, "new_session": "b1"}).json()["head"] == head
     call = client.post("/v1/agent/call", json={"tool": "branch", "arguments": {"source": name, "new_session": "b2"}})
     assert call.json()["result"]["snapshot_id"] == head and call.json()["result"]["source_session"] == name

@@ -3,6 +3,8 @@
     chat(h, "s", "hi")                        one greedy turn (an httpx.Client or a TestClient): the response
     with served_app(engine, max_queue=2) as c: the daemon's app on a tiny engine, a TestClient with the token
         c.daemon                              its Daemon (store, service, worker)
+    daemon = module_daemon("ollama-home")     a test module's fixture: a real daemon process for the module
+    clear_store_env(monkeypatch)              no ENGRAM_TIER_*/KEEP_LAST/SESSION_TTL_S from the environment
 
 A real daemon over real HTTP: tests.daemon.conftest (a subprocess) and tests.helpers.inprocess (a thread).
 """
@@ -12,7 +14,24 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import pytest
+
 TOKEN = "test-token"
+
+# What a developer's environment may set that would change a store's budgets or retention under a test.
+STORE_ENV = (
+    "ENGRAM_TIER_VRAM_BYTES",
+    "ENGRAM_TIER_RAM_BYTES",
+    "ENGRAM_TIER_DISK_BYTES",
+    "ENGRAM_KEEP_LAST",
+    "ENGRAM_SESSION_TTL_S",
+)
+
+
+def clear_store_env(monkeypatch: Any) -> None:
+    """Unset STORE_ENV for this test, so budgets and retention come from the test's own settings."""
+    for var in STORE_ENV:
+        monkeypatch.delenv(var, raising=False)
 
 
 def chat(h: Any, session: str | None, content: str | list[dict], max_tokens: int = 4, **extra: Any) -> dict:
@@ -47,3 +66,20 @@ def served_app(engine: Any, token: str = TOKEN, **settings: Any) -> Iterator[Any
         yield client
     finally:
         app.state.daemon.close()
+
+
+def module_daemon(home: str, *args: str, backend_flag: bool = False):
+    """A module-scoped `daemon` fixture: a real daemon process (tests.daemon.conftest.start_daemon) serving
+    the module's `served` model from a fresh ENGRAM_HOME named `home`, with `args` as its flags (and
+    `--backend <the module's backend>` with backend_flag), stopped after the module's last test."""
+
+    @pytest.fixture(scope="module")
+    def daemon(backend, served, tmp_path_factory):
+        from tests.daemon.conftest import start_daemon
+
+        flags = (*args, "--backend", backend) if backend_flag else args
+        d = start_daemon(served, tmp_path_factory.mktemp(home), *flags)
+        yield d
+        d.stop()
+
+    return daemon

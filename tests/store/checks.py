@@ -10,20 +10,20 @@ def assert_consistent(store, verify_loads: bool = True) -> None:
     data = store.settings.paths.data_dir
     files = {id_from_filename(p.name): p for p in (data / "snapshots").iterdir()}
     assert None not in files, f"stray files: {sorted(p.name for p in (data / 'snapshots').iterdir())}"
-    rows = {r.id: r for r in store.list()}
+    rows = {r.id: r for r in store.snapshots.list()}
     assert set(files) == set(rows), set(files) ^ set(rows)
     for sid, r in rows.items():
         assert r.durable and files[sid].stat().st_size == r.nbytes
         assert r.parent is None or r.parent in rows
-    for s in store.list_sessions():
+    for s in store.sessions.list():
         assert s.head is None or s.head in rows
         assert s.base is None or s.base in rows
-        assert len(store.transcript(s.name)) == s.n_messages
+        assert len(store.transcripts.of_session(s.name)) == s.n_messages
     for sid in rows:
-        assert len(store.snapshot_transcript(sid)) == rows[sid].n_messages
-    for name, (used, _count) in store.tiers.usage().items():
-        assert used <= store.budgets.budget(name), (name, used, store.budgets.budget(name))
+        assert len(store.transcripts.of_snapshot(sid)) == rows[sid].n_messages
+    for name, (used, _count) in store.retention.usage().items():
+        assert used <= store.tiers.plan.budget(name), (name, used, store.tiers.plan.budget(name))
     if verify_loads:
         for sid in rows:
-            tensors, meta = store.load(sid)
+            tensors, meta = store.snapshots.load(sid)
             assert meta["snapshot_id"] == sid and int(meta["n_tokens"]) == rows[sid].n_tokens

@@ -16,21 +16,6 @@ from engramctl.tiers.hardware import Hardware  # noqa: E402
 MiB = 2**20
 
 
-@pytest.fixture(autouse=True)
-def engram_home(tmp_path, monkeypatch):
-    home = tmp_path / "engram"
-    monkeypatch.setenv("ENGRAM_HOME", str(home))
-    for var in (
-        "ENGRAM_TIER_VRAM_BYTES",
-        "ENGRAM_TIER_RAM_BYTES",
-        "ENGRAM_TIER_DISK_BYTES",
-        "ENGRAM_KEEP_LAST",
-        "ENGRAM_SESSION_TTL_S",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    return home
-
-
 @pytest.fixture
 def make_payload():
     return _make_payload

@@ -23,21 +23,21 @@ def main(seed: int, start: int, saves: int = 50) -> None:
     for i in range(start, start + saves):
         name = f"s{rng.randrange(4)}"
         payload = make_payload(rng.randint(20, 300), i, width=rng.choice([1, 16, 64]))
-        rec = store.commit(name, payload, messages=[{"role": "user", "content": f"turn {i}"}])
+        rec = store.snapshots.commit(name, payload, messages=[{"role": "user", "content": f"turn {i}"}])
         r = rng.random()
         if r < 0.08:
-            store.pin(rec.id)
+            store.snapshots.pin(rec.id)
         elif r < 0.16:
-            store.label(rec.id, f"label {i}")
+            store.snapshots.label(rec.id, f"label {i}")
         elif r < 0.24:
-            store.branch(rec.id, f"b{i}")
+            store.sessions.branch(rec.id, f"b{i}")
         elif r < 0.30:
-            store.gc()
+            store.retention.gc()
         elif r < 0.36:
             store.flush()
-        elif r < 0.40 and store.list(name):
+        elif r < 0.40 and store.snapshots.list(name):
             try:
-                store.load(store.list(name)[0].id)
+                store.snapshots.load(store.snapshots.list(name)[0].id)
             except NotFound:  # the writer thread's keep-last retention retired it between list and load
                 pass
         print(i, flush=True)

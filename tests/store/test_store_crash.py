@@ -74,18 +74,18 @@ def test_sigkill_during_saves_then_reopen(open_store, engram_home):
             assert {flipped.name, truncated.name} <= quarantined
             assert flipped.name[:32] in report.rows_dropped and truncated.name[:32] in report.rows_dropped
         assert_consistent(store)  # every indexed snapshot loads and verifies; nothing dangles
-        assert store.list_sessions() and store.list()
-        for s in store.list_sessions():  # transcripts never lost, even where snapshots were
-            assert store.transcript(s.name)
+        assert store.sessions.list() and store.snapshots.list()
+        for s in store.sessions.list():  # transcripts never lost, even where snapshots were
+            assert store.transcripts.of_session(s.name)
         store.close()
     assert killed >= 2
 
 
 def test_reconcile_repairs_each_kind_of_damage(open_store, make_payload, engram_home):
     s = open_store()
-    a = s.commit("a", make_payload(10, 1)).id
-    b = s.commit("a", make_payload(11, 2)).id
-    c = s.commit("c", make_payload(12, 3)).id
+    a = s.snapshots.commit("a", make_payload(10, 1)).id
+    b = s.snapshots.commit("a", make_payload(11, 2)).id
+    c = s.snapshots.commit("c", make_payload(12, 3)).id
     s.flush()
     s.close()
     snaps = engram_home / "snapshots"
@@ -98,27 +98,27 @@ def test_reconcile_repairs_each_kind_of_damage(open_store, make_payload, engram_
     assert r.temp_files_removed == [f".{a}.safetensors.x1.tmp"]
     assert set(r.quarantined) == {"f" * 32 + ".safetensors", "notes.txt"}
     assert r.rows_dropped == {c: "file missing"}
-    assert s.get_session("c").head is None and s.get_session("a").head == b
+    assert s.sessions.get("c").head is None and s.sessions.get("a").head == b
     assert (engram_home / "quarantine" / "quarantine.jsonl").read_text().count("\n") == 2
     assert_consistent(s)
 
 
 def test_unwritten_row_with_complete_file_is_adopted(open_store, make_payload, engram_home):
     s = open_store()
-    rec = s.commit("a", make_payload(10, 1))
+    rec = s.snapshots.commit("a", make_payload(10, 1))
     s.flush()
     s._index.update_snapshot(rec.id, durable=0, checksum=None)  # as if killed after rename, before the update
     s.close()
     s = open_store()
     assert s.reconcile_report.made_durable == [rec.id]
-    assert s.info(rec.id).durable and s.info(rec.id).checksum
+    assert s.snapshots.info(rec.id).durable and s.snapshots.info(rec.id).checksum
     assert_consistent(s)
 
 
 def test_corrupt_file_found_at_load_is_quarantined(open_store, make_payload, engram_home):
     s = open_store()
-    a = s.commit("a", make_payload(10, 1), messages=[{"role": "user", "content": "hi"}]).id
-    b = s.commit("a", make_payload(10, 2)).id
+    a = s.snapshots.commit("a", make_payload(10, 1), messages=[{"role": "user", "content": "hi"}]).id
+    b = s.snapshots.commit("a", make_payload(10, 2)).id
     s.close()
     path = engram_home / "snapshots" / f"{b}.safetensors"
     data = bytearray(path.read_bytes())
@@ -126,7 +126,7 @@ def test_corrupt_file_found_at_load_is_quarantined(open_store, make_payload, eng
     path.write_bytes(bytes(data))
     s = open_store()  # size unchanged: not caught without verify
     with pytest.raises(SnapshotCorrupt, match="checksum"):
-        s.load(b)
-    assert s.get_session("a").head == a and s.transcript("a")
+        s.snapshots.load(b)
+    assert s.sessions.get("a").head == a and s.transcripts.of_session("a")
     assert (engram_home / "quarantine" / path.name).exists()
     assert_consistent(s)

@@ -19,22 +19,22 @@ A = {"role": "assistant", "content": "a"}
 
 def _turn(store, make_payload, session: str, n: int, seed: int):
     """A chat turn as the daemon records it: the prompt snapshot, then the reply snapshot."""
-    prompt = store.commit(session, make_payload(n, seed), messages=[U])
-    reply = store.commit(session, make_payload(n + 2, seed + 1), messages=[A])
+    prompt = store.snapshots.commit(session, make_payload(n, seed), messages=[U])
+    reply = store.snapshots.commit(session, make_payload(n + 2, seed + 1), messages=[A])
     return prompt, reply
 
 
 def test_turns_count_user_turns_and_skip_prompt_snapshots(store, make_payload):
-    store.commit("c", make_payload(3, 0), messages=[{"role": "system", "content": "s"}])
+    store.snapshots.commit("c", make_payload(3, 0), messages=[{"role": "system", "content": "s"}])
     _, r1 = _turn(store, make_payload, "c", 5, 1)
     _, r2 = _turn(store, make_payload, "c", 9, 3)
     assert store.names.turns("c") == {1: r1.id, 2: r2.id}
     # back to turn 1 and another turn 2: the current line's turn 2 wins; the old one is still turn 2 of
     # nothing else, and stays reachable by its own id
-    store.set_head("c", r1.id)
+    store.sessions.set_head("c", r1.id)
     _, r2b = _turn(store, make_payload, "c", 9, 5)
     assert store.names.turns("c") == {1: r1.id, 2: r2b.id}
-    store.set_head("c", r1.id)  # rewound again: turn 2 is the newest the conversation owns
+    store.sessions.set_head("c", r1.id)  # rewound again: turn 2 is the newest the conversation owns
     assert store.names.turns("c") == {1: r1.id, 2: r2b.id}
     assert store.resolve("c-t2") == r2b.id and store.resolve("c-t1") == r1.id
     with pytest.raises(NotFound, match="turn=3"):
@@ -48,7 +48,7 @@ def test_saved_turn_names_win_and_move(store, make_payload):
     assert store.names.turns("c") == {0: r1.id, 1: r1.id, 2: r2.id}
     store.names.name_turn("c", 1, r2.id)  # the client's turn 1 is our second one
     assert store.names.find_turn("c", 1) == r2.id and store.resolve("c-t1") == r2.id
-    store.delete(r2.id, force=True)  # the name goes with the snapshot
+    store.snapshots.delete(r2.id, force=True)  # the name goes with the snapshot
     assert store.names.find_turn("c", 1) == r1.id
 
 
@@ -64,7 +64,7 @@ def test_custom_ids_resolve_everywhere_and_go_with_their_snapshot(store, make_pa
     for bad in ("a/b", "x" * 256, r1.id):
         with pytest.raises(InvalidName):
             store.names.name_snapshot(bad, r1.id)
-    store.delete(r1.id, force=True)
+    store.snapshots.delete(r1.id, force=True)
     assert store.names.named("keep-this.1") is None
     with pytest.raises(UsageError):
         store.resolve("keep-this.1")
@@ -76,8 +76,8 @@ def test_branches_are_sessions_sharing_the_snapshot_and_move_when_saved_again(st
     assert info.name == "c.alt" and info.head == info.base == r1.id and info.n_messages == 2
     _, r2 = _turn(store, make_payload, "c", 9, 3)
     assert store.names.save_branch("c", "alt", r2.id).name == "c.alt"
-    assert store.get_session("c.alt").head == r2.id and store.names.branches("c") == {"alt": "c.alt"}
-    store.create_session("c.other")  # a session of that name already exists: the branch gets another name
+    assert store.sessions.get("c.alt").head == r2.id and store.names.branches("c") == {"alt": "c.alt"}
+    store.sessions.create("c.other")  # a session of that name already exists: the branch gets another name
     other = store.names.save_branch("c", "other", r1.id)
     assert other.name == branch_session_name("c", "other", taken=True) != "c.other"
     store.delete_session("c.alt")
@@ -120,7 +120,7 @@ def test_the_latest_save_is_remembered_until_its_snapshot_or_session_goes(store,
     store.names.mark_saved("c", r1.id)
     store.names.mark_saved("c", r2.id)  # a later save replaces it
     assert store.names.last_saved("c") == r2.id
-    store.delete(r2.id, force=True)  # the name goes with the snapshot
+    store.snapshots.delete(r2.id, force=True)  # the name goes with the snapshot
     assert store.names.last_saved("c") is None
     store.names.mark_saved("c", r1.id)
     store.delete_session("c")

@@ -39,31 +39,31 @@ def _fingerprint(root):
 
 
 def test_invalid_names_touch_nothing(store, make_payload):
-    good = store.commit("ok", make_payload(10, 1), messages=[{"role": "user", "content": "x"}])
+    good = store.snapshots.commit("ok", make_payload(10, 1), messages=[{"role": "user", "content": "x"}])
     store.flush()
     store.close()
     root = store.settings.paths.data_dir
     before = _fingerprint(root)
     store = type(store).open(store.settings, clock=store.clock, hardware=store.tiers.plan.hardware)
     name_calls = [
-        lambda n: store.commit(n, make_payload(10, 2)),
-        lambda n: store.create_session(n),
-        lambda n: store.append_messages(n, [{"role": "user", "content": "y"}]),
-        lambda n: store.branch(good.id, n),
-        lambda n: store.branch(n, "fine-name"),
-        lambda n: store.get_session(n),
+        lambda n: store.snapshots.commit(n, make_payload(10, 2)),
+        lambda n: store.sessions.create(n),
+        lambda n: store.transcripts.append(n, [{"role": "user", "content": "y"}]),
+        lambda n: store.sessions.branch(good.id, n),
+        lambda n: store.sessions.branch(n, "fine-name"),
+        lambda n: store.sessions.get(n),
         lambda n: store.delete_session(n),
-        lambda n: store.set_transcript(n, []),
-        lambda n: store.set_head(n, good.id),
-        lambda n: store.list(n if n is not None else ""),  # list(None) means "all sessions"
+        lambda n: store.transcripts.replace(n, []),
+        lambda n: store.sessions.set_head(n, good.id),
+        lambda n: store.snapshots.list(n if n is not None else ""),  # list(None) means "all sessions"
     ]
     id_calls = [
-        lambda i: store.load(i),
-        lambda i: store.delete(i),
-        lambda i: store.info(i),
-        lambda i: store.pin(i),
-        lambda i: store.set_head("ok", i if i is not None else ""),  # None = "no head"
-        lambda i: store.snapshot_transcript(i),
+        lambda i: store.snapshots.load(i),
+        lambda i: store.snapshots.delete(i),
+        lambda i: store.snapshots.info(i),
+        lambda i: store.snapshots.pin(i),
+        lambda i: store.sessions.set_head("ok", i if i is not None else ""),  # None = "no head"
+        lambda i: store.transcripts.of_snapshot(i),
     ]
     for n in BAD_NAMES + ["../../etc/passwd"]:
         for call in name_calls:
@@ -74,9 +74,9 @@ def test_invalid_names_touch_nothing(store, make_payload):
             with pytest.raises(InvalidName):
                 call(i)
     with pytest.raises(InvalidName):
-        store.commit("ok", make_payload(10, 3), label="\n")
+        store.snapshots.commit("ok", make_payload(10, 3), label="\n")
     with pytest.raises(InvalidName):
-        store.commit("ok", make_payload(10, 3), parent="../x")
+        store.snapshots.commit("ok", make_payload(10, 3), parent="../x")
     store.close()
     assert _fingerprint(root) == before
 

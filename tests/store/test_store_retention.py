@@ -7,28 +7,28 @@ from engramctl.store import retention
 
 
 def ids_of(store, session=None):
-    return [r.id for r in store.list(session)]
+    return [r.id for r in store.snapshots.list(session)]
 
 
 def test_keep_last_n_per_session(open_store, make_payload):
     s = open_store(keep_last=3)
-    made = [s.commit("a", make_payload(10, i)).id for i in range(6)]
-    other = [s.commit("b", make_payload(10, 100 + i)).id for i in range(2)]
+    made = [s.snapshots.commit("a", make_payload(10, i)).id for i in range(6)]
+    other = [s.snapshots.commit("b", make_payload(10, 100 + i)).id for i in range(2)]
     s.flush()  # keep-last runs after each durable write
     assert ids_of(s, "a") == made[-3:]
     assert ids_of(s, "b") == other
-    assert s.gc().deleted == {}
+    assert s.retention.gc().deleted == {}
     assert len(list((s.settings.paths.data_dir / "snapshots").iterdir())) == 5
 
 
 def test_pinned_labelled_and_head_survive_keep_last(open_store, make_payload):
     s = open_store(keep_last=1)
-    pinned = s.commit("a", make_payload(10, 1), pinned=True).id
-    labelled = s.commit("a", make_payload(10, 2), label="good state").id
-    plain = s.commit("a", make_payload(10, 3)).id
+    pinned = s.snapshots.commit("a", make_payload(10, 1), pinned=True).id
+    labelled = s.snapshots.commit("a", make_payload(10, 2), label="good state").id
+    plain = s.snapshots.commit("a", make_payload(10, 3)).id
     s.flush()
-    restored = s.set_head("a", plain).head  # head is protected regardless of age
-    newer = [s.commit("b", make_payload(10, i)).id for i in range(3)]
+    restored = s.sessions.set_head("a", plain).head  # head is protected regardless of age
+    newer = [s.snapshots.commit("b", make_payload(10, i)).id for i in range(3)]
     s.flush()
     assert set(ids_of(s, "a")) == {pinned, labelled, plain} and restored == plain
     assert ids_of(s, "b") == newer[-1:]
@@ -36,19 +36,22 @@ def test_pinned_labelled_and_head_survive_keep_last(open_store, make_payload):
 
 def test_ttl_drops_idle_sessions_snapshots_with_clock(open_store, make_payload, clock):
     s = open_store(ttl=3600)
-    keep = s.commit("old", make_payload(10, 9), pinned=True).id
-    old = [s.commit("old", make_payload(10, i), messages=[{"role": "user", "content": str(i)}]).id for i in range(2)]
-    shared = s.commit("src", make_payload(10, 5)).id
-    s.branch(shared, "fresh")
+    keep = s.snapshots.commit("old", make_payload(10, 9), pinned=True).id
+    old = [
+        s.snapshots.commit("old", make_payload(10, i), messages=[{"role": "user", "content": str(i)}]).id
+        for i in range(2)
+    ]
+    shared = s.snapshots.commit("src", make_payload(10, 5)).id
+    s.sessions.branch(shared, "fresh")
     s.flush()
     clock.advance(1800)
-    s.touch_session("fresh")
-    assert s.gc().deleted == {}
+    s.sessions.touch("fresh")
+    assert s.retention.gc().deleted == {}
     clock.advance(1801)  # "old" and "src" are idle now, "fresh" is not
-    report = s.gc()
+    report = s.retention.gc()
     assert set(report.deleted) == set(old) and set(report.deleted.values()) == {"ttl"}
     assert set(ids_of(s)) == {keep, shared}  # pinned, and needed by a live branch
-    sess = s.get_session("old")
+    sess = s.sessions.get("old")
     assert sess.head == keep and sess.n_messages == 2  # falls back; transcript kept
 
 
@@ -57,22 +60,22 @@ def test_disk_budget_evicts_least_recently_used_unpinned_first(open_store, make_
 
     size = len(snapshot_file.encode(*make_payload(10, 0)))  # ~ file size (metadata adds a little)
     s = open_store(disk=int(size * 4.5), keep_last=100)  # room for 4 files
-    p = s.commit("a", make_payload(10, 0), pinned=True).id
-    c1 = s.commit("a", make_payload(10, 1)).id
+    p = s.snapshots.commit("a", make_payload(10, 0), pinned=True).id
+    c1 = s.snapshots.commit("a", make_payload(10, 1)).id
     clock.advance(1)
-    c2 = s.commit("a", make_payload(10, 2)).id
+    c2 = s.snapshots.commit("a", make_payload(10, 2)).id
     clock.advance(1)
-    c3 = s.commit("a", make_payload(10, 3)).id
+    c3 = s.snapshots.commit("a", make_payload(10, 3)).id
     s.flush()
     clock.advance(1)
-    s.load(c1)  # c1 is now the most recently used
+    s.snapshots.load(c1)  # c1 is now the most recently used
     clock.advance(1)
-    c4 = s.commit("a", make_payload(10, 4)).id
-    c5 = s.commit("a", make_payload(10, 5)).id
+    c4 = s.snapshots.commit("a", make_payload(10, 4)).id
+    c5 = s.snapshots.commit("a", make_payload(10, 5)).id
     s.flush()
     assert ids_of(s) == [p, c1, c4, c5]  # c2 (least recently used), then c3 went; pinned stayed
     assert not set(map(str, (c2, c3))) & {f.name[:32] for f in (s.settings.paths.data_dir / "snapshots").iterdir()}
-    assert s.tiers.usage()["disk"][0] <= s.budgets.budget("disk")
+    assert s.retention.usage()["disk"][0] <= s.tiers.plan.budget("disk")
 
 
 def test_disk_victims_order_and_all_or_nothing(make_payload):
@@ -107,24 +110,24 @@ def test_disk_victims_order_and_all_or_nothing(make_payload):
 
 def test_gc_shrinks_to_new_disk_budget(open_store, make_payload):
     s = open_store(keep_last=100)
-    ids = [s.commit("a", make_payload(10, i)).id for i in range(6)]
+    ids = [s.snapshots.commit("a", make_payload(10, i)).id for i in range(6)]
     s.flush()
     hw = s.tiers.plan.hardware
     s.tiers.settings = s.settings.__class__(
-        **{**s.settings.__dict__, "tier_disk_bytes": s.tiers.usage()["disk"][0] // 2}
+        **{**s.settings.__dict__, "tier_disk_bytes": s.retention.usage()["disk"][0] // 2}
     )
     s.tiers.replan(hardware=hw)
-    used, _ = s.tiers.usage()["disk"]
-    assert used <= s.budgets.budget("disk")
+    used, _ = s.retention.usage()["disk"]
+    assert used <= s.tiers.plan.budget("disk")
     remaining = ids_of(s)
     assert remaining[-1] == ids[-1] and remaining == ids[-len(remaining) :]  # oldest went first
 
 
 def test_lowered_disk_budget_applies_at_open(open_store, make_payload):
     s = open_store(keep_last=100)
-    ids = [s.commit("a", make_payload(10, i)).id for i in range(5)]
+    ids = [s.snapshots.commit("a", make_payload(10, i)).id for i in range(5)]
     s.close()
     used = sum(p.stat().st_size for p in (s.settings.paths.data_dir / "snapshots").iterdir())
     s = open_store(keep_last=100, disk=used // 2)
-    assert s.tiers.usage()["disk"][0] <= used // 2
+    assert s.retention.usage()["disk"][0] <= used // 2
     assert ids_of(s)[-1] == ids[-1]  # the head stays

@@ -10,7 +10,7 @@ from payloads import same_payload
 
 def test_concurrent_commits_and_reads(open_store, make_payload):
     s = open_store(ram=200_000, keep_last=100)
-    s.create_session("shared")
+    s.sessions.create("shared")
     expected: dict[str, tuple] = {}
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -20,7 +20,7 @@ def test_concurrent_commits_and_reads(open_store, make_payload):
         try:
             for i in range(15):
                 p = make_payload(10 + i, tag * 100 + i)
-                rec = s.commit("shared", p, messages=[{"role": "user", "content": f"{tag}-{i}"}])
+                rec = s.snapshots.commit("shared", p, messages=[{"role": "user", "content": f"{tag}-{i}"}])
                 with lock:
                     expected[rec.id] = p
         except BaseException as e:  # pragma: no cover - reported below
@@ -32,8 +32,8 @@ def test_concurrent_commits_and_reads(open_store, make_payload):
                 with lock:
                     items = list(expected.items())
                 for sid, p in items[-5:]:
-                    assert same_payload(s.load(sid), p)  # whole, whichever tier or queue it is in
-                s.list("shared")
+                    assert same_payload(s.snapshots.load(sid), p)  # whole, whichever tier or queue it is in
+                s.snapshots.list("shared")
                 s.tiers.plan_json()
         except BaseException as e:  # pragma: no cover
             errors.append(e)
@@ -49,10 +49,10 @@ def test_concurrent_commits_and_reads(open_store, make_payload):
         t.join()
     assert not errors, errors
     s.flush()
-    recs = s.list("shared")
+    recs = s.snapshots.list("shared")
     assert len(recs) == 45
     # commits serialized: one linear chain, each parent the head before it, transcript one per commit
     assert [r.parent for r in recs] == [None] + [r.id for r in recs[:-1]]
     assert [r.n_messages for r in recs] == list(range(1, 46))
-    assert s.get_session("shared").head == recs[-1].id
+    assert s.sessions.get("shared").head == recs[-1].id
     assert_consistent(s)

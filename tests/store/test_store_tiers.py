@@ -28,8 +28,8 @@ def instrument_budgets(store, violations: list[str]) -> None:
                 on_disk += 0 if p.name.startswith(".") else p.stat().st_size
             except FileNotFoundError:  # deleted by the API thread meanwhile
                 pass
-        if on_disk + len(buf) > store.budgets.budget("disk"):
-            violations.append(f"disk {on_disk} + {len(buf)} > {store.budgets.budget('disk')}")
+        if on_disk + len(buf) > store.tiers.plan.budget("disk"):
+            violations.append(f"disk {on_disk} + {len(buf)} > {store.tiers.plan.budget('disk')}")
         write(sid, buf)
 
     placement._place, files.write = checked_place, checked_write
@@ -50,31 +50,31 @@ def test_budgets_hold_under_churn_with_tiny_budgets(open_store, make_payload, cl
         if op < 0.6 or not committed:
             n = rng.randint(5, 40)
             committed.append(
-                s.commit(name, make_payload(n, step), messages=[{"role": "user", "content": str(step)}]).id
+                s.snapshots.commit(name, make_payload(n, step), messages=[{"role": "user", "content": str(step)}]).id
             )
         elif op < 0.8:
             sid = rng.choice(committed)
             try:
-                s.load(sid)
+                s.snapshots.load(sid)
             except Exception as e:  # evicted by retention meanwhile
                 assert type(e).__name__ == "NotFound"
         elif op < 0.87:
-            live = [r.id for r in s.list()]
+            live = [r.id for r in s.snapshots.list()]
             if live:
-                s.branch(rng.choice(live), f"b{step}")
+                s.sessions.branch(rng.choice(live), f"b{step}")
         elif op < 0.93:
-            s.gc()
+            s.retention.gc()
         else:
-            victim = rng.choice(sessions + [x.name for x in s.list_sessions()])
-            if any(x.name == victim for x in s.list_sessions()):
+            victim = rng.choice(sessions + [x.name for x in s.sessions.list()])
+            if any(x.name == victim for x in s.sessions.list()):
                 s.delete_session(victim)
         if step % 25 == 0:
             s.flush()
     s.flush()
-    s.gc()
+    s.retention.gc()
     assert not violations, violations[:5]
     assert_consistent(s)
-    assert s.tiers.usage()["ram"][0] <= s.budgets.budget("ram")
+    assert s.retention.usage()["ram"][0] <= s.tiers.plan.budget("ram")
     assert not s.write_errors
 
 
@@ -82,17 +82,17 @@ def test_ram_lru_order_and_promotion_on_restore(open_store, make_payload):
     p = [make_payload(20, i) for i in range(4)]
     size = nbytes(p[0])
     s = open_store(ram=size * 3)
-    ids = [s.commit("a", x).id for x in p[:3]]
+    ids = [s.snapshots.commit("a", x).id for x in p[:3]]
     s.flush()
     assert s._placement.lru("ram") == ids
-    s.load(ids[0])  # most recently used now
+    s.snapshots.load(ids[0])  # most recently used now
     assert s._placement.lru("ram") == [ids[1], ids[2], ids[0]]
-    d = s.commit("a", p[3]).id  # evicts the LRU one: ids[1]
+    d = s.snapshots.commit("a", p[3]).id  # evicts the LRU one: ids[1]
     s.flush()
     assert s._placement.lru("ram") == [ids[2], ids[0], d]
-    assert s.info(ids[1]).tiers == ("disk",)
-    assert same_payload(s.load(ids[1]), p[1])  # restore from disk promotes into RAM, evicting ids[2]
-    assert s.info(ids[1]).tiers == ("ram", "disk") and s.info(ids[2]).tiers == ("disk",)
+    assert s.snapshots.info(ids[1]).tiers == ("disk",)
+    assert same_payload(s.snapshots.load(ids[1]), p[1])  # restore from disk promotes into RAM, evicting ids[2]
+    assert s.snapshots.info(ids[1]).tiers == ("ram", "disk") and s.snapshots.info(ids[2]).tiers == ("disk",)
 
 
 def test_snapshot_being_written_is_never_evicted(open_store, make_payload):
@@ -101,14 +101,18 @@ def test_snapshot_being_written_is_never_evicted(open_store, make_payload):
     gate_open = __import__("threading").Event()
     write = s._files.write
     s._files.write = lambda sid, buf: (gate_open.wait(10), write(sid, buf))
-    a = s.commit("a", make_payload(20, 1)).id
-    b = s.commit("b", make_payload(20, 2)).id
-    c = s.commit("c", make_payload(20, 3)).id  # RAM is full of unwritten snapshots: c skips RAM
-    assert s.info(a).tiers == ("ram",) and s.info(b).tiers == ("ram",) and s.info(c).tiers == ()
-    assert same_payload(s.load(c), make_payload(20, 3))  # still readable from the write queue
+    a = s.snapshots.commit("a", make_payload(20, 1)).id
+    b = s.snapshots.commit("b", make_payload(20, 2)).id
+    c = s.snapshots.commit("c", make_payload(20, 3)).id  # RAM is full of unwritten snapshots: c skips RAM
+    assert (
+        s.snapshots.info(a).tiers == ("ram",)
+        and s.snapshots.info(b).tiers == ("ram",)
+        and s.snapshots.info(c).tiers == ()
+    )
+    assert same_payload(s.snapshots.load(c), make_payload(20, 3))  # still readable from the write queue
     gate_open.set()
     s.flush()
-    assert all(s.info(x).durable for x in (a, b, c))
+    assert all(s.snapshots.info(x).durable for x in (a, b, c))
 
 
 def test_vram_tier_with_a_stand_in_device(open_store, make_payload, monkeypatch, hardware_like):
@@ -122,15 +126,15 @@ def test_vram_tier_with_a_stand_in_device(open_store, make_payload, monkeypatch,
     size = nbytes(p[0])
     hw = hardware_like(vram_total_bytes=8 * 2**30, vram_free_bytes=6 * 2**30, gpu="Stand-in GPU")
     s = open_store(ram=size * 2, hardware=hw)
-    assert s.budgets.budget("vram") > 0  # default vram rule from the stand-in figures
+    assert s.tiers.plan.budget("vram") > 0  # default vram rule from the stand-in figures
     s._placement.set_budget("vram", size)  # room for one
-    a = s.commit("a", p[0]).id
+    a = s.snapshots.commit("a", p[0]).id
     s.flush()  # until written, a could not be moved out of the way
-    b = s.commit("a", p[1]).id
+    b = s.snapshots.commit("a", p[1]).id
     s.flush()
-    assert s.info(b).tiers == ("vram", "disk") and s.info(a).tiers == ("ram", "disk")
-    s.load(a)  # restore promotes to the hottest tier; b goes down to RAM
-    assert s.info(a).tiers[0] == "vram" and s.info(b).tiers[0] == "ram"
+    assert s.snapshots.info(b).tiers == ("vram", "disk") and s.snapshots.info(a).tiers == ("ram", "disk")
+    s.snapshots.load(a)  # restore promotes to the hottest tier; b goes down to RAM
+    assert s.snapshots.info(a).tiers[0] == "vram" and s.snapshots.info(b).tiers[0] == "ram"
     assert "cuda" in moves and "cpu" in moves
     j = s.tiers.plan_json()
     assert j["hardware"]["gpu"] == "Stand-in GPU" and j["tiers"][0]["snapshots"] == 1
@@ -143,16 +147,16 @@ def test_replan_adds_the_vram_tier_when_cuda_shows_up_after_open(open_store, mak
 
     monkeypatch.setattr(core, "payload_to", lambda payload, device: payload)
     s = open_store()  # stand-in hardware without a GPU
-    assert s.budgets.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
+    assert s.tiers.plan.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
     hw = hardware_like(vram_total_bytes=8 * 2**30, vram_free_bytes=6 * 2**30, gpu="Stand-in GPU")
     s.tiers.replan(hardware=hw)
     assert [t.name for t in s._placement.tiers] == ["vram", "ram"]
-    assert s._placement.tiers[0].budget == s.budgets.budget("vram") > 0
-    sid = s.commit("a", make_payload(20, 0)).id
+    assert s._placement.tiers[0].budget == s.tiers.plan.budget("vram") > 0
+    sid = s.snapshots.commit("a", make_payload(20, 0)).id
     s.flush()
-    assert s.info(sid).tiers == ("vram", "disk")
+    assert s.snapshots.info(sid).tiers == ("vram", "disk")
     s.tiers.replan(hardware=hw)  # idempotent: still one VRAM tier
-    assert [t.name for t in s._placement.tiers] == ["vram", "ram"] and s.info(sid).tiers == ("vram", "disk")
+    assert [t.name for t in s._placement.tiers] == ["vram", "ram"] and s.snapshots.info(sid).tiers == ("vram", "disk")
 
 
 def test_the_planner_places_tables_and_the_store_keeps_within_what_is_left(open_store, make_payload):
@@ -163,12 +167,12 @@ def test_the_planner_places_tables_and_the_store_keeps_within_what_is_left(open_
     placed = s.tiers.claim_tables([("layer-1", 6 * mib), ("layer-2", 6 * mib)])
     assert placed == {"layer-1": "ram", "layer-2": "disk"}  # the second no longer fits in RAM
     ram = next(t for t in s._placement.tiers if t.name == "ram")
-    assert s.budgets.budget("ram") == ram.budget == 4 * mib and s.budgets.budget("disk") == 250 * mib
+    assert s.tiers.plan.budget("ram") == ram.budget == 4 * mib and s.tiers.plan.budget("disk") == 250 * mib
     s.tiers.replan(hardware=s.tiers.plan.hardware)
-    assert s.budgets.tier("ram").table_bytes == 6 * mib and ram.budget == 4 * mib
+    assert s.tiers.plan.tier("ram").table_bytes == 6 * mib and ram.budget == 4 * mib
     assert s.tiers.plan_json()["tables"] == [
         {"name": "layer-1", "size_bytes": 6 * mib, "tier": "ram"},
         {"name": "layer-2", "size_bytes": 6 * mib, "tier": "disk"},
     ]
-    recs = [s.commit("a", make_payload(40, i, width=200)) for i in range(4)]  # ~1.4 MiB each
-    assert sum(r.nbytes for r in recs) > 4 * mib >= s.tiers.usage()["ram"][0] > 0
+    recs = [s.snapshots.commit("a", make_payload(40, i, width=200)) for i in range(4)]  # ~1.4 MiB each
+    assert sum(r.nbytes for r in recs) > 4 * mib >= s.retention.usage()["ram"][0] > 0

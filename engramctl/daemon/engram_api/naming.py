@@ -47,7 +47,7 @@ def save(
 def restore_point(store: Store, session: str) -> str | None:
     """What a restore of a conversation without a selector goes back to in their terms: what it saved last
     (their server restores what a save persisted), None when it saved nothing (then: its head)."""
-    return store.names.last_saved(session) if store.has_session(session) else None
+    return store.names.last_saved(session) if store.sessions.has(session) else None
 
 
 def not_found(body: Any, turn: int | None = None, branch: str | None = None) -> NotFound:
@@ -58,7 +58,7 @@ def not_found(body: Any, turn: int | None = None, branch: str | None = None) -> 
 def turn_snapshot(store: Store, body: Any) -> str:
     """The snapshot turn `body.turn_number` of the request's conversation names."""
     name = body.session_name
-    sid = store.names.find_turn(name, body.turn_number) if store.has_session(name) else None
+    sid = store.names.find_turn(name, body.turn_number) if store.sessions.has(name) else None
     if sid is None:
         raise not_found(body, turn=body.turn_number)
     return sid
@@ -67,14 +67,14 @@ def turn_snapshot(store: Store, body: Any) -> str:
 def branch_session(store: Store, body: Any) -> str:
     """The session that is branch `body.branch_name` of the request's conversation."""
     name = body.session_name
-    branch = store.names.branch_session(name, body.branch_name) if store.has_session(name) else None
+    branch = store.names.branch_session(name, body.branch_name) if store.sessions.has(name) else None
     if branch is None:
         raise not_found(body, turn=body.turn_number, branch=body.branch_name)
     return branch
 
 
 def head(store: Store, name: str, body: Any) -> str:
-    info = store.get_session(name)
+    info = store.sessions.get(name)
     if info.head is None:
         if body.branch_name is not None:
             raise not_found(body, branch=body.branch_name)
@@ -83,7 +83,7 @@ def head(store: Store, name: str, body: Any) -> str:
 
 
 def snapshot(store: Store, sid: str) -> Snapshot:
-    return Snapshot.from_record(store.info(sid))
+    return Snapshot.from_record(store.snapshots.info(sid))
 
 
 def names_of(store: Store, snaps: list[Snapshot]) -> tuple[dict[str, int], dict[str, str]]:
@@ -111,9 +111,9 @@ def meta(
     """A snapshot's metadata in the Engram server's terms: its turn within session `scope` (default: its
     own session), which names it "<label>-t<turn>" (label: the conversation_id the client gave, else the
     session), unless a save gave it a custom id. `conversation` is the conversation_id to report."""
-    rec = store.info(sid)
+    rec = store.snapshots.info(sid)
     scope = scope or rec.session
-    turns = store.names.turns(scope) if store.has_session(scope) else {}
+    turns = store.names.turns(scope) if store.sessions.has(scope) else {}
     turn = next((n for n, s in turns.items() if s == sid), None)
     name = store.names.custom_ids([sid]).get(sid)
     if name is None and turn is not None:

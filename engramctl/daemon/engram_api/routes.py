@@ -63,7 +63,7 @@ async def save_snapshot(body: SaveSnapshotRequest, request: Request):
 
     job = d.worker.submit(run, name="save_snapshot")
     sid, branch = await job_result(job, request)
-    await run_in_threadpool(d.store.wait_durable, sid, SAVE_DURABLE_S)  # saved means on disk (their contract)
+    await run_in_threadpool(d.store.snapshots.wait_durable, sid, SAVE_DURABLE_S)  # saved means on disk (their contract)
     snap = naming.snapshot(d.store, sid)
     if not body.engram:
         return answers.snapshot(snap)
@@ -137,13 +137,13 @@ def _list(request: Request, body: ListSnapshotsRequest) -> dict:
     d = daemon_of(request)
     name = body.session_name
     if not body.engram:
-        snaps = [Snapshot.from_record(r) for r in d.store.list(name)]
+        snaps = [Snapshot.from_record(r) for r in d.store.snapshots.list(name)]
         turns, names = naming.names_of(d.store, snaps)
         return answers.snapshots(
             [answers.item(s, answers.Meta(s.session, turns.get(s.id), None, names.get(s.id))) for s in snaps]
         )
     conversation = body.conversation
-    if not d.store.has_session(name):
+    if not d.store.sessions.has(name):
         return answers.snapshots([])
     turns = d.store.names.turns(name)
     custom = d.store.names.custom_ids(turns.values())
@@ -155,7 +155,7 @@ def _list(request: Request, body: ListSnapshotsRequest) -> dict:
         for n, sid in turns.items()
     ]
     for branch, branch_session in d.store.names.branches(name).items():
-        head = d.store.get_session(branch_session).head
+        head = d.store.sessions.get(branch_session).head
         if head is not None:
             meta = naming.meta(d.store, head, conversation, scope=branch_session, branch=branch)
             items.append(answers.item(naming.snapshot(d.store, head), meta))
@@ -181,7 +181,7 @@ async def get_snapshot_info(body: SnapshotInfoRequest, request: Request):
         meta = naming.meta(d.store, sid, body.conversation, scope=scope, branch=body.branch_name)
     else:
         meta = naming.meta(d.store, sid, body.conversation, scope=body.session_name, label=body.conversation)
-    metadata = {**meta.of(snap), "fill_ids": await run_in_threadpool(d.store.token_ids, sid)}
+    metadata = {**meta.of(snap), "fill_ids": await run_in_threadpool(d.store.snapshots.token_ids, sid)}
     return answers.snapshot(snap, meta, metadata=metadata)
 
 
@@ -204,13 +204,13 @@ async def delete_snapshot(body: DeleteSnapshotRequest, request: Request):
         )
     if body.snapshot_id is not None:
         sid = d.store.resolve(body.snapshot_id)
-        d.store.delete(sid, force=bool(body.force))
+        d.store.snapshots.delete(sid, force=bool(body.force))
         ours = is_id_prefix(body.snapshot_id.strip().lower()) and not body.given("conversation_id", *ENGRAM_FIELDS)
         if ours:
             return answers.ok(snapshot_id=sid)
         return answers.ok(snapshot_id=sid, message="Snapshot deleted successfully")
     sid = naming.turn_snapshot(d.store, body)
-    d.store.delete(sid, force=True if body.force is None else body.force)
+    d.store.snapshots.delete(sid, force=True if body.force is None else body.force)
     return answers.ok(
         snapshot_id=sid,
         message="Snapshot deleted successfully",
@@ -228,16 +228,18 @@ async def branch_snapshot(body: BranchSnapshotRequest, request: Request):
         body.source is not None
         and is_id_prefix(body.source)
         and not is_snapshot_id(body.source)
-        and not d.store.has_session(body.source)
+        and not d.store.sessions.has(body.source)
     ):
         source = d.store.resolve(body.source)  # an id prefix (a session by that name would win)
     elif (
-        body.source is not None and not d.store.has_session(body.source) and d.store.names.is_snapshot_name(body.source)
+        body.source is not None
+        and not d.store.sessions.has(body.source)
+        and d.store.names.is_snapshot_name(body.source)
     ):
         source = d.store.resolve(body.source)  # a name the Engram routes gave a snapshot (custom id, <conv>-t<N>)
     else:
         source = body.source_ref
-    info = d.store.branch(source, body.new_session)
+    info = d.store.sessions.branch(source, body.new_session)
     return answers.session(Session.from_info(info), source=source)
 
 
@@ -247,29 +249,31 @@ async def pin_snapshot(body: PinSnapshotRequest, request: Request):
     d = daemon_of(request)
     sid = d.store.resolve(body.snapshot_id)
     if body.label is not None:
-        d.store.label(sid, body.label)
-    return answers.snapshot(Snapshot.from_record(d.store.pin(sid)))
+        d.store.snapshots.label(sid, body.label)
+    return answers.snapshot(Snapshot.from_record(d.store.snapshots.pin(sid)))
 
 
 @router.post("/unpin_snapshot")
 async def unpin_snapshot(body: SnapshotRef, request: Request):
     d = daemon_of(request)
-    return answers.snapshot(Snapshot.from_record(d.store.unpin(d.store.resolve(body.snapshot_id))))
+    return answers.snapshot(Snapshot.from_record(d.store.snapshots.unpin(d.store.resolve(body.snapshot_id))))
 
 
 @router.post("/label_snapshot")
 async def label_snapshot(body: LabelSnapshotRequest, request: Request):
     """Set (or with null, clear) a snapshot's label."""
     d = daemon_of(request)
-    return answers.snapshot(Snapshot.from_record(d.store.label(d.store.resolve(body.snapshot_id), body.label)))
+    return answers.snapshot(
+        Snapshot.from_record(d.store.snapshots.label(d.store.resolve(body.snapshot_id), body.label))
+    )
 
 
 @router.post("/get_snapshot_transcript")
 async def get_snapshot_transcript(body: SnapshotRef, request: Request):
     """The transcript exactly as it was when the snapshot was taken (whatever its session did since)."""
     d = daemon_of(request)
-    rec = d.store.info(d.store.resolve(body.snapshot_id))
-    messages = d.store.snapshot_transcript(rec.id)
+    rec = d.store.snapshots.info(d.store.resolve(body.snapshot_id))
+    messages = d.store.transcripts.of_snapshot(rec.id)
     return answers.ok(
         snapshot_id=rec.id,
         session=rec.session,
@@ -283,7 +287,7 @@ async def get_snapshot_transcript(body: SnapshotRef, request: Request):
 async def gc_snapshots(request: Request):
     """Apply retention now (keep-last-N, TTL, disk budget; pins and session heads are never deleted).
     Returns {deleted: {snapshot_id: reason}, freed_bytes, messages_removed}."""
-    report = await run_in_threadpool(daemon_of(request).store.gc)
+    report = await run_in_threadpool(daemon_of(request).store.retention.gc)
     return answers.ok(**report.to_json())
 
 
