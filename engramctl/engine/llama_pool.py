@@ -243,7 +243,10 @@ class SequencePool:
     def _park(self, live: Live) -> None:
         parked = live.cache
         kept = self._kept.get(parked.kept)
-        parked.blob = kept.blob if kept is not None else self.get_blob(parked.seq)
+        if kept is not None:
+            parked.blob = kept.blob
+        else:  # a Live that has consumed nothing has nothing to keep
+            parked.blob = self.get_blob(parked.seq) if live.token_ids else None
         self._clear(parked.seq)
 
     def release(self, live: Live) -> None:
