@@ -174,6 +174,9 @@ class Scheduler:
                 self._drop(r, Cancelled("the request was cancelled during the prompt prefill."))
                 continue
             work.append((r, r.turn.work()))
+        # Generating turns' tokens first: the backend cuts a step into decodes of chunk_tokens in this order,
+        # so a long prompt delays the others' next token by one chunk at most.
+        work.sort(key=lambda item: len(item[1]) > 1)
         return work
 
     def postprocess(self, work: list[tuple[TurnRequest, list[int]]]) -> None:

@@ -336,6 +336,7 @@ class LlamaCppBackend:
         with self._lock:
             resident = self._pool.holds(live)
             blob = self._pool.get_blob(live.cache.seq) if resident else live.cache.blob
+            blob = llama_state.in_position_order(blob, self.layout, n)  # cells a batch left out of order
             layers = llama_state.parse(blob, self.layout, n)  # views of `blob`, never modified again
             state = SessionState(
                 layers=tuple(layers),

@@ -144,6 +144,52 @@ def renumber(blob: bytearray, has_kv: bool) -> bytearray:
     return blob
 
 
+def in_position_order(blob: bytearray, layout: BlobLayout, n_tokens: int) -> bytearray:
+    """`blob` with its KV cells (and every layer's K and V rows with them) sorted by position: a new blob
+    when they were not in order, else `blob` itself. A sequence that shared the context with others holds
+    its cells wherever they were free (a released sequence's cells are reused), and llama.cpp writes them
+    in cell order; sorted, the blob is the one a fresh process holding the same state writes, so a state
+    captured mid-batch has the bytes of the same state captured alone. Anything unexpected is left as it
+    is, for parse() to refuse."""
+    if not layout.has_kv or len(blob) < 16 + n_tokens * _CELL.itemsize:
+        return blob
+    n_stream, n_cells = struct.unpack_from("<II", blob, 8)
+    if n_stream != 1 or n_cells != n_tokens:
+        return blob
+    cells = np.frombuffer(blob, dtype=_CELL, count=n_tokens, offset=16)
+    order = np.argsort(cells["pos"], kind="stable")
+    if np.array_equal(order, np.arange(n_tokens)):
+        return blob
+    out = bytearray(blob)
+    view = np.frombuffer(out, dtype=np.uint8)
+    at = 16
+    view[at : at + cells.nbytes] = np.frombuffer(cells[order].tobytes(), dtype=np.uint8)
+    at += cells.nbytes
+    v_trans, n_layers = struct.unpack_from("<II", blob, at)
+    at += 8
+    src = np.frombuffer(blob, dtype=np.uint8)
+    for _ in range(n_layers):  # keys: (tokens, row bytes)
+        (row,) = struct.unpack_from("<Q", blob, at + 4)
+        at += 12
+        size = n_tokens * row
+        view[at : at + size] = src[at : at + size].reshape(n_tokens, row)[order].reshape(-1)
+        at += size
+    for _ in range(n_layers):  # values: (tokens, row bytes), or transposed (elements, tokens, element bytes)
+        if not v_trans:
+            (row,) = struct.unpack_from("<Q", blob, at + 4)
+            at += 12
+            size = n_tokens * row
+            view[at : at + size] = src[at : at + size].reshape(n_tokens, row)[order].reshape(-1)
+        else:
+            elem_bytes, elems = struct.unpack_from("<II", blob, at + 4)
+            at += 12
+            size = elems * n_tokens * elem_bytes
+            part = src[at : at + size].reshape(elems, n_tokens, elem_bytes)[:, order]
+            view[at : at + size] = part.reshape(-1)
+        at += size
+    return out
+
+
 def parse(blob: bytearray, layout: BlobLayout, n_tokens: int) -> list[LayerState]:
     r = _Reader(blob)
     r.expect("<I", MAGIC, "magic")

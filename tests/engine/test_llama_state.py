@@ -72,3 +72,27 @@ def test_a_wrong_token_count_is_refused(blobs):
     backend, blob = blobs["mamba2"]  # a recurrent cell records the last position: N - 1
     with pytest.raises(StateFormatError, match="recurrent cell position"):
         llama_state.parse(blob, backend.layout, N + 1)
+
+
+@pytest.mark.parametrize("family", LLAMA_FAMILIES)
+def test_cells_a_batch_left_out_of_order_are_sorted_back_to_the_blob_of_the_same_state_alone(blobs, family):
+    """A sequence that shared the context holds its cells wherever they were free; llama.cpp writes them in
+    cell order. Sorted by position (with their K and V rows), the blob is the in-order one, byte for byte."""
+    backend, blob = blobs[family]
+    layout = backend.layout
+    if not layout.has_kv:
+        pytest.skip("no KV cells")
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(5))
+    shuffled_layers = []
+    for layer in llama_state.parse(blob, layout, N):
+        att = layer.attention if isinstance(layer, HybridState) else layer
+        if isinstance(att, AttentionState):
+            att = AttentionState(keys=att.keys[:, perm].contiguous(), values=att.values[:, perm].contiguous())
+            layer = HybridState(layer.recurrent, att) if isinstance(layer, HybridState) else att
+        shuffled_layers.append(layer)
+    shuffled = llama_state.serialize(shuffled_layers, layout, N)
+    cells = llama_state.np.frombuffer(shuffled, dtype=llama_state._CELL, count=N, offset=16)
+    cells["pos"] = perm.numpy()  # cell i holds position perm[i], with that position's rows
+    assert bytes(shuffled) != bytes(blob)
+    assert bytes(llama_state.in_position_order(shuffled, layout, N)) == bytes(blob)
+    assert llama_state.in_position_order(blob, layout, N) is blob  # in order already: no copy
