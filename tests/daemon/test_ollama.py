@@ -137,7 +137,10 @@ def test_options_are_honoured(client):
 
 def test_refusals_name_the_field(client):
     for call, field in (
-        (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}], format="yaml"), "format"),
+        (
+            lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}], format={"not": {}}),
+            "format: the JSON Schema uses not",
+        ),
         (
             lambda: client.generate(model="default", prompt="x", format={"type": "array", "uniqueItems": True}),
             "format: the JSON Schema uses uniqueItems",
