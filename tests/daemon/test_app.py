@@ -47,6 +47,13 @@ def app_client(engine, engram_home):
         yield client
 
 
+@pytest.fixture
+def serial_client(engine, engram_home):
+    """One turn at a time (serial_turns): one hot state, whatever the backend batches."""
+    with served_app(engine, TOKEN, max_queue=2, serial_turns=True) as client:
+        yield client
+
+
 def _chat(client, **body):
     return client.post(
         "/v1/chat/completions", json={"model": "default", "messages": USER, "max_tokens": 3, "temperature": 0, **body}
@@ -424,9 +431,11 @@ def test_load_model_logs_the_fallback_notice_and_keeps_it(zoo, engram_home, monk
 
 
 @both_backends
-def test_dropped_states_are_released_once_and_the_hot_one_never(app_client, engine, monkeypatch):
+def test_dropped_states_are_released_once_and_the_hot_one_never(serial_client, engine, monkeypatch):
     """A llama.cpp backend frees a state's memory on release: every Live the daemon stops needing is
-    released (replaced as hot, reset, refused turn), once, and never the one it keeps hot."""
+    released (replaced as hot, reset, refused turn), once, and never the one it keeps hot. With one hot
+    state (serial_turns) the replaced one goes at once; test_scheduler covers several kept hot."""
+    app_client = serial_client
     daemon = app_client.app.state.daemon
     released: list = []
     real = engine.backend.release
