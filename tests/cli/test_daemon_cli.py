@@ -34,7 +34,9 @@ def daemon(backend, served_model, tmp_path_factory):
 
     home = tmp_path_factory.mktemp("daemon-home")
     model = served_model(backend)
-    env = {"ENGRAM_HOME": str(home), "ENGRAM_PORT": "0", "ENGRAM_NO_AUTOSTART": "1"}
+    # one turn at a time, one state kept hot: what the stats tests read back (tests/daemon/test_scheduler.py
+    # covers turns served together)
+    env = {"ENGRAM_HOME": str(home), "ENGRAM_PORT": "0", "ENGRAM_NO_AUTOSTART": "1", "ENGRAM_SERIAL_TURNS": "1"}
     mp = pytest.MonkeyPatch()
     for k, v in env.items():
         mp.setenv(k, v)

@@ -35,7 +35,9 @@ LONG_PROMPT = "word " * 400  # ~1,200 tokens: several prefill chunks on either b
 
 @pytest.fixture
 def client(backend, tiny_engine, engram_home):
-    with served_app(tiny_engine(backend)) as c:
+    # One turn at a time, one state kept hot: these tests follow a state from hot to a tier and back
+    # (tests/daemon/test_scheduler.py covers several conversations kept hot and batched).
+    with served_app(tiny_engine(backend), serial_turns=True) as c:
         yield c
 
 

@@ -23,7 +23,11 @@ pytestmark = both_backends  # nothing here depends on the backend: every test ru
 
 @pytest.fixture(scope="module")
 def daemon(backend, served, tmp_path_factory):
-    d = start_daemon(served, tmp_path_factory.mktemp("live-home"), "--max-queue", "1", "--backend", backend)
+    # one turn at a time: a second request queues (the 429 test), one state is kept hot (the reset tests);
+    # tests/daemon/test_scheduler.py covers turns served together
+    d = start_daemon(
+        served, tmp_path_factory.mktemp("live-home"), "--max-queue", "1", "--backend", backend, "--serial-turns"
+    )
     yield d
     d.stop()
 
