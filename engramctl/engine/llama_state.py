@@ -157,9 +157,9 @@ def in_position_order(blob: bytearray, layout: BlobLayout, n_tokens: int) -> byt
     if n_stream != 1 or n_cells != n_tokens:
         return blob
     cells = np.frombuffer(blob, dtype=_CELL, count=n_tokens, offset=16)
-    order = np.argsort(cells["pos"], kind="stable")
-    if np.array_equal(order, np.arange(n_tokens)):
+    if (np.diff(cells["pos"]) > 0).all():  # every capture passes here: one O(n) look, no sort, when in order
         return blob
+    order = np.argsort(cells["pos"], kind="stable")
     out = bytearray(blob)
     view = np.frombuffer(out, dtype=np.uint8)
     at = 16
@@ -168,24 +168,18 @@ def in_position_order(blob: bytearray, layout: BlobLayout, n_tokens: int) -> byt
     v_trans, n_layers = struct.unpack_from("<II", blob, at)
     at += 8
     src = np.frombuffer(blob, dtype=np.uint8)
-    for _ in range(n_layers):  # keys: (tokens, row bytes)
-        (row,) = struct.unpack_from("<Q", blob, at + 4)
-        at += 12
-        size = n_tokens * row
-        view[at : at + size] = src[at : at + size].reshape(n_tokens, row)[order].reshape(-1)
-        at += size
-    for _ in range(n_layers):  # values: (tokens, row bytes), or transposed (elements, tokens, element bytes)
-        if not v_trans:
-            (row,) = struct.unpack_from("<Q", blob, at + 4)
-            at += 12
-            size = n_tokens * row
-            view[at : at + size] = src[at : at + size].reshape(n_tokens, row)[order].reshape(-1)
-        else:
+    # each layer's keys, then each layer's values: i32 type | u64 row bytes | (tokens, row bytes), or for
+    # transposed values i32 type | u32 element bytes | u32 elements | (elements, tokens, element bytes)
+    for transposed in [False] * n_layers + [bool(v_trans)] * n_layers:
+        if transposed:
             elem_bytes, elems = struct.unpack_from("<II", blob, at + 4)
-            at += 12
-            size = elems * n_tokens * elem_bytes
-            part = src[at : at + size].reshape(elems, n_tokens, elem_bytes)[:, order]
-            view[at : at + size] = part.reshape(-1)
+            shape = (elems, n_tokens, elem_bytes)
+        else:
+            (row,) = struct.unpack_from("<Q", blob, at + 4)
+            shape = (1, n_tokens, row)
+        at += 12
+        size = shape[0] * shape[1] * shape[2]
+        view[at : at + size] = src[at : at + size].reshape(shape)[:, order].reshape(-1)
         at += size
     return out
 
