@@ -72,7 +72,7 @@ class Recorder:
             if r.before_commit is not None:
                 r.before_commit()
             if r.replace_transcript is not None:
-                self.store.set_transcript(r.session, r.replace_transcript)
+                self.store.transcripts.replace(r.session, r.replace_transcript)
             if prompt.state is not None:
                 prompt_id = self.commit(r.session, prompt.state, "prompt", head, unrecorded).id
                 head, unrecorded = prompt_id, []
@@ -98,7 +98,7 @@ class Recorder:
                 error = _reason(e)
         log.error("session %s: could not snapshot the turn (%s); the transcript keeps it", r.session, error)
         try:
-            self.store.append_messages(r.session, unrecorded)
+            self.store.transcripts.append(r.session, unrecorded)
         except Exception as e2:  # noqa: BLE001
             log.error("session %s: could not record the transcript either: %s", r.session, e2)
             error = f"{error}; the transcript could not be recorded either ({_reason(e2)})"
@@ -113,7 +113,7 @@ class Recorder:
         messages: list[dict] | None = None,
     ) -> SnapshotRecord:
         payload = to_payload(state, self.engine.spec, {"stage": stage})
-        return self.store.commit(session, payload, parent=parent, messages=messages)
+        return self.store.snapshots.commit(session, payload, parent=parent, messages=messages)
 
 
 def _reason(e: BaseException) -> str:

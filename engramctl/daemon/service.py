@@ -281,16 +281,16 @@ class ConversationService:
         self.states.release_retired()
         if snapshot_ref is not None:
             sid = self.store.resolve(snapshot_ref)
-            target = session or self.store.info(sid).session
-            if session is not None and not self.store.has_session(target):
-                before: Callable[[], Any] | None = lambda: self.store.branch(sid, target)  # noqa: E731
+            target = session or self.store.snapshots.info(sid).session
+            if session is not None and not self.store.sessions.has(target):
+                before: Callable[[], Any] | None = lambda: self.store.sessions.branch(sid, target)  # noqa: E731
             else:
-                before = lambda: self.store.set_head(target, sid)  # noqa: E731
-            transcript, head = self.store.snapshot_transcript(sid), sid
+                before = lambda: self.store.sessions.set_head(target, sid)  # noqa: E731
+            transcript, head = self.store.transcripts.of_snapshot(sid), sid
         elif session is not None:
             target, before = session, None
-            head = self.store.get_session(session).head
-            transcript = self.store.transcript(session)
+            head = self.store.sessions.get(session).head
+            transcript = self.store.transcripts.of_session(session)
         else:
             raise UsageError("give a snapshot id, or a session to restore its head.")
         if continuation is not None:
@@ -324,9 +324,9 @@ class ConversationService:
         self.states.release_retired()
         if label is not None:
             validate_label(label)
-        head = self.store.get_session(session).head
+        head = self.store.sessions.get(session).head
         if head is None:
-            transcript = [plain(m) for m in self.store.transcript(session)]
+            transcript = [plain(m) for m in self.store.transcripts.of_session(session)]
             if not transcript:
                 raise UsageError(f"session {session!r} has no conversation to snapshot yet.")
             live = self.states.from_transcript(transcript)
@@ -337,17 +337,17 @@ class ConversationService:
                 raise
             self.states.keep(session, head, live)
         if label is not None:
-            self.store.label(head, label)
+            self.store.snapshots.label(head, label)
         if pin:
-            self.store.pin(head)
+            self.store.snapshots.pin(head)
         return head
 
     # -- sessions ------------------------------------------------------------------------------------
     def reset(self, session: str) -> tuple[str | None, SessionInfo]:
         """Start the session over (no state, empty transcript) and drop its hot state; its snapshots
         are kept, each with the transcript it was taken at. Returns (previous head, SessionInfo)."""
-        previous = self.store.get_session(session).head
-        info = self.store.reset_session(session)
+        previous = self.store.sessions.get(session).head
+        info = self.store.sessions.reset(session)
         self.invalidate(session)
         self.states.release_retired()
         return previous, info
@@ -358,8 +358,8 @@ class ConversationService:
 
     def _transcript_and_head(self, name: str) -> tuple[list[dict], str | None]:
         try:
-            head = self.store.get_session(name).head
-            return self.store.transcript(name), head
+            head = self.store.sessions.get(name).head
+            return self.store.transcripts.of_session(name), head
         except NotFound:
             return [], None
 

@@ -146,7 +146,7 @@ class StateCache:
     def load(self, snapshot_id: str) -> tuple[Live, Origin]:
         """The snapshot, injected into a new Live; SnapshotError / NotFound when it cannot be used."""
         t0 = time.perf_counter()
-        (tensors, meta), came_from = self.store.load_from(snapshot_id)
+        (tensors, meta), came_from = self.store.snapshots.load_from(snapshot_id)
         # every way into the store checked the values (a capture's to_payload, an import's from_payload);
         # only a file read now gets a second look
         state = from_payload(tensors, meta, self.engine.spec, check_values=came_from == "disk")
@@ -180,7 +180,7 @@ class StateCache:
             if not follow_head:
                 break
             try:
-                fallback = self.store.get_session(session).head
+                fallback = self.store.sessions.get(session).head
             except NotFound:
                 fallback = None
             head = None if fallback == head else fallback
@@ -201,7 +201,7 @@ class StateCache:
             n = len(best.live.token_ids)
             return best.live, Origin("live", n, 0.0, best.head), best.session
         for _ in range(_TRIES):
-            hit = self.store.find_prefix(ids, self.engine.info.fingerprint)
+            hit = self.store.snapshots.find_prefix(ids, self.engine.info.fingerprint)
             if hit is None:
                 break
             rec, _n = hit

@@ -14,8 +14,7 @@ Parts (all over one StoreCore, core.py):
   store.retention    retention.py   keep-last-N, TTL, the disk budget, gc; follows the tier plan
   store.tiers        tiers/planner.py  the tier plan the store follows (the daemon holds it: Daemon.tiers)
 Callers use the parts (`store.sessions.branch(...)`); the store's own methods are open, close, flush,
-pending_writes, resolve, delete_session and verify. A few old one-line names onto the parts remain at the
-end of the class, for callers not yet moved.
+pending_writes, resolve, delete_session and verify.
 
 Durability: `commit` puts the payload in the hottest memory tier with room and queues the disk
 write; the record says `durable=False` until the file is complete (`flush()` waits, `info()` tells).
@@ -155,54 +154,3 @@ class Store:
     def verify(self) -> dict[str, str]:
         """Check every durable snapshot's checksum; quarantine corrupt ones. Returns {id: reason}."""
         return verify_all(self._core)
-
-    # -- old short names, one line each onto a part: kept only for callers not yet moved to the parts
-    # (daemon/service.py, sources.py, recorder.py, bench/workloads/, tests/engine/test_llama_backend.py,
-    # tests/daemon/test_live.py); new code calls the part (store.snapshots.commit, ...). Delete with the last.
-    def commit(self, session: str, payload: Payload, parent: str | None = None, **kw: Any) -> SnapshotRecord:
-        return self.snapshots.commit(session, payload, parent, **kw)
-
-    def load_from(self, snapshot_id: str, *, copy: bool = False) -> tuple[Payload, str]:
-        return self.snapshots.load_from(snapshot_id, copy=copy)
-
-    def wait_durable(self, snapshot_id: str, timeout: float | None = None) -> SnapshotRecord:
-        return self.snapshots.wait_durable(snapshot_id, timeout)
-
-    def info(self, snapshot_id: str) -> SnapshotRecord:
-        return self.snapshots.info(snapshot_id)
-
-    def find_prefix(self, token_ids: Sequence[int], fingerprint: str, session: str | None = None):
-        return self.snapshots.find_prefix(token_ids, fingerprint, session)
-
-    def pin(self, snapshot_id: str) -> SnapshotRecord:
-        return self.snapshots.pin(snapshot_id)
-
-    def label(self, snapshot_id: str, label: str | None) -> SnapshotRecord:
-        return self.snapshots.label(snapshot_id, label)
-
-    def get_session(self, name: str) -> SessionInfo:
-        return self.sessions.get(name)
-
-    def has_session(self, name: str) -> bool:
-        return self.sessions.has(name)
-
-    def branch(self, source: str, new_session: str) -> SessionInfo:
-        return self.sessions.branch(source, new_session)
-
-    def set_head(self, session: str, snapshot_id: str | None, *, rewind_transcript: bool = True) -> SessionInfo:
-        return self.sessions.set_head(session, snapshot_id, rewind_transcript=rewind_transcript)
-
-    def reset_session(self, name: str) -> SessionInfo:
-        return self.sessions.reset(name)
-
-    def append_messages(self, session: str, messages: Sequence[dict]) -> int:
-        return self.transcripts.append(session, messages)
-
-    def transcript(self, session: str, limit: int | None = None) -> list[dict]:
-        return self.transcripts.of_session(session, limit)
-
-    def snapshot_transcript(self, snapshot_id: str) -> list[dict]:
-        return self.transcripts.of_snapshot(snapshot_id)
-
-    def set_transcript(self, session: str, messages: Sequence[dict]) -> int:
-        return self.transcripts.replace(session, messages)

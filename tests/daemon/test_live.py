@@ -415,6 +415,6 @@ def test_sigterm_cancels_the_generation_flushes_and_exits(daemon):
     from engramctl.store.store import Store
 
     with Store.open(load_settings({}, env={"ENGRAM_HOME": str(daemon.home)})) as store:
-        head = store.get_session("term").head
-        assert head == pieces[-1]["engram"]["snapshot_id"] and store.info(head).durable
-        assert store.transcript("term")[-1]["finish_reason"] == "cancelled"
+        head = store.sessions.get("term").head
+        assert head == pieces[-1]["engram"]["snapshot_id"] and store.snapshots.info(head).durable
+        assert store.transcripts.of_session("term")[-1]["finish_reason"] == "cancelled"

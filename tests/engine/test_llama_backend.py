@@ -138,15 +138,15 @@ def test_a_state_in_the_ram_tier_restores_from_its_captured_blob(granite, tmp_pa
     try:
         live = granite.new_live()
         granite.prefill(live, _ids(30, 10))
-        rec = store.commit("s", to_payload(granite.capture(live), granite.spec, {}))
-        payload, came_from = store.load_from(rec.id)
+        rec = store.snapshots.commit("s", to_payload(granite.capture(live), granite.spec, {}))
+        payload, came_from = store.snapshots.load_from(rec.id)
         assert came_from in ("ram", "pending")
         state = from_payload(*payload, granite.spec, check_values=False)
         assert granite._original(state) is not None
         store.flush()
         store.close()
         store = Store.open(load_settings({"tier_ram_bytes": 64 << 20, "tier_disk_bytes": 256 << 20}))
-        payload, came_from = store.load_from(rec.id)  # a fresh process's view: read from the file
+        payload, came_from = store.snapshots.load_from(rec.id)  # a fresh process's view: read from the file
         assert came_from == "disk"
         from_disk = from_payload(*payload, granite.spec)
         more = _ids(3, 11)

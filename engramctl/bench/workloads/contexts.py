@@ -66,12 +66,12 @@ def _one_run(engine, box, L: int, ids: list[int], msg: list[int], run: int) -> _
     r.v["state_bytes"] = state.nbytes
     store = box.store
     with Clock() as c:
-        rec = store.commit(f"bench-ctx-{L}", payload)
+        rec = store.snapshots.commit(f"bench-ctx-{L}", payload)
     r.s["commit"] = c.sample
     with Clock() as c:
         store.flush()
     r.s["write"] = c.sample
-    info = store.info(rec.id)
+    info = store.snapshots.info(rec.id)
     r.v["snapshot_bytes"] = info.nbytes
     r.v["ram_tier"] = info.tiers[0] if info.tiers else None
     # 3. restore from RAM, twice: right away, then after another conversation used the engine (on
@@ -86,7 +86,7 @@ def _one_run(engine, box, L: int, ids: list[int], msg: list[int], run: int) -> _
     path = box.snapshot_path(rec.id)
     r.v["evicted"] = coldio.evict(path)
     r.v["cached_fraction"] = coldio.cached_fraction(path)
-    r.v["disk_tier"] = (store.info(rec.id).tiers or ("?",))[0]
+    r.v["disk_tier"] = (store.snapshots.info(rec.id).tiers or ("?",))[0]
     logits_disk = _restore_and_answer(engine, store, rec.id, msg, r, "restore_disk", "ttft_restored_disk")
     r.v["max_abs_logit_diff"] = max(
         float((x - ref_logits).abs().max()) for x in (logits_ram, logits_other, logits_disk)
@@ -110,7 +110,7 @@ def _restore_and_answer(engine, store, sid: str, msg: list[int], r: _Run, restor
 
 def _restore(engine, store, sid: str):
     with Clock() as c1:
-        (tensors, meta), came_from = store.load_from(sid)
+        (tensors, meta), came_from = store.snapshots.load_from(sid)
     with Clock() as c2:  # the checks the daemon makes (sources.StateSources.load)
         state = from_payload(tensors, meta, engine.spec, check_values=came_from == "disk")
     with Clock() as c3:

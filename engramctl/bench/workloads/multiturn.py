@@ -56,7 +56,7 @@ class DurabilityWatch:
             if sid is None:
                 return
             try:
-                rec = self.store.wait_durable(sid)
+                rec = self.store.snapshots.wait_durable(sid)
                 self.durable_at[sid] = time.perf_counter()
                 self.file_bytes[sid] = rec.nbytes
             except NotFound:
