@@ -122,13 +122,19 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
     os.environ["ENGRAM_HOME"] = str(home)
     from engramctl.settings import load_settings
     from engramctl.store.store import Store
+    from engramctl.tiers.planner import TierPlanner
+
+    def open_store(settings):
+        store = Store.open(settings)
+        TierPlanner.start(settings, store.retention)  # the store keeps the plan it follows
+        return store
 
     size = nbytes(payload)
     settings = load_settings(
         {"tier_ram_bytes": size * (repeat + 4), "tier_disk_bytes": size * (repeat * 4 + 8), "keep_last": 10_000}
     )
     out: dict = {}
-    store = Store.open(settings)
+    store = open_store(settings)
     ids: list[str] = []
     out["commit_hot"] = timed(
         lambda: ids.append(store.snapshots.commit("bench", payload).id), repeat, setup=store.flush
@@ -146,13 +152,13 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
     def reopen_and_drop(cold: bool):
         nonlocal store
         store.close()
-        store = Store.open(settings)
+        store = open_store(settings)
         if cold:
             for p in (home / "snapshots").glob("*.safetensors"):
                 evict(p)
 
     pick = iter(ids * 4)
-    store = Store.open(settings)
+    store = open_store(settings)
     out["restore_disk_cold"] = timed(
         lambda: store.snapshots.load(next(pick)), repeat, setup=lambda: reopen_and_drop(True)
     )
@@ -161,15 +167,15 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
     )
     if torch.cuda.is_available():  # only when the engine has loaded torch with CUDA: a VRAM tier exists
         store.close()
-        store = Store.open(settings)
-        if store.tiers.plan.budget("vram") > 0:
+        store = open_store(settings)
+        if store.retention.plan.budget("vram") > 0:
             vid = ids[0]
             store.snapshots.load(vid)
             out["restore_vram"] = timed(lambda: (store.snapshots.load(vid), torch.cuda.synchronize()), repeat)
 
             def demote():
                 store._placement.set_budget("vram", 0)
-                store._placement.set_budget("vram", store.tiers.plan.budget("vram"))
+                store._placement.set_budget("vram", store.retention.plan.budget("vram"))
 
             out["promote_ram_to_vram"] = timed(
                 lambda: (store.snapshots.load(vid), torch.cuda.synchronize()), repeat, setup=demote

@@ -30,19 +30,26 @@ SCHEMA = "engramctl-bench/1"
 
 
 class StoreBox:
-    """The bench's Store, which the disk-restore measurement closes and reopens (a fresh process's view)."""
+    """The bench's Store and the tier plan it keeps within (the bench's, as the daemon's is the daemon's),
+    which the disk-restore measurement closes and reopens (a fresh process's view)."""
 
     def __init__(self, settings) -> None:
         from engramctl.store.files import SnapshotFiles
-        from engramctl.store.store import Store
 
-        self._open = lambda: Store.open(settings)
+        self._settings = settings
         self._files = SnapshotFiles(settings.paths.data_dir)
-        self.store = self._open()
+        self.store, self.tiers = self._open()
+
+    def _open(self):
+        from engramctl.store.store import Store
+        from engramctl.tiers.planner import TierPlanner
+
+        store = Store.open(self._settings)
+        return store, TierPlanner.start(self._settings, store.retention)
 
     def reopen(self):
         self.store.close()
-        self.store = self._open()
+        self.store, self.tiers = self._open()
         return self.store
 
     def snapshot_path(self, sid: str) -> Path:
@@ -115,7 +122,7 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
     try:
         _warm_up(engine)
         resident = resident_weight_bytes(engine, loaded.gguf)  # after the warm-up touched every weight
-        plan = box.store.tiers.plan_json()
+        plan = box.tiers.plan_json()
         progress.phase("bandwidth", "bandwidth floor", 2)
         with LoadMeter() as m:  # the restore targets divide by this floor: a disturbed one shows here
             bw = bandwidth.measure(

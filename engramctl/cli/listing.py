@@ -65,17 +65,20 @@ class StoreSource:
         return self.store.transcripts.of_snapshot(sid)
 
     def tiers(self) -> dict:
-        """The store's plan, with the N-gram tables written under the data dir's ngram/ claimed on it
-        (the tables a model would load; the planner decides RAM or disk as the daemon's would)."""
+        """The plan a daemon would make now, with the N-gram tables written under the data dir's ngram/
+        claimed on it (the tables a model would load; the planner decides RAM or disk as the daemon's would)."""
         from engramctl.ngram.table_spec import installed_tables
         from engramctl.tiers.plan import claim_tables, plan_json
+        from engramctl.tiers.planner import TierPlanner
 
+        planner = TierPlanner.start(self.store.settings, self.store.retention)  # the daemon's first plan, as it opens
         root = self.store.settings.paths.data_dir
         tables = installed_tables(root / "ngram", recursive=True)
         if not tables:
-            return self.store.tiers.plan_json()
+            return planner.plan_json()
+        # shown on the plan, not claimed on the store: a listing shrinks no budget the store keeps within
         claims = [(str(path.relative_to(root)), meta.spec.size_bytes) for path, meta in tables]
-        return plan_json(claim_tables(self.store.tiers.plan, claims), self.store.retention.usage())
+        return plan_json(claim_tables(planner.plan, claims), self.store.retention.usage())
 
 
 class Listing:

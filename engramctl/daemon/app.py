@@ -31,19 +31,21 @@ from engramctl.engine.engine import Engine
 from engramctl.errors import EngramError, UsageError
 from engramctl.settings import Settings
 from engramctl.store.store import Store
+from engramctl.tiers.planner import TierPlanner
 
 log = logging.getLogger("engramctl.daemon")
 
 
-def _load(settings: Settings) -> tuple[Engine, Store]:
+def _load(settings: Settings) -> tuple[Engine, Store, TierPlanner]:
     store = Store.open(settings)
     try:
-        engine = load_model(settings, place_tables=store.tiers.claim_tables)  # the store's budgets hold its tables
-        store.tiers.replan(model_bytes=0, model_on_cpu=engine.info.device == "cpu")
+        tiers = TierPlanner.start(settings, store.retention)  # a lowered disk budget applies from the start
+        engine = load_model(settings, place_tables=tiers.claim_tables)  # the same budgets hold its N-gram tables
+        tiers.replan(model_bytes=0, model_on_cpu=engine.info.device == "cpu")  # the weights show in the figures now
     except BaseException:
         store.close()
         raise
-    return engine, store
+    return engine, store, tiers
 
 
 def create_app(
@@ -55,13 +57,15 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The daemon's ASGI app. Without engine/store it loads settings.model and opens the store now.
-    The app owns the store from here on: its lifespan shutdown (or app.state.daemon.close()) closes it."""
+    The app owns the store from here on: its lifespan shutdown (or app.state.daemon.close()) closes it.
+    The tier plan the store follows is the daemon's (Daemon.tiers)."""
     check_open_routes(settings)
+    tiers = None
     if engine is None or store is None:
         if store is not None or engine is not None:
             raise UsageError("create_app needs both engine and store, or neither.")
-        engine, store = _load(settings)
-    daemon = Daemon(settings, engine, store, reuse=reuse)
+        engine, store, tiers = _load(settings)
+    daemon = Daemon(settings, engine, store, tiers, reuse=reuse)
     open_paths = OLLAMA_PATHS if settings.ollama_no_token else frozenset()
 
     @asynccontextmanager

@@ -24,6 +24,7 @@ from engramctl.errors import ModelNotFound
 from engramctl.protocol import same_model
 from engramctl.settings import Settings
 from engramctl.store.store import Store
+from engramctl.tiers.planner import TierPlanner
 
 log = logging.getLogger("engramctl.daemon")
 
@@ -32,10 +33,19 @@ class Daemon:
     """Everything a route needs, owned for the app's lifetime."""
 
     def __init__(
-        self, settings: Settings, engine: Engine, store: Store, *, token: str | None = None, reuse: bool = True
+        self,
+        settings: Settings,
+        engine: Engine,
+        store: Store,
+        tiers: TierPlanner | None = None,
+        *,
+        token: str | None = None,
+        reuse: bool = True,
     ):
         self.settings, self.engine, self.store = settings, engine, store
-        self.tiers = store.tiers  # the tier plan: replanned once the model is loaded, shown by /v1/tiers
+        # the tier plan the store keeps within, the daemon's own: built here when the caller loaded the model
+        # and opened the store itself (tests, benchmarks); shown by /v1/tiers
+        self.tiers = tiers or TierPlanner.start(settings, store.retention, model_on_cpu=engine.info.device == "cpu")
         self.token = token or ensure_token(settings)
         self.scheduler = Scheduler(engine, serial=settings.serial_turns)
         # as many hot states as turns run together: each conversation's next turn restores nothing

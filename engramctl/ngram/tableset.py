@@ -1,7 +1,7 @@
 """The tables of one model's Engram layers as the engine holds them (spec §3-§4): table files written once
 under the data dir, placed in RAM or on disk by the tier planner, each read through a RowReader.
 
-    tables = TableSet.open(config, hasher, key, "float32", TableSetup(data_dir, place=store.tiers.claim_tables))
+    tables = TableSet.open(config, hasher, key, "float32", TableSetup(data_dir, place=daemon.tiers.claim_tables))
     tables.begin(local_ids)         # before the backbone runs: a disk table's prefetch starts here
     rows = tables.take(layer_id)    # at the Engram layer: (1, T, (N-1)*K, D_h), waits only for rows not there
 

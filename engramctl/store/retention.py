@@ -105,6 +105,11 @@ class Retention:
             c.budgets = plan
             self.enforce_disk(GcReport())
 
+    @property
+    def plan(self) -> TierPlan | None:
+        """The plan followed now (None until a TierPlanner gave one: then nothing can be committed)."""
+        return self._core.budgets
+
     def stored_bytes(self) -> int:
         """Bytes of the snapshot files on disk (the disk rule counts them as usable)."""
         return self._core.index.durable_bytes()[0]
@@ -149,6 +154,10 @@ class Retention:
         a full disk then fails the turn's snapshot at once, in its result, instead of after the reply
         (the writer's ENOSPC path, Snapshots._abandon, still catches what a racing writer fills)."""
         c = self._core
+        if c.budgets is None:
+            raise RuntimeError(
+                "the snapshot store follows no tier plan yet: TierPlanner.start(settings, store.retention)"
+            )
         free = c.files.free_bytes()
         if free is None:
             return

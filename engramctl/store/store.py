@@ -1,6 +1,7 @@
 """The snapshot store: the one object the daemon talks to, composed of parts with one noun each.
 
-    store = Store.open(settings)                 # reconciles, plans tiers, starts the writer
+    store = Store.open(settings)                 # reconciles the index with the files, starts the writer
+    tiers = TierPlanner.start(settings, store.retention)  # its owner's tier plan; the store keeps within it
     rec = store.snapshots.commit("chat", payload, messages=[{"role": "user", "content": "hi"}])
     tensors, meta = store.snapshots.load(rec.id) # hottest tier that has it, else disk (verified)
     store.flush(); store.close()
@@ -11,8 +12,9 @@ Parts (all over one StoreCore, core.py):
   store.sessions     sessions.py    create, get, has, list, touch, head, history, branch, set_head, reset
   store.transcripts  transcript.py  a session's or a snapshot's transcript: append, replace, truncate
   store.names        name_table.py  the Engram API's names: turns, branch names, custom ids, the latest save
-  store.retention    retention.py   keep-last-N, TTL, the disk budget, gc; follows the tier plan
-  store.tiers        tiers/planner.py  the tier plan the store follows (the daemon holds it: Daemon.tiers)
+  store.retention    retention.py   keep-last-N, TTL, the disk budget, gc; follows the tier plan it is given
+The tier plan is not the store's: its owner (the daemon: Daemon.tiers; the bench; a listing without a daemon)
+builds a tiers/planner.py TierPlanner over store.retention, and the store commits nothing before it planned.
 Callers use the parts (`store.sessions.branch(...)`); the store's own methods are open, close, flush,
 pending_writes, resolve, delete_session and verify.
 
@@ -31,7 +33,7 @@ AlreadyExists / StoreLocked / DiskFull.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from engramctl.errors import UsageError
 from engramctl.settings import Settings
@@ -41,13 +43,10 @@ from engramctl.store.index import Index
 from engramctl.store.name_table import NameTable
 from engramctl.store.names import is_snapshot_id, parse_turn_ref
 from engramctl.store.reconcile import reconcile, verify_all
-from engramctl.store.records import Payload, SessionInfo, SnapshotRecord
 from engramctl.store.retention import Retention
 from engramctl.store.sessions import Sessions
 from engramctl.store.snapshots import Snapshots
 from engramctl.store.transcript import Transcripts
-from engramctl.tiers.hardware import Hardware
-from engramctl.tiers.planner import TierPlanner
 
 
 class Store:
@@ -62,21 +61,18 @@ class Store:
         self.retention = Retention(core)
         self.snapshots = Snapshots(core, self.sessions, self.retention)
         self.names = NameTable(core, self.sessions)
-        self.tiers = TierPlanner(core.settings, self.retention)  # the daemon holds it (Daemon.tiers) and replans it
 
     @classmethod
     def open(
         cls,
         settings: Settings,
         clock: Callable[[], float] = time.time,
-        hardware: Hardware | None = None,
         *,
-        model_bytes: int = 0,
-        model_on_cpu: bool = True,
         verify: bool = False,
     ) -> "Store":
-        """Open (creating if needed) the store under settings.paths.data_dir, reconcile it with its
-        files (verify=True also checks every checksum), and plan the tiers from `hardware`."""
+        """Open (creating if needed) the store under settings.paths.data_dir and reconcile it with its
+        files (verify=True also checks every checksum). It reads at once; it commits once a TierPlanner
+        gave it a plan (tiers/planner.py)."""
         files = SnapshotFiles(settings.paths.data_dir)
         files.lock()
         index = core = None
@@ -85,7 +81,6 @@ class Store:
             report = reconcile(index, files, verify=verify)
             core = StoreCore(settings, files, index, clock, report)
             store = cls(core)
-            store.tiers.replan(model_bytes, model_on_cpu, hardware)  # a lowered disk budget applies from the start
         except BaseException:
             if core is not None:
                 core.writer.close()

@@ -1,10 +1,16 @@
-"""The tier plan in force, and how it changes: what the daemon holds (daemon/context.py, `Daemon.tiers`).
+"""The tier plan in force, and how it changes: what the daemon owns (daemon/context.py, `Daemon.tiers`).
 
 plan.py's rules turn the hardware into byte budgets; the planner keeps the current TierPlan, plans again
 when the model has loaded (`replan`: the weights now show in the detected figures), places the loaded
 model's N-gram tables on the budgets (`claim_tables`; `replan` keeps them where they are) and describes it
 all (`plan_json`: `/v1/tiers`, `engramctl tiers`). It decides; the holder of the bytes keeps within what it
 decided: the snapshot store's Retention (store/retention.py) is told each new plan through `follow`.
+
+    store = Store.open(settings)
+    tiers = TierPlanner.start(settings, store.retention)     # the store keeps within the first plan at once
+
+The daemon builds it (daemon/app.py, daemon/context.py); so do the bench (bench/runner.py) and a listing
+that reads the store without a daemon (cli/listing.py). The store never builds one.
 """
 
 from __future__ import annotations
@@ -34,6 +40,21 @@ class TierPlanner:
         self._claims: tuple[TableClaim, ...] = ()  # the N-gram tables claim_tables placed (immutable)
         self._lock = threading.RLock()
         self.plan: TierPlan | None = None
+
+    @classmethod
+    def start(
+        cls,
+        settings: Settings,
+        holder: BudgetHolder,
+        model_bytes: int = 0,
+        model_on_cpu: bool = True,
+        hardware: Hardware | None = None,
+    ) -> "TierPlanner":
+        """A planner whose first plan (replan's arguments) the holder already follows: a lowered disk
+        budget applies before the first write."""
+        planner = cls(settings, holder)
+        planner.replan(model_bytes, model_on_cpu, hardware)
+        return planner
 
     def replan(self, model_bytes: int = 0, model_on_cpu: bool = True, hardware: Hardware | None = None) -> TierPlan:
         """Plan the budgets from the hardware (detected now unless given) and make the holder follow them;

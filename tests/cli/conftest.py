@@ -49,10 +49,10 @@ class Seeded:
 def seed_store(spec: dict[str, int], *, pin: list[tuple[str, int]] = (), label: dict = None) -> Seeded:
     """spec: session -> number of snapshots (each a turn of 2 messages, growing by 8 tokens)."""
     from engramctl.settings import load_settings
-    from engramctl.store.store import Store
+    from tests.helpers import open_planned
 
     out = Seeded()
-    with Store.open(load_settings()) as store:
+    with open_planned(load_settings())[0] as store:
         for session, n in spec.items():
             ids = []
             for i in range(n):

@@ -18,7 +18,9 @@ from engramctl.store.records import payload_nbytes
 from engramctl.store.store import Store
 from engramctl.tiers.hardware import detect_hardware
 from engramctl.tiers.plan import VRAM_RESERVE_FRACTION, VRAM_RESERVE_MIN, VRAM_SHARE, plan
+from engramctl.tiers.planner import TierPlanner
 from tests.cuda._common import load_backend, record, requires_cuda, token_ids
+from tests.helpers import open_planned
 
 pytestmark = requires_cuda
 
@@ -28,13 +30,14 @@ MiB = 2**20
 
 @pytest.fixture
 def open_store():
-    """open_store(**settings flags) -> a Store planned from this machine's real hardware (or `hardware`)."""
+    """open_store(**settings flags) -> (a Store, the TierPlanner it follows, planned from this machine's real
+    hardware or `hardware`)."""
     opened: list[Store] = []
 
-    def _open(hardware=None, **flags) -> Store:
-        store = Store.open(load_settings({"keep_last": 50, **flags}), hardware=hardware)
+    def _open(hardware=None, **flags) -> tuple[Store, TierPlanner]:
+        store, tiers = open_planned(load_settings({"keep_last": 50, **flags}), hardware)
         opened.append(store)
-        return store
+        return store, tiers
 
     yield _open
     for s in opened:
@@ -87,8 +90,8 @@ def test_vram_tier_holds_real_cuda_tensors_and_restores_exactly(open_store, zoo)
     size = payload_nbytes(payloads[0])
     assert all(payload_nbytes(p) == size for p in payloads)
 
-    s = open_store(tier_ram_bytes=size)  # RAM: room for one
-    assert s.tiers.plan.budget("vram") > 0 and s.tiers.plan.tier("vram").device == "cuda"  # the real default rule
+    s, tiers = open_store(tier_ram_bytes=size)  # RAM: room for one
+    assert tiers.plan.budget("vram") > 0 and tiers.plan.tier("vram").device == "cuda"  # the real default rule
     s._placement.set_budget("vram", size)  # VRAM: room for one
     a = s.snapshots.commit("a", payloads[0]).id
     s.flush()  # until written, a could not be moved out of the way
@@ -142,9 +145,9 @@ def test_a_store_opened_before_the_gpu_was_seen_gets_its_vram_tier_on_replan(ope
     import dataclasses
 
     blind = dataclasses.replace(detect_hardware(tmp_path), vram_total_bytes=None, vram_free_bytes=None, gpu=None)
-    s = open_store(hardware=blind)
-    assert s.tiers.plan.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
-    s.tiers.replan()  # real detection: this process has torch and a GPU
+    s, tiers = open_store(hardware=blind)
+    assert tiers.plan.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
+    tiers.replan()  # real detection: this process has torch and a GPU
     assert [t.name for t in s._placement.tiers] == ["vram", "ram"] and s._placement.tiers[0].budget > 0
     backend = load_backend(zoo.path("granitemoehybrid"))
     live = backend.new_live()
@@ -179,7 +182,7 @@ def test_restore_time_by_tier_on_a_granite_350m_shaped_model(open_store, tmp_pat
     prefill_s = time.perf_counter() - t0
     payload = to_payload(backend.capture(live), backend.spec, {"stage": "timing"})
     nbytes = payload_nbytes(payload)
-    s = open_store(tier_ram_bytes=4 * nbytes)
+    s = open_store(tier_ram_bytes=4 * nbytes)[0]
     sid = s.snapshots.commit("t", payload).id
     s.flush()
     reference = payload[0]["last_logits"].cpu()

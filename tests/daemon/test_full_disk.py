@@ -89,11 +89,11 @@ def test_enospc_in_the_write_itself_is_abandoned_cleanly(tmpfs):
     import torch
 
     from engramctl.settings import load_settings
-    from engramctl.store.store import Store
+    from tests.helpers import open_planned
 
     home = tmpfs("race", "24m")
     os.environ["ENGRAM_HOME"] = str(home)  # the autouse fixture's monkeypatch restores it
-    store = Store.open(load_settings({}))
+    store = open_planned(load_settings({}))[0]
     try:
         payload = ({"token_ids": torch.arange(10), "x": torch.ones(300_000)}, {"fingerprint": "f", "model_id": "m"})
         kept = store.snapshots.commit("s", payload, messages=[{"role": "user", "content": "kept"}])

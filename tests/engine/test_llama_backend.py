@@ -132,9 +132,10 @@ def test_a_state_in_the_ram_tier_restores_from_its_captured_blob(granite, tmp_pa
     from engramctl.settings import load_settings
     from engramctl.state.codec import from_payload, to_payload
     from engramctl.store.store import Store
+    from tests.helpers import open_planned
 
     monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
-    store = Store.open(load_settings({"tier_ram_bytes": 64 << 20, "tier_disk_bytes": 256 << 20}))
+    store = open_planned(load_settings({"tier_ram_bytes": 64 << 20, "tier_disk_bytes": 256 << 20}))[0]
     try:
         live = granite.new_live()
         granite.prefill(live, _ids(30, 10))
@@ -145,7 +146,7 @@ def test_a_state_in_the_ram_tier_restores_from_its_captured_blob(granite, tmp_pa
         assert granite._original(state) is not None
         store.flush()
         store.close()
-        store = Store.open(load_settings({"tier_ram_bytes": 64 << 20, "tier_disk_bytes": 256 << 20}))
+        store = Store.open(load_settings({"tier_ram_bytes": 64 << 20, "tier_disk_bytes": 256 << 20}))  # reads only
         payload, came_from = store.snapshots.load_from(rec.id)  # a fresh process's view: read from the file
         assert came_from == "disk"
         from_disk = from_payload(*payload, granite.spec)

@@ -5,6 +5,7 @@
         c.daemon                              its Daemon (store, service, worker)
     daemon = module_daemon("ollama-home")     a test module's fixture: a real daemon process for the module
     clear_store_env(monkeypatch)              no ENGRAM_TIER_*/KEEP_LAST/SESSION_TTL_S from the environment
+    store, tiers = open_planned(settings)     a Store and the TierPlanner it follows, as the daemon opens them
 
 A real daemon over real HTTP: tests.daemon.conftest (a subprocess) and tests.helpers.inprocess (a thread).
 """
@@ -32,6 +33,20 @@ def clear_store_env(monkeypatch: Any) -> None:
     """Unset STORE_ENV for this test, so budgets and retention come from the test's own settings."""
     for var in STORE_ENV:
         monkeypatch.delenv(var, raising=False)
+
+
+def open_planned(settings: Any, hardware: Any = None, **open_kw: Any) -> tuple[Any, Any]:
+    """Store.open(settings, **open_kw) and the TierPlanner whose plan it keeps within (from `hardware`, else
+    this machine's), as the daemon opens them; the caller closes the store."""
+    from engramctl.store.store import Store
+    from engramctl.tiers.planner import TierPlanner
+
+    store = Store.open(settings, **open_kw)
+    try:
+        return store, TierPlanner.start(settings, store.retention, hardware=hardware)
+    except BaseException:
+        store.close()
+        raise
 
 
 def chat(h: Any, session: str | None, content: str | list[dict], max_tokens: int = 4, **extra: Any) -> dict:

@@ -22,7 +22,7 @@ def assert_consistent(store, verify_loads: bool = True) -> None:
     for sid in rows:
         assert len(store.transcripts.of_snapshot(sid)) == rows[sid].n_messages
     for name, (used, _count) in store.retention.usage().items():
-        assert used <= store.tiers.plan.budget(name), (name, used, store.tiers.plan.budget(name))
+        assert used <= store.retention.plan.budget(name), (name, used, store.retention.plan.budget(name))
     if verify_loads:
         for sid in rows:
             tensors, meta = store.snapshots.load(sid)

@@ -12,6 +12,8 @@ from payloads import make_payload as _make_payload  # noqa: E402
 from engramctl.settings import load_settings  # noqa: E402
 from engramctl.store.store import Store  # noqa: E402
 from engramctl.tiers.hardware import Hardware  # noqa: E402
+from engramctl.tiers.planner import TierPlanner  # noqa: E402
+from tests.helpers import open_planned as open_planned_store  # noqa: E402
 
 MiB = 2**20
 
@@ -60,8 +62,9 @@ def clock():
 
 
 @pytest.fixture
-def open_store(engram_home, clock):
-    """open_store(ram=..., disk=..., keep_last=..., ttl=...) -> Store, closed at teardown."""
+def open_planned(engram_home, clock):
+    """open_planned(ram=..., disk=..., keep_last=..., ttl=..., hardware=...) -> (Store, the TierPlanner it
+    follows, planned on `hardware` or stand-in figures), the store closed at teardown."""
     opened: list[Store] = []
 
     def _open(
@@ -70,16 +73,22 @@ def open_store(engram_home, clock):
         keep_last: int = 8,
         ttl: float | None = None,
         **kw,
-    ) -> Store:
+    ) -> tuple[Store, TierPlanner]:
         flags = {"tier_ram_bytes": ram, "tier_disk_bytes": disk, "keep_last": keep_last, "session_ttl_s": ttl}
-        settings = load_settings(flags)
-        store = Store.open(settings, clock=kw.pop("clock", clock), hardware=kw.pop("hardware", fake_hardware()), **kw)
+        hardware = kw.pop("hardware", None) or fake_hardware()
+        store, tiers = open_planned_store(load_settings(flags), hardware, clock=kw.pop("clock", clock), **kw)
         opened.append(store)
-        return store
+        return store, tiers
 
     yield _open
     for s in opened:
         s.close()
+
+
+@pytest.fixture
+def open_store(open_planned):
+    """open_store(ram=..., disk=..., keep_last=..., ttl=...) -> Store (open_planned's), closed at teardown."""
+    return lambda *a, **kw: open_planned(*a, **kw)[0]
 
 
 @pytest.fixture

@@ -14,11 +14,14 @@ from payloads import make_payload  # noqa: E402
 from engramctl.errors import NotFound  # noqa: E402
 from engramctl.settings import load_settings  # noqa: E402
 from engramctl.store.store import Store  # noqa: E402
+from engramctl.tiers.planner import TierPlanner  # noqa: E402
 
 
 def main(seed: int, start: int, saves: int = 50) -> None:
     rng = random.Random(seed)
-    store = Store.open(load_settings({"keep_last": 4, "tier_ram_bytes": "3MB", "tier_disk_bytes": "40MB"}))
+    settings = load_settings({"keep_last": 4, "tier_ram_bytes": "3MB", "tier_disk_bytes": "40MB"})
+    store = Store.open(settings)
+    TierPlanner.start(settings, store.retention)
     print("open", flush=True)
     for i in range(start, start + saves):
         name = f"s{rng.randrange(4)}"

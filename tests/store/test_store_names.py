@@ -14,6 +14,7 @@ from engramctl.store.names import (
     snapshot_filename,
     validate_session_name,
 )
+from engramctl.tiers.planner import TierPlanner
 
 BAD_NAMES = ["", ".", "..", "../x", "a/b", "a\\b", "x" * 65, "café", "a b", "nul\x00", "tab\t", "~", "*", None, 5]
 GOOD_NAMES = ["a", "A-b_c.d", "x" * 64, "...", "-", "1.2.3", "chat.2025-01-01"]
@@ -44,7 +45,9 @@ def test_invalid_names_touch_nothing(store, make_payload):
     store.close()
     root = store.settings.paths.data_dir
     before = _fingerprint(root)
-    store = type(store).open(store.settings, clock=store.clock, hardware=store.tiers.plan.hardware)
+    hardware = store.retention.plan.hardware
+    store = type(store).open(store.settings, clock=store.clock)
+    TierPlanner.start(store.settings, store.retention, hardware=hardware)
     name_calls = [
         lambda n: store.snapshots.commit(n, make_payload(10, 2)),
         lambda n: store.sessions.create(n),

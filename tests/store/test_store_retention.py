@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 
 from engramctl.store import retention
+from engramctl.tiers.planner import TierPlanner
 
 
 def ids_of(store, session=None):
@@ -75,7 +78,7 @@ def test_disk_budget_evicts_least_recently_used_unpinned_first(open_store, make_
     s.flush()
     assert ids_of(s) == [p, c1, c4, c5]  # c2 (least recently used), then c3 went; pinned stayed
     assert not set(map(str, (c2, c3))) & {f.name[:32] for f in (s.settings.paths.data_dir / "snapshots").iterdir()}
-    assert s.retention.usage()["disk"][0] <= s.tiers.plan.budget("disk")
+    assert s.retention.usage()["disk"][0] <= s.retention.plan.budget("disk")
 
 
 def test_disk_victims_order_and_all_or_nothing(make_payload):
@@ -112,13 +115,10 @@ def test_gc_shrinks_to_new_disk_budget(open_store, make_payload):
     s = open_store(keep_last=100)
     ids = [s.snapshots.commit("a", make_payload(10, i)).id for i in range(6)]
     s.flush()
-    hw = s.tiers.plan.hardware
-    s.tiers.settings = s.settings.__class__(
-        **{**s.settings.__dict__, "tier_disk_bytes": s.retention.usage()["disk"][0] // 2}
-    )
-    s.tiers.replan(hardware=hw)
+    lowered = dataclasses.replace(s.settings, tier_disk_bytes=s.retention.usage()["disk"][0] // 2)
+    TierPlanner.start(lowered, s.retention, hardware=s.retention.plan.hardware)  # a daemon started with it
     used, _ = s.retention.usage()["disk"]
-    assert used <= s.tiers.plan.budget("disk")
+    assert used <= s.retention.plan.budget("disk")
     remaining = ids_of(s)
     assert remaining[-1] == ids[-1] and remaining == ids[-len(remaining) :]  # oldest went first
 

@@ -8,8 +8,8 @@ from checks import assert_consistent
 from payloads import same_payload
 
 
-def test_concurrent_commits_and_reads(open_store, make_payload):
-    s = open_store(ram=200_000, keep_last=100)
+def test_concurrent_commits_and_reads(open_planned, make_payload):
+    s, tiers = open_planned(ram=200_000, keep_last=100)
     s.sessions.create("shared")
     expected: dict[str, tuple] = {}
     lock = threading.Lock()
@@ -34,7 +34,7 @@ def test_concurrent_commits_and_reads(open_store, make_payload):
                 for sid, p in items[-5:]:
                     assert same_payload(s.snapshots.load(sid), p)  # whole, whichever tier or queue it is in
                 s.snapshots.list("shared")
-                s.tiers.plan_json()
+                tiers.plan_json()
         except BaseException as e:  # pragma: no cover
             errors.append(e)
 

@@ -28,8 +28,8 @@ def instrument_budgets(store, violations: list[str]) -> None:
                 on_disk += 0 if p.name.startswith(".") else p.stat().st_size
             except FileNotFoundError:  # deleted by the API thread meanwhile
                 pass
-        if on_disk + len(buf) > store.tiers.plan.budget("disk"):
-            violations.append(f"disk {on_disk} + {len(buf)} > {store.tiers.plan.budget('disk')}")
+        if on_disk + len(buf) > store.retention.plan.budget("disk"):
+            violations.append(f"disk {on_disk} + {len(buf)} > {store.retention.plan.budget('disk')}")
         write(sid, buf)
 
     placement._place, files.write = checked_place, checked_write
@@ -74,7 +74,7 @@ def test_budgets_hold_under_churn_with_tiny_budgets(open_store, make_payload, cl
     s.retention.gc()
     assert not violations, violations[:5]
     assert_consistent(s)
-    assert s.retention.usage()["ram"][0] <= s.tiers.plan.budget("ram")
+    assert s.retention.usage()["ram"][0] <= s.retention.plan.budget("ram")
     assert not s.write_errors
 
 
@@ -115,7 +115,7 @@ def test_snapshot_being_written_is_never_evicted(open_store, make_payload):
     assert all(s.snapshots.info(x).durable for x in (a, b, c))
 
 
-def test_vram_tier_with_a_stand_in_device(open_store, make_payload, monkeypatch, hardware_like):
+def test_vram_tier_with_a_stand_in_device(open_planned, make_payload, monkeypatch, hardware_like):
     """No GPU here: pretend CUDA exists (hardware figures) and record the device moves instead of
     doing them, to check that the VRAM tier is planned, filled first, demoted to RAM and promoted."""
     import engramctl.store.core as core
@@ -125,8 +125,8 @@ def test_vram_tier_with_a_stand_in_device(open_store, make_payload, monkeypatch,
     p = [make_payload(20, i) for i in range(3)]
     size = nbytes(p[0])
     hw = hardware_like(vram_total_bytes=8 * 2**30, vram_free_bytes=6 * 2**30, gpu="Stand-in GPU")
-    s = open_store(ram=size * 2, hardware=hw)
-    assert s.tiers.plan.budget("vram") > 0  # default vram rule from the stand-in figures
+    s, tiers = open_planned(ram=size * 2, hardware=hw)
+    assert tiers.plan.budget("vram") > 0  # default vram rule from the stand-in figures
     s._placement.set_budget("vram", size)  # room for one
     a = s.snapshots.commit("a", p[0]).id
     s.flush()  # until written, a could not be moved out of the way
@@ -136,41 +136,43 @@ def test_vram_tier_with_a_stand_in_device(open_store, make_payload, monkeypatch,
     s.snapshots.load(a)  # restore promotes to the hottest tier; b goes down to RAM
     assert s.snapshots.info(a).tiers[0] == "vram" and s.snapshots.info(b).tiers[0] == "ram"
     assert "cuda" in moves and "cpu" in moves
-    j = s.tiers.plan_json()
+    j = tiers.plan_json()
     assert j["hardware"]["gpu"] == "Stand-in GPU" and j["tiers"][0]["snapshots"] == 1
 
 
-def test_replan_adds_the_vram_tier_when_cuda_shows_up_after_open(open_store, make_payload, monkeypatch, hardware_like):
+def test_replan_adds_the_vram_tier_when_cuda_shows_up_after_open(
+    open_planned, make_payload, monkeypatch, hardware_like
+):
     """A store opened before torch was imported sees no GPU; the replan after loading the model does,
     and the VRAM tier must then exist, not only be planned."""
     import engramctl.store.core as core
 
     monkeypatch.setattr(core, "payload_to", lambda payload, device: payload)
-    s = open_store()  # stand-in hardware without a GPU
-    assert s.tiers.plan.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
+    s, tiers = open_planned()  # stand-in hardware without a GPU
+    assert tiers.plan.budget("vram") == 0 and [t.name for t in s._placement.tiers] == ["ram"]
     hw = hardware_like(vram_total_bytes=8 * 2**30, vram_free_bytes=6 * 2**30, gpu="Stand-in GPU")
-    s.tiers.replan(hardware=hw)
+    tiers.replan(hardware=hw)
     assert [t.name for t in s._placement.tiers] == ["vram", "ram"]
-    assert s._placement.tiers[0].budget == s.tiers.plan.budget("vram") > 0
+    assert s._placement.tiers[0].budget == tiers.plan.budget("vram") > 0
     sid = s.snapshots.commit("a", make_payload(20, 0)).id
     s.flush()
     assert s.snapshots.info(sid).tiers == ("vram", "disk")
-    s.tiers.replan(hardware=hw)  # idempotent: still one VRAM tier
+    tiers.replan(hardware=hw)  # idempotent: still one VRAM tier
     assert [t.name for t in s._placement.tiers] == ["vram", "ram"] and s.snapshots.info(sid).tiers == ("vram", "disk")
 
 
-def test_the_planner_places_tables_and_the_store_keeps_within_what_is_left(open_store, make_payload):
+def test_the_planner_places_tables_and_the_store_keeps_within_what_is_left(open_planned, make_payload):
     """N-gram tables are claims on the tier plan (tiers/planner.py): the store's hot tiers shrink by them at
     once, a replan keeps them where they are, plan_json shows them."""
     mib = 2**20
-    s = open_store(ram=10 * mib, disk=256 * mib)
-    placed = s.tiers.claim_tables([("layer-1", 6 * mib), ("layer-2", 6 * mib)])
+    s, tiers = open_planned(ram=10 * mib, disk=256 * mib)
+    placed = tiers.claim_tables([("layer-1", 6 * mib), ("layer-2", 6 * mib)])
     assert placed == {"layer-1": "ram", "layer-2": "disk"}  # the second no longer fits in RAM
     ram = next(t for t in s._placement.tiers if t.name == "ram")
-    assert s.tiers.plan.budget("ram") == ram.budget == 4 * mib and s.tiers.plan.budget("disk") == 250 * mib
-    s.tiers.replan(hardware=s.tiers.plan.hardware)
-    assert s.tiers.plan.tier("ram").table_bytes == 6 * mib and ram.budget == 4 * mib
-    assert s.tiers.plan_json()["tables"] == [
+    assert tiers.plan.budget("ram") == ram.budget == 4 * mib and tiers.plan.budget("disk") == 250 * mib
+    tiers.replan(hardware=tiers.plan.hardware)
+    assert tiers.plan.tier("ram").table_bytes == 6 * mib and ram.budget == 4 * mib
+    assert tiers.plan_json()["tables"] == [
         {"name": "layer-1", "size_bytes": 6 * mib, "tier": "ram"},
         {"name": "layer-2", "size_bytes": 6 * mib, "tier": "disk"},
     ]
