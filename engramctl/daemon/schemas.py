@@ -10,9 +10,8 @@ reply token's logprob in OpenAI's shape (logprobs_json.py). `tools` go to routes
 `response_format` (structured output) is daemon/response_format.py's.
 /v1/completions' body is in completion_schemas.py, Ollama's in ollama_schemas.py.
 
-The snapshot routes also take the Engram server's own fields (turn_number, branch_name, a custom
-snapshot_id, create_new_request, continuation_ids, max_new_tokens, rid, request_id); what they mean is
-in docs/engram-api.md.
+The snapshot routes' bodies are in engram_api/schemas.py, over the parts defined here (ChatMessage,
+Sampling, the name patterns /openapi.json documents).
 """
 
 from __future__ import annotations
@@ -34,20 +33,20 @@ from pydantic import (
 from engramctl.daemon.response_format import ResponseFormat, constrained
 from engramctl.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP, MAX_TOP_LOGPROBS, OPTIONS, SamplingParams
 from engramctl.errors import UsageError
-from engramctl.store.names import is_snapshot_id, named_session, validate_engram_api_name, validate_session_name
+from engramctl.store.names import named_session
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 # What /openapi.json says a name or id looks like. Documentation only (json_schema_extra): the checks
 # themselves are store.names' validators, whose messages say which rule a value broke.
-_SESSION_DOC = {"pattern": "^[A-Za-z0-9._-]{1,64}$"}
-_ENGRAM_NAME_DOC = {"pattern": "^[A-Za-z0-9._-]{1,255}$"}
-_SNAPSHOT_REF_DOC = {
+SESSION_DOC = {"pattern": "^[A-Za-z0-9._-]{1,64}$"}
+ENGRAM_NAME_DOC = {"pattern": "^[A-Za-z0-9._-]{1,255}$"}
+SNAPSHOT_REF_DOC = {
     "pattern": "^[A-Za-z0-9._-]{1,255}$",
     "description": "A snapshot id (32 hex digits), a unique prefix of one (4+ hex digits), or a name a save gave it.",
 }
-_LABEL_DOC = {"pattern": "^[^\\x00-\\x1f\\x7f]{1,128}$"}
+LABEL_DOC = {"pattern": "^[^\\x00-\\x1f\\x7f]{1,128}$"}
 
 
 def text_only(v: str) -> str:
@@ -62,7 +61,7 @@ def text_only(v: str) -> str:
 Text = Annotated[str, AfterValidator(text_only)]
 
 
-def _doc(default: Any, extra: dict) -> Any:
+def documented(default: Any, extra: dict) -> Any:
     return Field(default, json_schema_extra=extra)
 
 
@@ -176,9 +175,9 @@ class ChatCompletionRequest(Sampling):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    session: str | None = _doc(None, _SESSION_DOC)
-    conversation_id: str | None = _doc(None, _ENGRAM_NAME_DOC)  # the original Engram server's name for `session`
-    rid: str | None = _doc(None, _ENGRAM_NAME_DOC)  # its clients' request id, their conversation key without one
+    session: str | None = documented(None, SESSION_DOC)
+    conversation_id: str | None = documented(None, ENGRAM_NAME_DOC)  # the original Engram server's name for `session`
+    rid: str | None = documented(None, ENGRAM_NAME_DOC)  # its clients' request id, their conversation key without one
     tools: list[Any] | None = None
     tool_choice: Any = None  # "auto" (None), "none", "required" or a function: routes_agent.chat_with_tools
     logprobs: bool | None = Field(None, description="Answer each reply token's logprob (choices[].logprobs).")
@@ -214,217 +213,6 @@ class ChatCompletionRequest(Sampling):
     @property
     def session_name(self) -> str | None:
         return named_session(self.session, self.conversation_id, self.rid)
-
-
-class SessionRef(BaseModel):
-    """`session` and `conversation_id` name the same thing (the original Engram API used the latter, and
-    its `rid` where no conversation_id is given)."""
-
-    model_config = ConfigDict(extra="ignore")
-    session: str | None = _doc(None, _SESSION_DOC)
-    conversation_id: str | None = _doc(None, _ENGRAM_NAME_DOC)
-    rid: str | None = _doc(
-        None, _ENGRAM_NAME_DOC
-    )  # the Engram server's request id: here only its fallback use as the conversation key
-
-    @model_validator(mode="after")
-    def _one_name(self):
-        named_session(self.session, self.conversation_id, self.rid)
-        return self
-
-    @property
-    def conversation_key(self) -> str | None:
-        """The conversation as the Engram server reads it: conversation_id, else rid."""
-        return self.conversation_id if self.conversation_id is not None else self.rid
-
-    @property
-    def session_name(self) -> str | None:
-        return named_session(self.session, self.conversation_id, self.rid)
-
-    @property
-    def conversation(self) -> str | None:
-        """The conversation's name as the request gave it (what the answers call conversation_id)."""
-        return self.session if self.session is not None else self.conversation_key
-
-    def given(self, *names: str) -> bool:
-        """Whether the request carries any of these fields, even as an explicit null (the Engram server's
-        Python client sends every field it knows, null when unset)."""
-        return bool(self.model_fields_set & set(names))
-
-
-# The Engram server's own fields: a request that carries one is answered in its terms (docs/engram-api.md).
-ENGRAM_FIELDS = (
-    "turn_number",
-    "branch_name",
-    "rid",
-    "create_new_request",
-    "continuation_ids",
-    "max_new_tokens",
-    "request_id",
-)
-_TURN = Field(None, ge=0, description="The Engram server's turn selector: turn 1 is the state after the first reply.")
-_BRANCH = Field(
-    None, description="The Engram server's branch selector (its own session here).", json_schema_extra=_ENGRAM_NAME_DOC
-)
-
-
-class _Selectors(SessionRef):
-    """The Engram server's snapshot selectors within a conversation: turn_number, branch_name."""
-
-    turn_number: int | None = _TURN
-    branch_name: str | None = _BRANCH
-
-    @field_validator("branch_name")
-    @classmethod
-    def _branch(cls, v: str | None) -> str | None:
-        return None if v is None else validate_engram_api_name(v, "branch_name")
-
-    @property
-    def selects(self) -> bool:
-        return self.turn_number is not None or self.branch_name is not None
-
-    def check_selectors(self, snapshot_id: str | None) -> None:
-        if self.selects and self.session_name is None:
-            raise ValueError(
-                "turn_number and branch_name select a snapshot of a conversation: give its conversation_id"
-            )
-        if self.selects and snapshot_id is not None:
-            raise ValueError("give a snapshot_id, or a conversation_id with turn_number or branch_name, not both")
-
-
-class SaveSnapshotRequest(_Selectors):
-    label: str | None = _doc(None, _LABEL_DOC)
-    pin: bool = True
-    snapshot_id: str | None = _doc(
-        None, _ENGRAM_NAME_DOC
-    )  # the Engram server's custom id: the name the snapshot is saved under
-
-    @field_validator("snapshot_id")
-    @classmethod
-    def _custom_id(cls, v: str | None) -> str | None:
-        if v is not None and is_snapshot_id(validate_engram_api_name(v, "snapshot_id")):
-            raise ValueError("a custom snapshot_id cannot look like a snapshot's own id (32 hex digits)")
-        return v
-
-    @property
-    def engram(self) -> bool:
-        """Answered in the Engram server's terms: it uses one of its fields, or names the conversation only
-        by conversation_id (none of ours: session, label, pin)."""
-        return self.given("snapshot_id", *ENGRAM_FIELDS) or (
-            self.given("conversation_id") and not self.given("session", "label", "pin")
-        )
-
-
-class RestoreSnapshotRequest(_Selectors, Sampling):
-    snapshot_id: str | None = _doc(None, _SNAPSHOT_REF_DOC)
-    continuation: str | ChatMessage | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    model: str = "default"
-    # the Engram server's restore-and-generate
-    create_new_request: bool | None = None
-    continuation_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    max_new_tokens: int | None = Field(None, ge=1)
-    request_id: str | None = None
-
-    @model_validator(mode="after")
-    def _target(self):
-        if self.snapshot_id is None and self.session_name is None:
-            raise ValueError("give a snapshot_id, or a session (conversation_id) to restore its head")
-        self.check_selectors(self.snapshot_id)
-        if self.continuation is not None and self.continuation_ids is not None:
-            raise ValueError("give continuation (a message) or continuation_ids (token ids), not both")
-        if self.create_new_request is False and (self.continuation_ids is not None or self.max_new_tokens is not None):
-            raise ValueError("continuation_ids and max_new_tokens can only be provided when create_new_request=true")
-        if self.max_new_tokens is not None and self.continuation_ids is None and not self.create_new_request:
-            raise ValueError("max_new_tokens goes with continuation_ids (restore-and-generate)")
-        if self.continuation_ids is not None and self.stream:
-            raise ValueError("a restore-and-generate with continuation_ids answers once; stream is not supported")
-        mine = {self.max_tokens, self.max_completion_tokens} - {None}  # type: ignore[attr-defined]
-        if self.max_new_tokens is not None and mine - {self.max_new_tokens}:
-            raise ValueError("max_new_tokens and max_tokens say different things; give one")
-        return self
-
-    def continuation_message(self) -> dict[str, str] | None:
-        if self.continuation is None:
-            return None
-        if isinstance(self.continuation, str):
-            return {"role": "user", "content": self.continuation}
-        return self.continuation.plain()
-
-    def token_params(self) -> SamplingParams:
-        """Sampling for a restore-and-generate with continuation_ids: as asked, else greedy (temperature 0,
-        reproducible); max_new_tokens is max_tokens."""
-        options = {name: getattr(self, name) for name in OPTIONS}
-        if options["temperature"] is None:
-            options["temperature"] = 0.0
-        mine = self.max_tokens or self.max_completion_tokens  # type: ignore[attr-defined]
-        options["max_tokens"] = self.max_new_tokens or mine
-        return SamplingParams.from_options(options)
-
-
-class ListSnapshotsRequest(SessionRef):
-    @property
-    def engram(self) -> bool:
-        """Listed in the Engram server's terms (its order, an empty list for an unknown conversation): the
-        conversation is named by conversation_id (or rid), not by our `session`."""
-        return self.session is None and self.conversation_key is not None
-
-
-class SnapshotInfoRequest(_Selectors):
-    snapshot_id: str | None = _doc(None, _SNAPSHOT_REF_DOC)
-
-    @model_validator(mode="after")
-    def _target(self):
-        if self.snapshot_id is None and self.session_name is None:
-            raise ValueError("give a snapshot_id, or a session (conversation_id) for its head")
-        self.check_selectors(self.snapshot_id)
-        return self
-
-
-class DeleteSnapshotRequest(_Selectors):
-    snapshot_id: str | None = _doc(None, _SNAPSHOT_REF_DOC)
-    force: bool | None = None  # default: false for a snapshot_id, true for the Engram selectors (their delete)
-
-    @model_validator(mode="after")
-    def _target(self):
-        if self.snapshot_id is None and not (self.selects and self.session_name is not None):
-            raise ValueError("give a snapshot_id, or a conversation_id with its turn_number or branch_name")
-        self.check_selectors(self.snapshot_id)
-        return self
-
-
-class SnapshotRef(BaseModel):
-    """One snapshot by id or unique id prefix (/unpin_snapshot, /get_snapshot_transcript)."""
-
-    model_config = ConfigDict(extra="ignore")
-    snapshot_id: str = Field(json_schema_extra=_SNAPSHOT_REF_DOC)
-
-
-class PinSnapshotRequest(SnapshotRef):
-    label: str | None = _doc(None, _LABEL_DOC)  # also set this label
-
-
-class LabelSnapshotRequest(SnapshotRef):
-    label: str | None = Field(..., json_schema_extra=_LABEL_DOC)  # null clears it
-
-
-class BranchSnapshotRequest(SessionRef):
-    snapshot_id: str | None = _doc(None, _SNAPSHOT_REF_DOC)
-    source: str | None = _doc(None, _ENGRAM_NAME_DOC)  # a session name or snapshot id
-    new_session: str = Field(json_schema_extra=_SESSION_DOC)
-
-    @model_validator(mode="after")
-    def _source(self):
-        given = [x for x in (self.snapshot_id, self.source, self.session_name) if x is not None]
-        if len(given) != 1:
-            raise ValueError("give exactly one of snapshot_id, source or session (conversation_id) to branch from")
-        validate_session_name(self.new_session)
-        return self
-
-    @property
-    def source_ref(self) -> str:
-        return next(x for x in (self.snapshot_id, self.source, self.session_name) if x is not None)
 
 
 # protocol.ErrorBody on the wire, as /openapi.json documents it for every failure (the Engram routes add

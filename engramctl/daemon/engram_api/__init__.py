@@ -7,7 +7,8 @@ conversation service the OpenAI routes use. Everything that speaks that server's
                      over the store's name table (store/name_table.py, `store.names`)
     continuation.py  restore-and-generate: their continuation_ids fed to a restored state as one turn
     answers.py       their answer fields (success, message, conversation_id, turn_number, ...) and failure shape
+    schemas.py       the routes' request bodies, over daemon/schemas.py's message and sampling fields
 
-Request bodies are in daemon/schemas.py; `session`, `conversation_id` and `rid` name one conversation
+`session`, `conversation_id` and `rid` name one conversation
 (store/names.py `named_session`). docs/engram-api.md is the reference.
 """

@@ -3,7 +3,7 @@
 The original Engram server answers `{"success": true, ...}`, and `{"success": false, "message": ...}` on
 failure, and calls a session `conversation_id` (see the reference HTTP contract and docs/engram-api.md).
 Our own objects (engramctl.protocol) use neither; this adapter adds them to what the snapshot routes send,
-and nothing else does. Requests may say `conversation_id` for `session` (schemas.SessionRef accepts both).
+and nothing else does. Requests may say `conversation_id` for `session` (engram_api/schemas.py SessionRef accepts both).
 
 Its snapshot metadata (`Meta`: turn_number, branch_name, timestamp, token_count, model_name, ...) goes on
 every snapshot these routes describe, beside our own fields; `name` is the snapshot's id in their terms

@@ -2,7 +2,7 @@
 by a save: what `turn_number` / `branch_name` name in a conversation, which state a restore in their terms
 goes back to, and a snapshot's metadata in their terms (`answers.Meta`).
 
-`body` is the request (daemon/schemas.py): its `session_name` is the conversation's session, its
+`body` is the request (engram_api/schemas.py): its `session_name` is the conversation's session, its
 `conversation` the name the client gave, `turn_number` and `branch_name` their selectors.
 """
 

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.engram_api import answers, naming
 from engramctl.daemon.engram_api.continuation import token_turn
-from engramctl.daemon.schemas import (
+from engramctl.daemon.engram_api.schemas import (
     ENGRAM_FIELDS,
     BranchSnapshotRequest,
     DeleteSnapshotRequest,
