@@ -27,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engramctl.bench.workloads.constrained import REPLY, SCHEMA  # noqa: E402
+
 SCHEMAS = {
     "object": (
         {
@@ -40,36 +42,7 @@ SCHEMAS = {
         },
         {"name": "Ada Lovelace", "age": 36, "tags": ["math", "engines", "poetry"]},
     ),
-    "nested+enum": (
-        {
-            "type": "object",
-            "properties": {
-                "status": {"enum": ["ok", "warn", "error"]},
-                "owner": {
-                    "type": "object",
-                    "properties": {"id": {"type": "integer"}, "email": {"type": "string", "format": "email"}},
-                    "required": ["id", "email"],
-                },
-                "items": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-                            "qty": {"type": "number"},
-                        },
-                        "required": ["sku", "qty"],
-                    },
-                },
-            },
-            "required": ["status", "owner", "items"],
-        },
-        {
-            "status": "warn",
-            "owner": {"id": 7, "email": "ada@example.org"},
-            "items": [{"sku": "ABC-1234", "qty": 2.5}, {"sku": "XYZ-0001", "qty": 10}],
-        },
-    ),
+    "nested+enum": (SCHEMA, REPLY),  # the one `engramctl bench` measures on the loaded model
     "json_object": ({"type": "object"}, {"answer": "forty two", "list": [1, 2, 3], "ok": True, "none": None}),
 }
 

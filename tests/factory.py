@@ -67,6 +67,11 @@ def build_tokenizer(vocab_size: int = VOCAB, template: str = "chatml") -> PreTra
     return presets.build_tokenizer(vocab_size, chat_template=TEMPLATES[template])
 
 
+def _tiny_mamba() -> dict:
+    """The Mamba2 mixer of bench/presets.py's tiny preset, which the tiny hybrids of other families share."""
+    return {k: v for k, v in presets.granite_kwargs("tiny").items() if k.startswith("mamba_")}
+
+
 def _config(family: str):
     """Tiny config for `family`; layer layouts noted as L = recurrent, A = attention."""
     attn = dict(num_attention_heads=4, num_key_value_heads=2)
@@ -108,12 +113,7 @@ def _config(family: str):
             num_hidden_layers=3,
             **attn,
             mamba_d_ssm=128,
-            mamba_n_heads=8,
-            mamba_d_head=16,
-            mamba_d_state=16,
-            mamba_n_groups=1,
-            mamba_d_conv=4,
-            mamba_chunk_size=64,
+            **_tiny_mamba(),  # the tiny preset's mixers
         )
     if family == "bamba":  # L A L L
         return BambaConfig(
@@ -122,7 +122,7 @@ def _config(family: str):
             num_hidden_layers=4,
             **attn,
             attn_layer_indices=[1],
-            **{k: v for k, v in presets.granite_kwargs("tiny").items() if k.startswith("mamba_")},  # its mixers
+            **_tiny_mamba(),  # the tiny preset's mixers
         )
     if family == "zamba2":  # L H L L; H = the shared attention block followed by a mamba2 layer
         return Zamba2Config(

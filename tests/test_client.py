@@ -21,6 +21,7 @@ from engramctl.errors import (
     NotFound,
     SnapshotMismatch,
 )
+from engramctl.protocol import ErrorBody
 from engramctl.settings import load_settings
 from engramctl.store.errors import SnapshotInUse
 
@@ -47,9 +48,14 @@ def test_nothing_listening_is_daemon_unreachable(engram_home):
         c.chat_stream([{"role": "user", "content": "x"}])
 
 
+def _refusal(status: int, code: str, message: str, hint: str | None = None) -> httpx.Response:
+    """What the daemon answers when it refuses (daemon/errors.py writes protocol.ErrorBody)."""
+    return httpx.Response(status, json=ErrorBody(message, "invalid_request_error", code, hint=hint).to_json())
+
+
 def test_error_bodies_become_typed_errors():
     def body(status, code, message="m", hint=None):
-        return error_from_body(status, {"error": {"message": message, "type": "x", "code": code, "hint": hint}})
+        return error_from_body(status, ErrorBody(message, "x", code, hint=hint).to_json())
 
     assert isinstance(body(404, "not_found", "no session 'a'"), NotFound)
     assert body(404, "not_found", "no session 'a'").message == "no session 'a'"
@@ -78,17 +84,7 @@ def test_requests_carry_the_token_and_raise_on_errors():
             )
         )
         if request.url.path == "/delete_snapshot":
-            return httpx.Response(
-                409,
-                json={
-                    "error": {
-                        "message": "in use",
-                        "type": "invalid_request_error",
-                        "code": "snapshot_in_use",
-                        "hint": "force it",
-                    }
-                },
-            )
+            return _refusal(409, "snapshot_in_use", "in use", hint="force it")
         if request.url.path == "/list_snapshots":
             return httpx.Response(200, json={"success": True, "snapshots": [{"snapshot_id": "a"}]})
         return httpx.Response(200, json={"ok": True})
@@ -158,7 +154,7 @@ def test_chat_stream_parses_pieces_extension_and_usage():
         list(c.chat_stream([{"role": "user", "content": "hi"}]))
 
     def refused(request):
-        return httpx.Response(400, json={"error": {"message": "too long", "code": "context_length_exceeded"}})
+        return _refusal(400, "context_length_exceeded", "too long")
 
     with _mock(refused) as c, pytest.raises(ContextOverflow, match="too long"):
         c.chat_stream([{"role": "user", "content": "hi"}])
@@ -205,17 +201,7 @@ def test_management_methods_hit_their_routes():
         body = json.loads(request.content) if is_json else request.content
         seen.append((request.url.path, dict(request.url.params), ctype, body))
         if request.url.path == "/import_snapshot":
-            return httpx.Response(
-                409,
-                json={
-                    "error": {
-                        "message": "the snapshot belongs to model 'x'",
-                        "type": "x",
-                        "code": "snapshot_mismatch",
-                        "hint": "serve x",
-                    }
-                },
-            )
+            return _refusal(409, "snapshot_mismatch", "the snapshot belongs to model 'x'", hint="serve x")
         return httpx.Response(200, json={"success": True})
 
     with _mock(handler) as c:

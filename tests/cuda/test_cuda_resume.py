@@ -16,18 +16,15 @@ decode and verify it in a child process, inject it, feed 8 more tokens, decode 1
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from engramctl.engine.families import RECURRENT_FAMILIES
 from engramctl.errors import SnapshotMismatch
 from engramctl.state.codec import to_payload
+from tests.helpers import in_fresh_process
 from tests.snapshot_io import read_state, state_metadata, write_state
 from engramctl.store import snapshot_file
 from tests.cuda._common import load_backend, max_diff, record, requires_cuda, token_ids
@@ -123,18 +120,7 @@ def resume_run(zoo, tmp_path_factory):
             del bf16
         del gpu, cpu
     torch.cuda.empty_cache()
-    (work / "jobs.json").write_text(json.dumps(jobs))
-    out = work / "out.safetensors"
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.cuda._resume_child", str(work / "jobs.json"), str(out)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return refs, load_file(out), work
+    return refs, in_fresh_process("tests.cuda._resume_child", work, jobs), work
 
 
 @pytest.mark.parametrize("family", FAMILIES)

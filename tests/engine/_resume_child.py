@@ -1,4 +1,7 @@
-"""Fresh-process half of test_resume: restore each snapshot, continue, write what came out."""
+"""Fresh-process half of test_resume and test_llama_resume: restore each snapshot, continue, write what came out.
+
+A job names a GGUF ("gguf": llama.cpp) or a model directory ("model_dir": transformers on the CPU, float32).
+"""
 
 import json
 import sys
@@ -7,20 +10,30 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engramctl.engine.hf_backend import TransformersBackend
-from engramctl.ngram.hashing import NgramConfig
 from tests.snapshot_io import read_state
+
+
+def _backend(job: dict):
+    if job.get("gguf"):
+        from engramctl.engine.llama_backend import LlamaCppBackend
+
+        path = Path(job["gguf"])
+        return LlamaCppBackend(path, path.name, chunk_tokens=job["chunk_tokens"])
+    from engramctl.engine.hf_backend import TransformersBackend
+    from engramctl.ngram.hashing import NgramConfig
+
+    model_dir = Path(job["model_dir"])
+    ngram = NgramConfig(**job["ngram"]) if job.get("ngram") else None  # Engram layers, rebuilt from their seed
+    backend = TransformersBackend.load(model_dir, model_dir.name, "cpu", torch.float32, ngram=ngram)
+    backend.chunk_tokens = 16
+    return backend
 
 
 def main(job_file: str, out_file: str) -> None:
     results = {}
     for job in json.loads(Path(job_file).read_text()):
-        model_dir = Path(job["model_dir"])
-        ngram = NgramConfig(**job["ngram"]) if job.get("ngram") else None  # Engram layers, rebuilt from their seed
-        backend = TransformersBackend.load(model_dir, model_dir.name, "cpu", torch.float32, ngram=ngram)
-        backend.chunk_tokens = 16
+        backend, fam = _backend(job), job["family"]
         live = backend.inject(read_state(Path(job["snapshot"]), backend.spec))
-        fam = job["family"]
         results[f"{fam}.restored_logits"] = live.last_logits.clone()
         logits = backend.prefill(live, job["more_ids"])
         results[f"{fam}.continued_logits"] = logits.clone()
@@ -29,6 +42,7 @@ def main(job_file: str, out_file: str) -> None:
             greedy.append(int(torch.argmax(logits)))
             logits = backend.decode(live, greedy[-1])
         results[f"{fam}.greedy"] = torch.tensor(greedy)
+        results[f"{fam}.final_logits"] = logits.clone()
     save_file(results, out_file)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -14,14 +13,6 @@ from engramctl.engine import llama_lib
 from engramctl.engine.gguf_source import is_gguf_ref, pick_file, resolve_gguf
 from engramctl.engine.loading import choose_backend, load_engine, smollm2_gguf
 from engramctl.errors import BackendUnavailable, ModelNotFound, UnsupportedModel
-
-
-@pytest.fixture
-def hf_home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return tmp_path / "hf"
 
 
 @pytest.mark.parametrize(

@@ -3,15 +3,10 @@ process continues bit for bit like the run that never stopped, for every archite
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from tests.helpers import in_fresh_process
 from tests.snapshot_io import write_state
 from tests.gguf_factory import LLAMA_FAMILIES
 
@@ -54,18 +49,7 @@ def resume_run(gguf_zoo, load_llama, tmp_path_factory):
                 "chunk_tokens": CHUNK,
             }
         )
-    (work / "jobs.json").write_text(json.dumps(jobs))
-    out = work / "out.safetensors"
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.engine._llama_resume_child", str(work / "jobs.json"), str(out)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return refs, load_file(out)
+    return refs, in_fresh_process("tests.engine._resume_child", work, jobs)
 
 
 @pytest.mark.parametrize("family", LLAMA_FAMILIES)

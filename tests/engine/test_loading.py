@@ -39,14 +39,6 @@ def tiny_dir(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture
-def hf_home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return tmp_path / "hf"
-
-
 def test_local_dir(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tiny_dir.parent)
     r = resolve_model(tiny_dir.name, tmp_path)  # relative path: normalised to an absolute one

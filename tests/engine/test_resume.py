@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from tests.helpers import in_fresh_process
 from tests.snapshot_io import write_state
 from tests.factory import FAMILIES
 
@@ -44,17 +41,7 @@ def _greedy(backend, ids: list[int]) -> list[int]:
 
 def _run_child(work: Path, jobs: list[dict]) -> dict[str, torch.Tensor]:
     """One fresh process (tests/engine/_resume_child.py) restores every job's snapshot; its tensors."""
-    (work / "jobs.json").write_text(json.dumps(jobs))
-    out = work / "out.safetensors"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.engine._resume_child", str(work / "jobs.json"), str(out)],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return load_file(out)
+    return in_fresh_process("tests.engine._resume_child", work, jobs)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@
     daemon = module_daemon("ollama-home")     a test module's fixture: a real daemon process for the module
     clear_store_env(monkeypatch)              no ENGRAM_TIER_*/KEEP_LAST/SESSION_TTL_S from the environment
     store, tiers = open_planned(settings)     a Store and the TierPlanner it follows, as the daemon opens them
+    got = in_fresh_process("tests.engine._resume_child", work, jobs)   a child restores snapshots: its tensors
 
 A real daemon over real HTTP: tests.daemon.conftest (a subprocess) and tests.helpers.inprocess (a thread).
 """
@@ -47,6 +48,29 @@ def open_planned(settings: Any, hardware: Any = None, **open_kw: Any) -> tuple[A
     except BaseException:
         store.close()
         raise
+
+
+def in_fresh_process(module: str, work: Any, jobs: list[dict]) -> dict:
+    """Run `python -m module JOBS OUT` from the repository root (a fresh process: nothing of this one's
+    state) on `jobs` written to work/jobs.json; the tensors it saved to work/out.safetensors."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    (work / "jobs.json").write_text(json.dumps(jobs))
+    out = work / "out.safetensors"
+    proc = subprocess.run(
+        [sys.executable, "-m", module, str(work / "jobs.json"), str(out)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_file(out)
 
 
 def chat(h: Any, session: str | None, content: str | list[dict], max_tokens: int = 4, **extra: Any) -> dict:
