@@ -32,7 +32,9 @@ from engramctl.agent.arguments import validate_arguments
 from engramctl.agent.tools import Tool, get_tool
 from engramctl.daemon.scheduler import TurnRequest
 from engramctl.daemon.service import ChatRequest
-from engramctl.daemon.streaming import job_result, turn_info, usage_json
+from engramctl.daemon.streaming import job_result
+from engramctl.daemon.turn_json import turn_info, usage_json
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import NotFound, ToolArgumentError, UsageError
 from engramctl.protocol import Snapshot
@@ -293,9 +295,9 @@ class Dispatcher:
         return self.service.chat(chat, job.emit, job.cancel).then(chat_result)
 
 
-def chat_result(r) -> dict:
-    """A service.ChatResult as the chat tool's result: the turn's wire fields (protocol.TurnInfo)."""
-    t, usage = turn_info(r.start, r), usage_json(r)
+def chat_result(r: TurnResult) -> dict:
+    """A turn's result as the chat tool's result: the turn's wire fields (protocol.TurnInfo)."""
+    t, usage = turn_info(r), usage_json(r)
     return {
         "session": t.session,
         "reply": r.text,

@@ -26,9 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engramctl.daemon.recorder import PromptRecorded, Recorded, Recorder, TurnRecord
+from engramctl.daemon import turn_result
+from engramctl.daemon.recorder import Recorder, TurnRecord
 from engramctl.daemon.scheduler import TurnRequest
 from engramctl.daemon.state_cache import Hot, Origin, StateCache
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
 from engramctl.engine.generate import Finish
@@ -44,7 +46,8 @@ log = logging.getLogger("engramctl.daemon")
 
 AUTO_PREFIX = "auto-"
 
-Emit = Callable[[str, Any], None]  # ("start", TurnStart) once the prompt is in the state, then ("piece", text)...
+Emit = Callable[[str, Any], None]  # ("start", TurnResult) once the prompt is in the state, ("piece", text)...,
+# ("finish", TurnResult) when generation stops; the recorded TurnResult is the job's result
 
 
 def plain(message: dict) -> dict[str, str]:
@@ -72,35 +75,6 @@ class CompletionRequest:
     ids: list[int]  # the prompt's token ids, in full
     text: str  # the text they encode
     params: SamplingParams
-
-
-@dataclass(frozen=True)
-class TurnStart:
-    """The prompt is in the state, generation begins (a stream's first chunk)."""
-
-    session: str
-    origin: Origin
-    prompt: Prompt
-
-
-@dataclass(frozen=True)
-class ChatResult:
-    start: TurnStart
-    done: TurnDone
-    recorded: Recorded
-    ttft_ms: float | None  # from the worker taking the request to the first token
-
-    @property
-    def text(self) -> str:
-        return self.done.finish.text
-
-    @property
-    def finish(self) -> Finish:
-        return self.done.finish
-
-    @property
-    def snapshot_id(self) -> str | None:
-        return self.recorded.reply_id
 
 
 @dataclass(frozen=True)
@@ -239,24 +213,29 @@ class ConversationService:
         """The planned turn as the scheduler steps it: its start is emitted and the prompt snapshot committed
         once the prompt is in the state (its file is written while the reply is generated), its pieces are
         emitted, and its end recorded, its state kept hot."""
-        started: list[PromptRecorded] = []
+        result: list[TurnResult] = []  # the turn's result as far as it has got
 
         def on_prompt(prompt: Prompt) -> None:
-            emit("start", TurnStart(session, origin, prompt))
-            started.append(self.recorder.prompt(record, prompt))
+            result.append(turn_result.started(session, origin, prompt, t0))
+            emit("start", result[-1])
+            self.recorder.prompt(record, prompt)
 
-        def on_done(done: TurnDone) -> ChatResult:
-            recorded = self.recorder.turn(record, done, started[0] if started else None)
-            self.states.keep(session, recorded.reply_id, done.live)
+        def on_finish(finish: Finish) -> None:
+            result.append(turn_result.finished(result[-1], finish))
+            emit("finish", result[-1])  # the stream's last choice: it does not wait for the reply state
+
+        def on_done(done: TurnDone) -> TurnResult:
+            self.recorder.turn(record, done)
+            self.states.keep(session, record.reply_id, done.live)
             self.turns += 1
-            ttft_ms = None if done.first_token_at is None else (done.first_token_at - t0) * 1000
-            return ChatResult(TurnStart(session, origin, done.prompt), done, recorded, ttft_ms)
+            return turn_result.recorded(result[-1], done, record)
 
         return TurnRequest(
             turn,
             cancel,
             on_prompt=on_prompt,
             on_piece=lambda piece: (crash_point("stream.piece"), emit("piece", piece)),
+            on_finish=on_finish,
             on_done=on_done,
             on_fail=lambda: self.states.release_retired(),
             session=session,

@@ -32,7 +32,9 @@ from engramctl.daemon.schemas import (
     SnapshotRef,
 )
 from engramctl.daemon.service import Restored as RestoredState
-from engramctl.daemon.streaming import Completion, answer_turn, engram_json, finish_reason, job_result, usage_json
+from engramctl.daemon.streaming import Completion, answer_turn, job_result
+from engramctl.daemon.turn_json import engram_json, finish_reason, usage_json
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.errors import UsageError
 from engramctl.protocol import Restored, Session, Snapshot
 from engramctl.store.names import is_id_prefix, is_snapshot_id, named_session
@@ -320,13 +322,13 @@ async def import_snapshot(
     return answers.snapshot(Snapshot.from_record(rec), messages=n_messages)
 
 
-def _generated(d, r, ids: list[int], conversation: str | None, body: RestoreSnapshotRequest) -> dict:
+def _generated(d, r: TurnResult, ids: list[int], conversation: str | None, body: RestoreSnapshotRequest) -> dict:
     """The answer to a restore-and-generate: the Engram server's fields, then ours (the new head's
     snapshot_id and names, usage, the `engram` turn info)."""
-    out = list(r.finish.token_ids)
-    if out and r.finish.reason == "stop" and out[-1] in d.engine.tokenizer.eos_ids:
+    out = list(r.token_ids)
+    if out and r.finish_reason == "stop" and out[-1] in d.engine.tokenizer.eos_ids:
         out = out[:-1]  # as theirs: the stop token is not part of the output
-    head, session = r.snapshot_id, r.start.session
+    head, session = r.snapshot_id, r.session
     label = conversation if body.branch_name is None else None
     meta = None if head is None else naming.meta(d.store, head, conversation, scope=session, label=label)
     theirs = {"branch_name": body.branch_name}
@@ -335,7 +337,7 @@ def _generated(d, r, ids: list[int], conversation: str | None, body: RestoreSnap
     return answers.generated(
         out,
         r.text,
-        r.start.prompt.prompt_tokens - len(ids),
+        r.prompt_tokens - len(ids),
         **_request_id(body),
         conversation_id=conversation or session,
         session=session,
