@@ -7,7 +7,8 @@ file is written while the reply is generated: after the reply's last token only 
 left to write, which halves the window in which a crash loses the turn's snapshots (RELIABILITY.md,
 section 3: two ~35 MB writes after the last token took 0.5-1.15 s on the 350M preset at 2-3k tokens).
 Failing to snapshot never loses the conversation: the transcript is recorded regardless, the next
-turn re-prefills it, and the failure is in the turn's record (`TurnRecord.error`, reported as the result's snapshot_error) and the log.
+turn re-prefills it, and the failure is in the turn's record (`TurnRecord.error`, reported as the result's
+snapshot_error) and the log.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """One chat turn, the only place it is written: the daemon's service and the benchmark both run it.
 
     turn = Turn.for_messages(engine, live, messages, params)   # plans; refuses touching nothing
-    done = turn.run(cancel, on_prompt=..., on_piece=..., on_finish=...)  # prefill -> capture -> generate -> settle -> capture
+    done = turn.run(cancel, on_prompt=..., on_piece=..., on_finish=...)
+    # prefill -> capture -> generate (on_finish when it stops) -> settle -> capture
 
 `run` is the turn alone. The daemon's scheduler (daemon/scheduler.py) steps many at once through the same
 state machine: `begin`, then per step `work()` (a prompt chunk, the token just sampled, or the last one to

@@ -6,8 +6,9 @@ routes the CLI needs while the daemon owns the store: /pin_snapshot, /unpin_snap
 The five routes also take that server's own fields: the turn_number / branch_name selectors, a custom
 snapshot_id, and restore-and-generate (continuation_ids, max_new_tokens: continuation.py); its names for
 snapshots are read and written by naming.py over the store's name table. The work runs on the worker
-through the conversation service the OpenAI routes use. docs/engram-api.md says what each does and where
-we differ. Answers are protocol objects (Snapshot, Session, Restored) in their terms (answers.py)."""
+through the conversation service the OpenAI routes use (restore.py: restore and save). docs/engram-api.md
+says what each does and where we differ. Answers are protocol objects (Snapshot, Session, Restored) in their
+terms (answers.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from engramctl.daemon.context import daemon_of
-from engramctl.daemon.engram_api import answers, naming
+from engramctl.daemon.engram_api import answers, naming, restore
 from engramctl.daemon.engram_api.continuation import token_turn
 from engramctl.daemon.schemas import (
     ENGRAM_FIELDS,
@@ -31,7 +32,6 @@ from engramctl.daemon.schemas import (
     SnapshotInfoRequest,
     SnapshotRef,
 )
-from engramctl.daemon.service import Restored as RestoredState
 from engramctl.daemon.streaming import Completion, answer_turn, job_result
 from engramctl.daemon.turn_json import engram_json, finish_reason, usage_json
 from engramctl.daemon.turn_result import TurnResult
@@ -95,9 +95,9 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
 
     def run(job):
         then = None if ids is None else token_turn(d.service, ids, params, job.emit, job.cancel)
-        out = d.service.restore(ref, session, continuation, params, job.emit, job.cancel, then=then)
-        if isinstance(out, RestoredState):
-            r = _restored(out)
+        out = restore.restore(d.service, ref, session, continuation, params, job.emit, job.cancel, then=then)
+        if isinstance(out, Restored):
+            r = out
             extra = {"rid": answers.new_rid()} if body.create_new_request else {}
             if r.snapshot_id is not None:  # a branch's turns are named after its own session
                 label = conversation if body.branch_name is None else None
@@ -358,15 +358,3 @@ def _required_session(name: str | None) -> str:
     if name is None:
         raise UsageError("give the session (or conversation_id) to snapshot.")
     return name
-
-
-def _restored(r: RestoredState) -> Restored:
-    """The service's answer to a restore that generated nothing, as it goes on the wire."""
-    return Restored(
-        session=r.session,
-        snapshot_id=r.snapshot_id,
-        tokens=r.tokens,
-        tier=r.origin.tier,
-        restore_ms=r.origin.restore_ms,
-        n_messages=r.n_messages,
-    )
