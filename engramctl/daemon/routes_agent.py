@@ -219,7 +219,7 @@ async def _replay(completion: Completion, response: dict, include_usage: bool):
     if message.get("tool_calls"):
         deltas = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
         yield sse(completion.chunk({"tool_calls": deltas}))
-    yield sse(completion.chunk({}, reason, engram=response["engram"]))
-    if include_usage:
-        yield sse(completion.usage_chunk(response["usage"]))
+    # the stream's end as streaming.py's: the finish, then the engram object (with the usage if asked for)
+    yield sse(completion.chunk({}, reason))
+    yield sse(completion.usage_chunk(response["usage"] if include_usage else None, engram=response["engram"]))
     yield "data: [DONE]\n\n"

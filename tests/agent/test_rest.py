@@ -312,7 +312,8 @@ def test_model_tool_call_errors_streaming_and_tool_choice(client, app, monkeypat
         events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
     deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
     assert deltas[0]["role"] == "assistant" and deltas[1]["tool_calls"][0]["function"]["name"] == "checkpoint"
-    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls" and events[-2]["engram"]["tool_results"]
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls" and "engram" not in events[-2]
+    assert events[-1]["choices"] == [] and events[-1]["engram"]["tool_results"]  # the trailing chunk (issue 18)
     assert events[-1]["usage"]["completion_tokens"] == 3
     # tool_choice none: no prompt, no parsing, nothing run
     seen = _script(monkeypatch, app, '{"name": "checkpoint", "arguments": {}}')
