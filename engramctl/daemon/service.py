@@ -213,7 +213,8 @@ class ConversationService:
             self.recorder.turn(record, done)
             self.states.keep(session, record.reply_id, done.live)
             self.turns += 1
-            return turn_result.recorded(result[-1], done, record)
+            so_far = result[-1] if result else turn_result.started(session, origin, done.prompt, t0)
+            return turn_result.recorded(so_far, done, record)
 
         return TurnRequest(
             turn,
