@@ -143,7 +143,8 @@ class Restored:
 @dataclass(frozen=True)
 class TurnInfo:
     """A chat turn's `engram` extension. The first streamed chunk carries the origin (session ..
-    prefill_ms); the last one adds the outcome (snapshot_id, finish_reason .. decode_ms)."""
+    prefill_ms); the trailing one, after the finish chunk, adds the outcome (snapshot_id, finish_reason ..
+    decode_ms)."""
 
     session: str | None = None
     resumed: bool = False  # the state was restored rather than computed from scratch

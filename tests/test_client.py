@@ -128,8 +128,13 @@ def test_chat_stream_parses_pieces_extension_and_usage():
         chunk({"role": "assistant", "content": ""}, engram={"session": "s", "resumed": True, "snapshot_id": None}),
         chunk({"content": "Hel"}),
         chunk({"content": "lo"}),
-        chunk({}, "stop", engram={"session": "s", "resumed": True, "snapshot_id": "abc"}),
-        {"id": "c1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+        chunk({}, "stop"),  # the finish, as soon as generation stops; then, once recorded, the engram
+        {
+            "id": "c1",
+            "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            "engram": {"session": "s", "resumed": True, "snapshot_id": "abc"},
+        },
     )
 
     def handler(request):
@@ -140,7 +145,7 @@ def test_chat_stream_parses_pieces_extension_and_usage():
         with c.chat_stream([{"role": "user", "content": "hi"}], session="s") as s:
             assert isinstance(s, ChatStream)
             assert list(s) == ["Hel", "lo"]
-    assert s.text == "Hello" and s.finish_reason == "stop" and s.done
+    assert s.text == "Hello" and s.finish_reason == "stop" and s.finished and s.done
     assert s.engram == {"session": "s", "resumed": True, "snapshot_id": "abc"} and s.usage["completion_tokens"] == 2
 
     def failing(request):

@@ -46,6 +46,8 @@ class DaemonChatLink:
                 yield {"type": "token", "text": piece}
             if not started:
                 yield {"type": "start", "engram": s.turn.to_json()}
+            # the stream has ended at [DONE]: past the finish chunk, the trailing one brought the recorded
+            # turn's engram (its snapshot id, which the chat shows and /save, /branch use)
             yield {"type": "done", "finish_reason": s.finish_reason, "usage": s.usage, "engram": s.turn.to_json()}
         finally:
             s.close()  # an early exit (Ctrl-C) disconnects: the daemon cancels and records the partial reply

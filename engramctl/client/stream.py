@@ -1,5 +1,9 @@
 """A streamed chat completion as the client reads it: text pieces, then the finish, usage and the
-"engram" extension. Leaving it early (break, close(), Ctrl-C) disconnects, which cancels the generation."""
+"engram" extension. Leaving it early (break, close(), Ctrl-C) disconnects, which cancels the generation.
+
+The daemon sends the chunk with the finish_reason as soon as generation stops, and the turn's `engram`
+object (its snapshot id) in a trailing chunk with no choices once the turn is recorded, then [DONE]
+(daemon/streaming.py): the iteration ends at [DONE], so `.turn` has the snapshot id once it has."""
 
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from engramctl.protocol import TurnInfo
 
 class ChatStream:
     """A streamed completion. Iterate for text pieces; afterwards `.text`, `.finish_reason`, `.usage`
-    and `.engram` (the first chunk's extension updated by the last one: session, resumed,
-    restored_tokens, tier, restore_ms, snapshot_id, ...), read as a protocol.TurnInfo by `.turn`.
+    and `.engram` (the first chunk's extension updated by every later one that has one: session, resumed,
+    restored_tokens, tier, restore_ms, then snapshot_id, ... from the trailing chunk), read as a
+    protocol.TurnInfo by `.turn`. `.finished` is set once the finish_reason has arrived, `.done` at [DONE].
     Usable as a context manager."""
 
     def __init__(self, cm, response: httpx.Response):
@@ -24,6 +29,7 @@ class ChatStream:
         self.engram: dict[str, Any] = {}
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
+        self.finished = False  # the reply has ended (its snapshot id may still be on its way)
         self.id: str | None = None
         self.pieces: list[str] = []
         self.done = False
@@ -55,7 +61,7 @@ class ChatStream:
                     self.usage = obj["usage"]
                 for choice in obj.get("choices") or ():
                     if choice.get("finish_reason"):
-                        self.finish_reason = choice["finish_reason"]
+                        self.finish_reason, self.finished = choice["finish_reason"], True
                     piece = (choice.get("delta") or {}).get("content")
                     if piece:
                         self.pieces.append(piece)

@@ -36,8 +36,9 @@ from engramctl.agent.tools import STATE_TOOLS, error_json
 from engramctl.daemon.dispatch import Dispatcher
 from engramctl.daemon.errors import validation_problem
 from engramctl.daemon.schemas import ChatMessage, Sampling
-from engramctl.daemon.service import ChatRequest, ChatResult
-from engramctl.daemon.streaming import engram_json, usage_json
+from engramctl.daemon.service import ChatRequest
+from engramctl.daemon.turn_json import engram_json, usage_json
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.errors import EngramError, UsageError
 
 log = logging.getLogger("engramctl.daemon")
@@ -212,13 +213,13 @@ class AgentSocket:
                 if kind == "piece":
                     await self.send({"type": "token", "id": mid, "text": value})
                 elif kind == "done":
-                    r: ChatResult = value
+                    r: TurnResult = value
                     await self.send(
                         {
                             "type": "done",
                             "id": mid,
                             "text": r.text,
-                            "finish_reason": r.finish.reason,
+                            "finish_reason": r.finish_reason,
                             "usage": usage_json(r),
                             "engram": engram_json(r),
                         }

@@ -30,9 +30,12 @@ from typing import Any
 
 from engramctl.agent.arguments import validate_arguments
 from engramctl.agent.tools import Tool, get_tool
+from engramctl.daemon.engram_api import restore
 from engramctl.daemon.scheduler import TurnRequest
 from engramctl.daemon.service import ChatRequest
-from engramctl.daemon.streaming import job_result, turn_info, usage_json
+from engramctl.daemon.streaming import job_result
+from engramctl.daemon.turn_json import turn_info, usage_json
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import NotFound, ToolArgumentError, UsageError
 from engramctl.protocol import Snapshot
@@ -196,7 +199,7 @@ class Dispatcher:
 
     # -- tools (mutating ones run on the worker thread) -------------------------------------------------
     def _checkpoint(self, args: dict, job) -> dict:
-        sid = self.service.save(args["session"], args.get("label"), True)
+        sid = restore.save(self.service, args["session"], args.get("label"), True)
         return {**_fields(self.store.snapshots.info(sid), _CHECKPOINT_FIELDS), "session": args["session"]}
 
     def _branch(self, args: dict, job) -> dict:
@@ -217,7 +220,7 @@ class Dispatcher:
         rec = self._in_history(session, args["checkpoint"])
         # The service moves the head (rewinding the transcript) and loads the state into the model as
         # the session's hot state, so the next turn continues from exactly this point.
-        out = self.service.restore(rec.id, session)
+        out = restore.restore(self.service, rec.id, session)
         return {
             "session": session,
             "snapshot_id": rec.id,
@@ -225,8 +228,8 @@ class Dispatcher:
             "previous_head": before.head,
             "tokens": out.tokens,
             "n_messages": out.n_messages,
-            "tier": out.origin.tier,
-            "restore_ms": out.origin.restore_ms,
+            "tier": out.tier,
+            "restore_ms": out.restore_ms,
         }
 
     def _list_checkpoints(self, args: dict, job) -> dict:
@@ -293,9 +296,9 @@ class Dispatcher:
         return self.service.chat(chat, job.emit, job.cancel).then(chat_result)
 
 
-def chat_result(r) -> dict:
-    """A service.ChatResult as the chat tool's result: the turn's wire fields (protocol.TurnInfo)."""
-    t, usage = turn_info(r.start, r), usage_json(r)
+def chat_result(r: TurnResult) -> dict:
+    """A turn's result as the chat tool's result: the turn's wire fields (protocol.TurnInfo)."""
+    t, usage = turn_info(r), usage_json(r)
     return {
         "session": t.session,
         "reply": r.text,

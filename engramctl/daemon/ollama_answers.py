@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from engramctl.daemon.context import Daemon
-from engramctl.daemon.service import ChatResult
-from engramctl.daemon.streaming import engram_json, finish_reason
+from engramctl.daemon.turn_json import engram_json, finish_reason
+from engramctl.daemon.turn_result import TurnResult
 
 # The Ollama API release whose shapes these routes follow (GET /api/version answers it)
 OLLAMA_API_VERSION = "0.12.0"
@@ -53,23 +53,23 @@ class Answer:
     def piece(self, text: str) -> dict[str, Any]:
         return {**self._base(False), **self._text(text)}
 
-    def final(self, r: ChatResult, text: str = "", context: list[int] | None = None) -> dict[str, Any]:
-        """The last object: `text` is the whole reply when not streaming (a stream sent it piece by piece)."""
-        p = r.start.prompt
+    def final(self, r: TurnResult, text: str = "") -> dict[str, Any]:
+        """The last object: `text` is the whole reply when not streaming (a stream sent it piece by piece);
+        generate's also has the `context`, the token ids the reply state holds."""
         out = {
             **self._base(True),
             **self._text(text),
             "done_reason": finish_reason(r),
             "total_duration": time.perf_counter_ns() - self.started_ns,
-            "load_duration": _ns(r.start.origin.restore_ms),
-            "prompt_eval_count": p.computed_tokens,
-            "prompt_eval_duration": _ns(p.prefill_ms),
-            "eval_count": len(r.finish.token_ids),
-            "eval_duration": _ns(r.done.decode_ms),
+            "load_duration": _ns(r.restore_ms),
+            "prompt_eval_count": r.computed_tokens,
+            "prompt_eval_duration": _ns(r.prefill_ms),
+            "eval_count": r.completion_tokens,
+            "eval_duration": _ns(r.decode_ms),
             "engram": engram_json(r),
         }
-        if context is not None:
-            out["context"] = context
+        if not self.chat:
+            out["context"] = list(r.context)
         return out
 
     def idle(self, reason: str) -> dict[str, Any]:

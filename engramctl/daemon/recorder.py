@@ -7,14 +7,15 @@ file is written while the reply is generated: after the reply's last token only 
 left to write, which halves the window in which a crash loses the turn's snapshots (RELIABILITY.md,
 section 3: two ~35 MB writes after the last token took 0.5-1.15 s on the 350M preset at 2-3k tokens).
 Failing to snapshot never loses the conversation: the transcript is recorded regardless, the next
-turn re-prefills it, and the failure is in the turn's result (`Recorded.error`) and the log.
+turn re-prefills it, and the failure is in the turn's record (`TurnRecord.error`, reported as the result's
+snapshot_error) and the log.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from engramctl.engine.engine import Engine
@@ -28,81 +29,70 @@ from engramctl.store.store import Store
 log = logging.getLogger("engramctl.daemon")
 
 
-@dataclass(frozen=True)
-class Recorded:
-    prompt_id: str | None  # the prompt snapshot (None: nothing was computed for the prompt)
-    reply_id: str | None  # the reply snapshot, the session's new head (None: snapshotting failed)
-    started_at: float  # time.perf_counter() when the commits began
-    ended_at: float  # ... and when the turn was recorded (snapshots committed, transcript written)
-    error: str | None = None  # why the turn could not be snapshotted (reply_id is None then)
-
-
-@dataclass(frozen=True)
-class PromptRecorded:
-    """What `Recorder.prompt` did before generation: where the reply snapshot continues from."""
-
-    head: str | None  # the prompt snapshot, else the turn's parent
-    prompt_id: str | None
-    unrecorded: list[dict]  # the request's messages the transcript still lacks
-    started_at: float
-    error: str | None = None
-
-
-@dataclass(frozen=True)
+@dataclass
 class TurnRecord:
-    """What a turn adds to a session."""
+    """What a turn adds to a session, and how far recording it has got (the Recorder fills in the rest)."""
 
     session: str
     parent: str | None  # the snapshot the turn continued from
     new_messages: list[dict]  # the request's messages the transcript does not have yet
     replace_transcript: list[dict] | None = None  # anonymous turns: the transcript is the request
     before_commit: Callable[[], Any] | None = None  # a restore's head move, applied when recording
+    # filled in by Recorder.prompt, then Recorder.turn
+    prompted: bool = False
+    head: str | None = None  # where the reply snapshot continues from: the prompt snapshot, else the parent
+    prompt_id: str | None = None  # the prompt snapshot (None: nothing was computed for the prompt)
+    reply_id: str | None = None  # the reply snapshot, the session's new head (None: snapshotting failed)
+    unrecorded: list[dict] = field(default_factory=list)  # messages the transcript still lacks
+    error: str | None = None  # why the turn could not be snapshotted
+    started_at: float | None = None  # time.perf_counter() when the commits began
+    ended_at: float | None = None  # ... and when the turn was recorded
 
 
 class Recorder:
     def __init__(self, engine: Engine, store: Store):
         self.engine, self.store = engine, store
 
-    def prompt(self, r: TurnRecord, prompt: Prompt) -> PromptRecorded:
+    def prompt(self, r: TurnRecord, prompt: Prompt) -> None:
         """Record the turn's start: a restore's head move, an anonymous turn's transcript, the prompt
         snapshot with the request's messages. Called once the prompt is in the state, before generating."""
-        t0 = time.perf_counter()
-        head, prompt_id, unrecorded = r.parent, None, list(r.new_messages)
+        r.prompted, r.started_at = True, time.perf_counter()
+        r.head, r.unrecorded = r.parent, list(r.new_messages)
         try:
             if r.before_commit is not None:
                 r.before_commit()
             if r.replace_transcript is not None:
                 self.store.transcripts.replace(r.session, r.replace_transcript)
             if prompt.state is not None:
-                prompt_id = self.commit(r.session, prompt.state, "prompt", head, unrecorded).id
-                head, unrecorded = prompt_id, []
+                r.prompt_id = self.commit(r.session, prompt.state, "prompt", r.head, r.unrecorded).id
+                r.head, r.unrecorded = r.prompt_id, []
         except Exception as e:  # noqa: BLE001 - a snapshot failure must not lose the turn
-            return PromptRecorded(head, prompt_id, unrecorded, t0, _reason(e))
-        return PromptRecorded(head, prompt_id, unrecorded, t0)
+            r.error = _reason(e)
 
-    def turn(self, r: TurnRecord, done: TurnDone, started: PromptRecorded | None = None) -> Recorded:
+    def turn(self, r: TurnRecord, done: TurnDone) -> None:
         """Record the reply snapshot and the reply (after `prompt`; without it, the prompt part too)."""
-        if started is None:
-            started = self.prompt(r, done.prompt)
+        if not r.prompted:
+            self.prompt(r, done.prompt)
         finish = done.finish
         reply = {"role": "assistant", "content": finish.text, "finish_reason": finish.reason}
-        unrecorded = started.unrecorded + [reply]
-        error = started.error
-        if error is None:
+        unrecorded = r.unrecorded + [reply]
+        if r.error is None:
             try:
                 if done.reply_state is None:
                     raise ValueError("the turn captured no reply state")
-                head = self.commit(r.session, done.reply_state, "reply", started.head, unrecorded).id
-                return Recorded(started.prompt_id, head, started.started_at, time.perf_counter())
+                r.reply_id = self.commit(r.session, done.reply_state, "reply", r.head, unrecorded).id
+                r.unrecorded, r.ended_at = [], time.perf_counter()
+                return
             except Exception as e:  # noqa: BLE001 - a snapshot failure must not lose the turn
-                error = _reason(e)
-        log.error("session %s: could not snapshot the turn (%s); the transcript keeps it", r.session, error)
+                r.error = _reason(e)
+        log.error("session %s: could not snapshot the turn (%s); the transcript keeps it", r.session, r.error)
         try:
             self.store.transcripts.append(r.session, unrecorded)
+            r.unrecorded = []
         except Exception as e2:  # noqa: BLE001
             log.error("session %s: could not record the transcript either: %s", r.session, e2)
-            error = f"{error}; the transcript could not be recorded either ({_reason(e2)})"
-        return Recorded(started.prompt_id, None, started.started_at, time.perf_counter(), error)
+            r.error = f"{r.error}; the transcript could not be recorded either ({_reason(e2)})"
+        r.ended_at = time.perf_counter()
 
     def commit(
         self,

@@ -31,8 +31,10 @@ from engramctl.daemon.auth import token_matches
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.dispatch import Dispatcher
 from engramctl.daemon.errors import body_for, error_body
-from engramctl.daemon.service import ChatRequest, ChatResult
-from engramctl.daemon.streaming import SSE_HEADERS, Completion, engram_json, job_result, sse
+from engramctl.daemon.service import ChatRequest
+from engramctl.daemon.streaming import SSE_HEADERS, Completion, job_result, sse
+from engramctl.daemon.turn_json import engram_json
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.errors import EngramError, InvalidName, NotFound, ToolArgumentError, UsageError
 from engramctl.store.names import named_session, validate_session_name
 
@@ -168,7 +170,7 @@ async def chat_with_tools(body, request: Request):
     )
     completion = Completion(d.model_id, d.engine.info.fingerprint)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    result: ChatResult = await job_result(job, request)
+    result: TurnResult = await job_result(job, request)
     content, parsed = (result.text, []) if choice == "none" else agent_calls.parse_tool_calls(result.text, tools.names)
     response = completion.response(result)
     if parsed:
@@ -217,7 +219,7 @@ async def _replay(completion: Completion, response: dict, include_usage: bool):
     if message.get("tool_calls"):
         deltas = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
         yield sse(completion.chunk({"tool_calls": deltas}))
-    yield sse(completion.chunk({}, reason, engram=response["engram"]))
-    if include_usage:
-        yield sse(completion.usage_chunk(response["usage"]))
+    # the stream's end as streaming.py's: the finish, then the engram object (with the usage if asked for)
+    yield sse(completion.chunk({}, reason))
+    yield sse(completion.usage_chunk(response["usage"] if include_usage else None, engram=response["engram"]))
     yield "data: [DONE]\n\n"

@@ -20,8 +20,9 @@ from engramctl.daemon import prompts
 from engramctl.daemon.completion_schemas import CompletionBody
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.logprobs_json import LogprobText, TextOffsets
-from engramctl.daemon.service import ChatResult
-from engramctl.daemon.streaming import Completion, answer_turn, engram_json, finish_reason, usage_json
+from engramctl.daemon.streaming import Completion, answer_turn
+from engramctl.daemon.turn_json import engram_json, finish_reason, usage_json
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.engine.logprobs import TokenLogprob
 from engramctl.errors import UsageError
 
@@ -55,9 +56,9 @@ class TextCompletion(Completion):
             **extra,
         }
 
-    def response(self, r: ChatResult) -> dict[str, Any]:
+    def response(self, r: TurnResult) -> dict[str, Any]:
         text = (self.echo or "") + r.text
-        logprobs = self.logprobs_json(r.finish.logprobs, TextOffsets(len(self.echo or "")))
+        logprobs = self.logprobs_json(r.logprobs, TextOffsets(len(self.echo or "")))
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(r)}
         return self._object([choice], usage=usage_json(r), engram=engram_json(r))
 
@@ -72,8 +73,8 @@ class TextCompletion(Completion):
         logprobs = self.logprobs_json(entries)
         return self._object([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}], **extra)
 
-    def usage_chunk(self, usage: dict) -> dict[str, Any]:
-        return self._object([], usage=usage)
+    def usage_chunk(self, usage: dict | None = None, **extra: Any) -> dict[str, Any]:
+        return self._object([], **({} if usage is None else {"usage": usage}), **extra)
 
 
 @router.post("/v1/completions")

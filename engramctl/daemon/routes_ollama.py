@@ -73,7 +73,7 @@ async def chat(body: OllamaChatRequest, request: Request):
 
     def run(job) -> TurnRequest:
         turn = lambda p: d.service.chat(ChatRequest(messages, None, p), job.emit, job.cancel)  # noqa: E731
-        return _within_context(turn, params).then(lambda r: (r, None))
+        return _within_context(turn, params)
 
     return await _answer(d, request, d.worker.submit(run, name="ollama-chat", turn=True), answer, body.stream)
 
@@ -90,8 +90,7 @@ async def generate(body: OllamaGenerateRequest, request: Request):
         def turn(p: SamplingParams) -> TurnRequest:
             return d.service.complete(_generate_prompt(d, body, p), job.emit, job.cancel)
 
-        # the context is read when the turn ends, on the worker: the next step may change that state
-        return _within_context(turn, params).then(lambda r: (r, list(r.done.live.token_ids)))
+        return _within_context(turn, params)  # its result holds the reply state's token ids (the context)
 
     return await _answer(d, request, d.worker.submit(run, name="ollama-generate", turn=True), answer, body.stream)
 
@@ -131,12 +130,11 @@ def _generate_prompt(d: Daemon, body: OllamaGenerateRequest, params: SamplingPar
 async def _answer(d: Daemon, request: Request, job, answer: Answer, stream: bool):
     """One JSON object, or NDJSON lines once the turn has started (so that a refusal keeps its own status)."""
     if not stream:
-        r, context = await job_result(job, request)
-        return JSONResponse(answer.final(r, r.text, context))
+        r = await job_result(job, request)
+        return JSONResponse(answer.final(r, r.text))
     kind, value = await first_event(job, request)
     if kind == "done":  # not expected: a turn emits "start" first
-        r, context = value
-        return JSONResponse(answer.final(r, r.text, context))
+        return JSONResponse(answer.final(value, value.text))
     return StreamingResponse(_lines(job, answer), media_type=NDJSON, headers=SSE_HEADERS)
 
 
@@ -151,8 +149,7 @@ async def _lines(job, answer: Answer) -> AsyncIterator[str]:
             if kind == "piece":
                 yield _line(answer.piece(value))
             elif kind == "done":
-                r, context = value
-                yield _line(answer.final(r, "", context))
+                yield _line(answer.final(value, ""))
                 return
             elif kind == "error":
                 _, body = body_for(value)

@@ -84,6 +84,6 @@ async def reset_session(name: SessionName, request: Request):
     is deleted: its snapshots stay listed, each with the transcript it was taken at."""
     d = daemon_of(request)
     validate_session_name(name)
-    job = d.worker.submit(lambda job: d.service.reset(name), name="reset_session")  # not in the middle of a turn
+    job = d.worker.submit(lambda job: d.service.states.reset(name), name="reset_session")  # not in the middle of a turn
     previous, info = await job_result(job, request)
     return {"success": True, **Session.from_info(info).to_json(), "previous_head": previous}

@@ -30,6 +30,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from engramctl.engine.engine import Engine
+from engramctl.engine.generate import Finish
 from engramctl.engine.turn import Prompt, Turn, TurnDone
 from engramctl.errors import Cancelled, EngramError
 
@@ -40,8 +41,8 @@ log = logging.getLogger("engramctl.daemon")
 
 
 class TurnRequest:
-    """One planned turn and what its ends do. The service builds it (`on_prompt`, `on_piece`, `on_done`:
-    the turn's result from its TurnDone); `then(fn)` maps that result for the route that asked."""
+    """One planned turn and what its ends do. The service builds it (`on_prompt`, `on_piece`, `on_finish`,
+    `on_done`: the turn's result from its TurnDone); `then(fn)` maps that result for the route that asked."""
 
     def __init__(
         self,
@@ -52,10 +53,12 @@ class TurnRequest:
         on_piece: Callable[[str], None],
         on_done: Callable[[TurnDone], Any],
         on_fail: Callable[[], None],
+        on_finish: Callable[[Finish], None] | None = None,
         session: str | None = None,
     ):
         self.turn, self.cancel, self.session = turn, cancel, session
         self.on_prompt, self.on_piece, self.on_done, self.on_fail = on_prompt, on_piece, on_done, on_fail
+        self.on_finish = on_finish  # generation stopped: the stream's last choice goes before the state is recorded
         self._then: list[Callable[[Any], Any]] = []
         self.job: "Job | None" = None
         self.result: Any = None
@@ -66,7 +69,7 @@ class TurnRequest:
         return self
 
     def begin(self) -> None:
-        self.turn.begin(self.cancel, on_prompt=self.on_prompt, on_piece=self.on_piece)
+        self.turn.begin(self.cancel, on_prompt=self.on_prompt, on_piece=self.on_piece, on_finish=self.on_finish)
 
     def succeed(self) -> None:
         result = self.on_done(self.turn.done)

@@ -8,13 +8,13 @@ Every method here but `invalidate` runs on the worker thread. A request goes:
 3. its end is recorded (recorder.py): the prompt and reply snapshots, the transcript; the reply state
    stays hot.
 
-A restore (the snapshot routes) makes a snapshot a session's state; with a continuation message it is
-such a turn from there, and with `then` whatever turn the caller runs from there: the Engram API's
-restore-and-generate (daemon/engram_api/continuation.py) runs one whose new input is token ids, through
-`plan_turn` and `run_turn` as every turn here does.
-
-Results are domain objects (TurnStart, ChatResult, Restored); the routes turn them into JSON. A request
-run outside the daemon (the benchmark) runs its TurnRequest alone: `service.chat(...).run()`.
+Its result is one TurnResult (turn_result.py), built there from the engine's outcome as the turn goes:
+emitted at `start` and `finish`, and the recorded one is the job's result; the doors write their JSON from
+it (turn_json.py for the fields every API reports). Restoring and saving a session's state are the Engram
+API's (engram_api/restore.py): a restore with a continuation is a turn here (`turn_from`), and the Engram
+API's restore-and-generate (engram_api/continuation.py) plans its own through `plan_turn` and `run_turn`,
+as every turn here does. A request run outside the daemon (the benchmark) runs its TurnRequest alone:
+`service.chat(...).run()`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engramctl.daemon.recorder import PromptRecorded, Recorded, Recorder, TurnRecord
+from engramctl.daemon import turn_result
+from engramctl.daemon.recorder import Recorder, TurnRecord
 from engramctl.daemon.scheduler import TurnRequest
 from engramctl.daemon.state_cache import Hot, Origin, StateCache
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
 from engramctl.engine.generate import Finish
@@ -36,15 +38,15 @@ from engramctl.engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 from engramctl.engine.turn import Prompt, Turn, TurnDone, reply_budget
 from engramctl.errors import NotFound, UsageError
 from engramctl.store.crashpoints import crash_point
-from engramctl.store.names import validate_label, validate_session_name
-from engramctl.store.records import SessionInfo
+from engramctl.store.names import validate_session_name
 from engramctl.store.store import Store
 
 log = logging.getLogger("engramctl.daemon")
 
 AUTO_PREFIX = "auto-"
 
-Emit = Callable[[str, Any], None]  # ("start", TurnStart) once the prompt is in the state, then ("piece", text)...
+Emit = Callable[[str, Any], None]  # ("start", TurnResult) once the prompt is in the state, ("piece", text)...,
+# ("finish", TurnResult) when generation stops; the recorded TurnResult is the job's result
 
 
 def plain(message: dict) -> dict[str, str]:
@@ -72,50 +74,6 @@ class CompletionRequest:
     ids: list[int]  # the prompt's token ids, in full
     text: str  # the text they encode
     params: SamplingParams
-
-
-@dataclass(frozen=True)
-class TurnStart:
-    """The prompt is in the state, generation begins (a stream's first chunk)."""
-
-    session: str
-    origin: Origin
-    prompt: Prompt
-
-
-@dataclass(frozen=True)
-class ChatResult:
-    start: TurnStart
-    done: TurnDone
-    recorded: Recorded
-    ttft_ms: float | None  # from the worker taking the request to the first token
-
-    @property
-    def text(self) -> str:
-        return self.done.finish.text
-
-    @property
-    def finish(self) -> Finish:
-        return self.done.finish
-
-    @property
-    def snapshot_id(self) -> str | None:
-        return self.recorded.reply_id
-
-
-@dataclass(frozen=True)
-class Restored:
-    """A restore without a continuation: the session now continues from `snapshot_id`."""
-
-    session: str
-    snapshot_id: str | None
-    tokens: int
-    origin: Origin
-    n_messages: int
-
-
-# A turn run from a restored state: (session, (transcript, head), before_commit, t0) -> the planned turn.
-TurnFrom = Callable[[str, tuple[list[dict], "str | None"], "Callable[[], Any] | None", float], TurnRequest]
 
 
 class ConversationService:
@@ -146,9 +104,9 @@ class ConversationService:
         self.states.release_retired()
         if req.session is None:
             return self._anonymous(req.messages, req.params, emit, cancel, t0)
-        return self._session(req.session, req.messages, req.params, emit, cancel, t0)
+        return self.turn_from(req.session, req.messages, req.params, emit, cancel, t0)
 
-    def _session(
+    def turn_from(
         self,
         name: str,
         messages: list[dict],
@@ -160,7 +118,8 @@ class ConversationService:
         base: tuple[list[dict], str | None] | None = None,
         before_commit: Callable[[], Any] | None = None,
     ) -> TurnRequest:
-        """`base` = (transcript, head) to continue from instead of the session's own (a restore)."""
+        """A turn of session `name`; `base` = (transcript, head) to continue from instead of the session's own
+        (a restore: engram_api/restore.py), `before_commit` what makes that restore stick."""
         validate_session_name(name)
         transcript, head = base if base is not None else self._transcript_and_head(name)
         new = new_turn_messages(messages, transcript)
@@ -239,119 +198,36 @@ class ConversationService:
         """The planned turn as the scheduler steps it: its start is emitted and the prompt snapshot committed
         once the prompt is in the state (its file is written while the reply is generated), its pieces are
         emitted, and its end recorded, its state kept hot."""
-        started: list[PromptRecorded] = []
+        result: list[TurnResult] = []  # the turn's result as far as it has got
 
         def on_prompt(prompt: Prompt) -> None:
-            emit("start", TurnStart(session, origin, prompt))
-            started.append(self.recorder.prompt(record, prompt))
+            result.append(turn_result.started(session, origin, prompt, t0))
+            emit("start", result[-1])
+            self.recorder.prompt(record, prompt)
 
-        def on_done(done: TurnDone) -> ChatResult:
-            recorded = self.recorder.turn(record, done, started[0] if started else None)
-            self.states.keep(session, recorded.reply_id, done.live)
+        def on_finish(finish: Finish) -> None:
+            result.append(turn_result.finished(result[-1], finish))
+            emit("finish", result[-1])  # the stream's last choice: it does not wait for the reply state
+
+        def on_done(done: TurnDone) -> TurnResult:
+            self.recorder.turn(record, done)
+            self.states.keep(session, record.reply_id, done.live)
             self.turns += 1
-            ttft_ms = None if done.first_token_at is None else (done.first_token_at - t0) * 1000
-            return ChatResult(TurnStart(session, origin, done.prompt), done, recorded, ttft_ms)
+            so_far = result[-1] if result else turn_result.started(session, origin, done.prompt, t0)
+            return turn_result.recorded(so_far, done, record)
 
         return TurnRequest(
             turn,
             cancel,
             on_prompt=on_prompt,
             on_piece=lambda piece: (crash_point("stream.piece"), emit("piece", piece)),
+            on_finish=on_finish,
             on_done=on_done,
             on_fail=lambda: self.states.release_retired(),
             session=session,
         )
 
-    # -- snapshot routes -----------------------------------------------------------------------------
-    def restore(
-        self,
-        snapshot_ref: str | None,
-        session: str | None,
-        continuation: dict | None = None,
-        params: SamplingParams | None = None,
-        emit: Emit | None = None,
-        cancel: threading.Event | None = None,
-        *,
-        then: TurnFrom | None = None,
-    ) -> Restored | TurnRequest:
-        """Make a snapshot (or a session's head) the state a session continues from and load it into
-        memory; with a continuation message generate from there, and with `then` run that turn from there:
-        then(session, (transcript, head), before_commit, t0), before_commit making the restore stick."""
-        t0 = time.perf_counter()
-        self.states.release_retired()
-        if snapshot_ref is not None:
-            sid = self.store.resolve(snapshot_ref)
-            target = session or self.store.snapshots.info(sid).session
-            if session is not None and not self.store.sessions.has(target):
-                before: Callable[[], Any] | None = lambda: self.store.sessions.branch(sid, target)  # noqa: E731
-            else:
-                before = lambda: self.store.sessions.set_head(target, sid)  # noqa: E731
-            transcript, head = self.store.transcripts.of_snapshot(sid), sid
-        elif session is not None:
-            target, before = session, None
-            head = self.store.sessions.get(session).head
-            transcript = self.store.transcripts.of_session(session)
-        else:
-            raise UsageError("give a snapshot id, or a session to restore its head.")
-        if continuation is not None:
-            return self._session(
-                target,
-                [continuation],
-                params or SamplingParams(),
-                emit or _ignore,
-                cancel or threading.Event(),
-                t0,
-                base=(transcript, head),
-                before_commit=before,
-            )
-        if then is not None:
-            return then(target, (transcript, head), before, t0)
-        live, origin = (None, Origin()) if head is None else self.states.at_head(target, head)
-        try:
-            if before is not None:
-                before()
-        except BaseException:
-            if live is not None:
-                self.states.give_back(live, origin)
-            raise
-        if live is not None:
-            self.states.keep(target, head, live)
-        return Restored(target, head, 0 if live is None else len(live.token_ids), origin, len(transcript))
-
-    def save(self, session: str, label: str | None, pin: bool) -> str:
-        """Pin (and label) the session's head; a session without one is re-prefilled from its
-        transcript and snapshotted first. Returns the snapshot id."""
-        self.states.release_retired()
-        if label is not None:
-            validate_label(label)
-        head = self.store.sessions.get(session).head
-        if head is None:
-            transcript = [plain(m) for m in self.store.transcripts.of_session(session)]
-            if not transcript:
-                raise UsageError(f"session {session!r} has no conversation to snapshot yet.")
-            live = self.states.from_transcript(transcript)
-            try:
-                head = self.recorder.commit(session, self.engine.capture(live), "saved").id
-            except BaseException:
-                self.engine.release(live)
-                raise
-            self.states.keep(session, head, live)
-        if label is not None:
-            self.store.snapshots.label(head, label)
-        if pin:
-            self.store.snapshots.pin(head)
-        return head
-
     # -- sessions ------------------------------------------------------------------------------------
-    def reset(self, session: str) -> tuple[str | None, SessionInfo]:
-        """Start the session over (no state, empty transcript) and drop its hot state; its snapshots
-        are kept, each with the transcript it was taken at. Returns (previous head, SessionInfo)."""
-        previous = self.store.sessions.get(session).head
-        info = self.store.sessions.reset(session)
-        self.invalidate(session)
-        self.states.release_retired()
-        return previous, info
-
     def invalidate(self, session: str | None = None) -> None:
         """Forget the hot state (of `session`, or whichever). Any thread: the worker releases it later."""
         self.states.drop(session)
@@ -362,7 +238,3 @@ class ConversationService:
             return self.store.transcripts.of_session(name), head
         except NotFound:
             return [], None
-
-
-def _ignore(_kind: str, _value: Any) -> None:
-    pass

@@ -7,7 +7,8 @@ Which state continues a prompt:
   conversation from the transcript. Slower, never lost.
 - an anonymous turn (a stock OpenAI client resending its history): the hot Live or the longest stored
   snapshot whose token ids are an exact prefix of the request's; the turn feeds only the rest.
-- a restore: the snapshot itself (an unusable one is an error there, not a fallback).
+- a restore: the snapshot itself (an unusable one is an error there, not a fallback); `restore` loads it
+  and keeps it hot, `reset` starts a session over and drops its hot state.
 - a save of a session that has only a transcript: the transcript, prefilled.
 
 Hot states: the last `keep` conversations' Lives at their heads (least recently used dropped first), so
@@ -28,11 +29,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
 from engramctl.errors import NotFound, SnapshotCorrupt, SnapshotError
+from engramctl.protocol import Restored
 from engramctl.state.codec import from_payload
+from engramctl.store.records import SessionInfo
 from engramctl.store.store import Store
 
 log = logging.getLogger("engramctl.daemon")
@@ -141,6 +145,32 @@ class StateCache:
             lives, self._retired = self._retired, []
         for live in lives:
             self.engine.release(live)
+
+    # -- a restore, a reset -----------------------------------------------------------------------------
+    def restore(self, session: str, head: str | None, before: Callable[[], Any] | None, n_messages: int) -> Restored:
+        """`session` continues from `head` (its state loaded and kept hot) once `before` has moved the
+        session there (engram_api/restore.py resolved both); an unusable snapshot is an error here."""
+        live, origin = (None, Origin()) if head is None else self.at_head(session, head)
+        try:
+            if before is not None:
+                before()
+        except BaseException:
+            if live is not None:
+                self.give_back(live, origin)
+            raise
+        if live is not None:
+            self.keep(session, head, live)
+        tokens = 0 if live is None else len(live.token_ids)
+        return Restored(session, head, tokens, origin.tier, origin.restore_ms, n_messages)
+
+    def reset(self, session: str) -> tuple[str | None, SessionInfo]:
+        """Start the session over (no state, empty transcript) and drop its hot state; its snapshots are
+        kept, each with the transcript it was taken at. Returns (previous head, SessionInfo)."""
+        previous = self.store.sessions.get(session).head
+        info = self.store.sessions.reset(session)
+        self.drop(session)
+        self.release_retired()
+        return previous, info
 
     # -- which state continues a prompt ---------------------------------------------------------------
     def load(self, snapshot_id: str) -> tuple[Live, Origin]:

@@ -1,18 +1,25 @@
 """From worker-job events to HTTP answers: OpenAI chat completion JSON, SSE chunks, and client
 disconnects turned into cancellation.
 
-A job emits `start` (a TurnStart: the turn's prompt is in the state), `piece` (text: an engine Piece,
-which carries the logprob entries of the tokens it covers) ..., then `done` (a ChatResult, or a route's own
-JSON) or `error`. The `engram` extension object and `usage` are built
-here from those domain objects. A streamed answer starts only once `start` has arrived, so
-everything that can be refused (unknown session, prompt too long, queue full) still gets its own
-HTTP status instead of a 200 that fails half-way.
+A turn job emits `start` (a TurnResult: the turn's prompt is in the state), `piece` (text: an engine Piece,
+which carries the logprob entries of the tokens it covers) ..., `finish` (the TurnResult once generation
+stopped), then `done` (the recorded TurnResult, or a route's own JSON) or `error`. A stream is
+
+    {"choices": [{"delta": {"role": "assistant", ...}}], "engram": {origin}}    at `start`
+    {"choices": [{"delta": {"content": ...}}]} ...                               each `piece`
+    {"choices": [{"delta": {}, "finish_reason": ...}]}                          at `finish`, at once
+    {"choices": [], "engram": {...snapshot_id}, "usage": {...}?}                 at `done`, once recorded
+    [DONE]
+
+so a client sees the reply end as soon as generation stops, while the reply state is settled, captured
+and committed; the `engram` object (turn_json.py) with the snapshot id follows in the trailing chunk.
+A streamed answer starts only once `start` has arrived, so everything that can be refused (unknown
+session, prompt too long, queue full) still gets its own HTTP status instead of a 200 that fails half-way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 import uuid
@@ -23,10 +30,10 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from engramctl.daemon.errors import Cancelled, body_for
 from engramctl.daemon.logprobs_json import LogprobText
-from engramctl.daemon.service import ChatResult, TurnStart
+from engramctl.daemon.turn_json import engram_json, finish_reason, usage_json
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.daemon.worker import Job
 from engramctl.engine.logprobs import TokenLogprob
-from engramctl.protocol import TurnInfo
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -77,59 +84,6 @@ async def job_result(job: Job, request: Request) -> Any:
         watch.stop()
 
 
-def turn_info(s: TurnStart, r: ChatResult | None = None) -> TurnInfo:
-    """A turn's `engram` extension: its origin, and with `r` its outcome (finish_reason is the engine's:
-    it says "cancelled")."""
-    o, p = s.origin, s.prompt
-    info = TurnInfo(
-        session=s.session,
-        resumed=o.restored_tokens > 0,
-        restored_tokens=o.restored_tokens,
-        tier=o.tier,
-        restore_ms=o.restore_ms,
-        prompt_tokens=p.prompt_tokens,
-        cached_tokens=p.cached_tokens,
-        computed_tokens=p.computed_tokens,
-        prefill_ms=round(p.prefill_ms, 2),
-    )
-    if r is None:
-        return info
-    return dataclasses.replace(
-        info,
-        snapshot_id=r.snapshot_id,
-        snapshot_error=r.recorded.error,
-        finish_reason=r.finish.reason,
-        completion_tokens=len(r.finish.token_ids),
-        ttft_ms=None if r.ttft_ms is None else round(r.ttft_ms, 2),
-        decode_ms=round(r.done.decode_ms, 2),
-    )
-
-
-def engram_start(s: TurnStart) -> dict[str, Any]:
-    """The `engram` object of a stream's first chunk: the origin (the outcome's fields are null)."""
-    return turn_info(s).to_json()
-
-
-def engram_json(r: ChatResult) -> dict[str, Any]:
-    """The `engram` object of a finished turn."""
-    return turn_info(r.start, r).to_json()
-
-
-def usage_json(r: ChatResult) -> dict[str, Any]:
-    p, n = r.start.prompt, len(r.finish.token_ids)
-    return {
-        "prompt_tokens": p.prompt_tokens,
-        "completion_tokens": n,
-        "total_tokens": p.prompt_tokens + n,
-        "prompt_tokens_details": {"cached_tokens": p.cached_tokens},
-    }
-
-
-def finish_reason(r: ChatResult) -> str:
-    """OpenAI's: "stop" | "length" (a cancelled reply was cut short, as by a length limit)."""
-    return "length" if r.finish.reason == "cancelled" else r.finish.reason
-
-
 class Completion:
     """Builds the OpenAI-shaped objects of one completion. `model` is the served model's name,
     whatever name the request gave. With `logprobs` (the request asked for them), choices carry the tokens'
@@ -146,7 +100,7 @@ class Completion:
         """A choice's `logprobs`: null when not asked for, or for a chunk that covers no token (None)."""
         return None if self.logprobs is None or entries is None else self.logprobs.chat(entries)
 
-    def response(self, r: ChatResult) -> dict[str, Any]:
+    def response(self, r: TurnResult) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": "chat.completion",
@@ -157,7 +111,7 @@ class Completion:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": r.text},
-                    "logprobs": self.logprobs_json(r.finish.logprobs),
+                    "logprobs": self.logprobs_json(r.logprobs),
                     "finish_reason": finish_reason(r),
                 }
             ],
@@ -184,7 +138,8 @@ class Completion:
             **extra,
         }
 
-    def usage_chunk(self, usage: dict) -> dict[str, Any]:
+    def usage_chunk(self, usage: dict | None = None, **extra: Any) -> dict[str, Any]:
+        """A chunk with no choices: the usage (when asked for) and/or the `engram` object of a recorded turn."""
         return {
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -192,7 +147,8 @@ class Completion:
             "model": self.model,
             "system_fingerprint": self.fingerprint,
             "choices": [],
-            "usage": usage,
+            **({} if usage is None else {"usage": usage}),
+            **extra,
         }
 
 
@@ -217,33 +173,36 @@ async def answer_turn(job: Job, request: Request, completion: Completion, stream
     """The HTTP answer to a generating job: a JSON completion, or an SSE stream once it has started."""
     if not stream:
         result = await job_result(job, request)
-        if isinstance(result, ChatResult):
+        if isinstance(result, TurnResult):
             return JSONResponse(completion.response(result))
         return JSONResponse(result)
     kind, value = await first_event(job, request)
     if kind == "done":  # a job that generated nothing (restore without a continuation)
-        return JSONResponse(value if not isinstance(value, ChatResult) else completion.response(value))
+        return JSONResponse(value if not isinstance(value, TurnResult) else completion.response(value))
     return StreamingResponse(
         _events(job, completion, value, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
     )
 
 
-async def _events(job: Job, completion: Completion, start: TurnStart, include_usage: bool) -> AsyncIterator[str]:
+async def _events(job: Job, completion: Completion, start: TurnResult, include_usage: bool) -> AsyncIterator[str]:
     try:
-        yield sse(completion.chunk({"role": "assistant", "content": ""}, engram=engram_start(start)))
+        yield sse(completion.chunk({"role": "assistant", "content": ""}, engram=engram_json(start)))
         sent = 0  # logprob entries the chunks carried so far
+        finished = False
         while True:
             kind, value = await job.events.get()
             if kind == "piece":
                 entries = getattr(value, "logprobs", ())
                 sent += len(entries)
                 yield sse(completion.chunk({"content": str(value)}, entries=entries))
-            elif kind == "done":
-                r: ChatResult = value
-                rest = r.finish.logprobs[sent:] or None  # tokens whose text no piece showed (a stop string's)
-                yield sse(completion.chunk({}, finish_reason(r), entries=rest, engram=engram_json(r)))
-                if include_usage:
-                    yield sse(completion.usage_chunk(usage_json(r)))
+            elif kind in ("finish", "done") and not finished:
+                finished = True
+                r: TurnResult = value
+                rest = r.logprobs[sent:] or None  # tokens whose text no piece showed (a stop string's)
+                yield sse(completion.chunk({}, finish_reason(r), entries=rest))
+            if kind == "done":
+                usage = usage_json(value) if include_usage else None
+                yield sse(completion.usage_chunk(usage, engram=engram_json(value)))
                 yield "data: [DONE]\n\n"
                 return
             elif kind == "error":

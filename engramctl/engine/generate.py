@@ -35,6 +35,8 @@ class Finish:
     decode_s: float  # time spent after the first token
     # with params.logprobs: one entry per reply token (an end-of-turn id that ended it has none), in order
     logprobs: tuple[TokenLogprob, ...] = ()
+    first_token_at: float | None = None  # time.perf_counter() marks: the first token was sampled,
+    ended_at: float | None = None  # ... and the reply ended (for callers timing it from their own start)
 
 
 class Piece(str):
@@ -116,6 +118,8 @@ class Reply:
             ttft_s=None if first is None else first - self._start,
             decode_s=0.0 if first is None else end - first,
             logprobs=entries,
+            first_token_at=first,
+            ended_at=end,
         )
         return pieces, None
 

@@ -1,7 +1,8 @@
 """One chat turn, the only place it is written: the daemon's service and the benchmark both run it.
 
     turn = Turn.for_messages(engine, live, messages, params)   # plans; refuses touching nothing
-    done = turn.run(cancel, on_prompt=..., on_piece=...)       # prefill -> capture -> generate -> settle -> capture
+    done = turn.run(cancel, on_prompt=..., on_piece=..., on_finish=...)
+    # prefill -> capture -> generate (on_finish when it stops) -> settle -> capture
 
 `run` is the turn alone. The daemon's scheduler (daemon/scheduler.py) steps many at once through the same
 state machine: `begin`, then per step `work()` (a prompt chunk, the token just sampled, or the last one to
@@ -154,11 +155,13 @@ class Turn:
         *,
         on_prompt: Callable[[Prompt], None] | None = None,
         on_piece: Callable[[str], None] | None = None,
+        on_finish: Callable[[Finish], None] | None = None,
     ) -> None:
         """Start the turn: from here on it owns its Live (`abort` releases it). A turn with nothing to feed
-        samples its first token at once."""
+        samples its first token at once. `on_finish` hears how the reply ended as soon as generation stops,
+        before the reply state is settled and captured."""
         self._cancel = cancel or threading.Event()
-        self._on_prompt, self._on_piece = on_prompt, on_piece
+        self._on_prompt, self._on_piece, self._on_finish = on_prompt, on_piece, on_finish
         self._left, self._chunk, self._next = list(self.feed), [], None
         self._reply: Reply | None = None
         self._finish: Finish | None = None
@@ -206,12 +209,13 @@ class Turn:
         *,
         on_prompt: Callable[[Prompt], None] | None = None,
         on_piece: Callable[[str], None] | None = None,
+        on_finish: Callable[[Finish], None] | None = None,
     ) -> TurnDone:
         """The turn alone: prefill, capture the prompt state, generate (each piece of text to `on_piece` as it
         comes), settle, capture the reply state. `cancel` stops the prefill between chunks (errors.Cancelled)
         and the generation between tokens (finish reason "cancelled", the partial reply kept)."""
         try:
-            self.begin(cancel, on_prompt=on_prompt, on_piece=on_piece)
+            self.begin(cancel, on_prompt=on_prompt, on_piece=on_piece, on_finish=on_finish)
             while self.done is None:
                 work = self.work()
                 if self.prefilling and self._cancel.is_set():  # between chunks: the state holds whole chunks
@@ -252,6 +256,8 @@ class Turn:
             return
         self._last_token_at = time.perf_counter()
         self._finish = _closed(self.engine, self._reply.finish)
+        if self._on_finish is not None:
+            self._on_finish(self._finish)
         # The last token is on its way to the client; from here on nothing delays it. Settling feeds it.
         if self._finish.pending is not None:
             self._next = [self._finish.pending]

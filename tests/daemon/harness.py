@@ -63,7 +63,7 @@ def chat(h: httpx.Client, session: str | None, messages: list[dict], max_tokens:
 
 
 def stream_chat(h: httpx.Client, session: str, content: str, max_tokens: int = 8) -> tuple[str, dict, float]:
-    """A streamed turn: (text, the final chunk's engram object, perf_counter at the last content piece)."""
+    """A streamed turn: (text, the trailing chunk's engram object, perf_counter at the last content piece)."""
     body = {
         "model": "default",
         "session": session,
@@ -86,7 +86,7 @@ def stream_chat(h: httpx.Client, session: str, content: str, max_tokens: int = 8
                 if piece:
                     text += piece
                     last = time.perf_counter()
-            if chunk.get("engram") and chunk["choices"] and chunk["choices"][0].get("finish_reason"):
+            if chunk.get("engram") and not chunk["choices"]:  # the recorded turn's, after the finish
                 engram = chunk["engram"]
     return text, engram, last
 

@@ -20,7 +20,8 @@ import openai
 import pytest
 
 from engramctl.daemon.scheduler import Scheduler
-from engramctl.daemon.service import ChatRequest, ChatResult
+from engramctl.daemon.service import ChatRequest
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.daemon.worker import Job
 from engramctl.engine.sampling_params import SamplingParams
 from tests.backends import both_backends
@@ -71,10 +72,10 @@ def _turn_job(service, req: ChatRequest, cancel: threading.Event | None = None) 
     return job
 
 
-def _outcome(r: ChatResult) -> tuple:
-    """What must not depend on who shared the steps: the reply, its tokens, and the reply snapshot's ids
+def _outcome(r: TurnResult) -> tuple:
+    """What must not depend on who shared the steps: the reply, its tokens, and the reply state's ids
     minus the session-specific prompt."""
-    return r.text, r.finish.reason, r.finish.token_ids, r.done.reply_state.token_ids
+    return r.text, r.finish_reason, r.token_ids, r.context
 
 
 def _run(scheduler: Scheduler, jobs: list[Job], on_step=lambda s, n: None) -> int:
@@ -107,7 +108,7 @@ def test_interleaved_turns_answer_exactly_as_alone(client):
         params = SamplingParams(temperature=0, max_tokens=5)
         a = d.service.chat(ChatRequest(nxt, f"alone-{k}", params), _no, _ev()).run()
         t = d.service.chat(ChatRequest(nxt, f"together-{k}", params), _no, _ev()).run()
-        assert t.text == a.text and t.start.origin.restored_tokens > 0
+        assert t.text == a.text and t.restored_tokens > 0
 
 
 def _no(kind, value) -> None:
@@ -132,7 +133,7 @@ def test_a_cancelled_turn_leaves_at_the_next_step_and_the_others_finish(client):
 
     _run(Scheduler(d.engine, max_sequences=4), jobs, cancel_at)
     results = [job.future.result() for job in jobs]
-    assert results[1].finish.reason == "cancelled" and 0 < len(results[1].finish.token_ids) < 9
+    assert results[1].finish_reason == "cancelled" and 0 < len(results[1].token_ids) < 9
     assert results[1].snapshot_id is not None  # the partial reply is recorded, as a cancel always was
     for k in (0, 2, 3):
         assert _outcome(results[k]) == _outcome(alone[k])

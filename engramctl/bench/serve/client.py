@@ -4,8 +4,9 @@ Times are taken when each SSE chunk arrives (perf_counter, right after the bytes
 the first is (the chunk that ends the reply - the first chunk with text) / (completion_tokens - 1): counting
 chunks instead would flatter whichever server held back more pieces (a token ending inside a UTF-8
 character waits for the next one; random-weight models sample many such). The end is where the client sees
-it: engramctl's final chunk follows its settle step (one more decode, so the state holds the last token)
-and the state capture, which llama-server does not do. Token counts and reuse come from each server's own
+it: engramctl sends the chunk with the finish_reason as soon as generation stops, before its settle step
+(one more decode, so the state holds the last token), the state capture and the snapshot commit, whose
+snapshot id follows in a trailing chunk (daemon/streaming.py). Token counts and reuse come from each server's own
 report: `usage` (engramctl, and llama-server with include_usage) and llama-server's `timings.cache_n` where
 its usage has no `prompt_tokens_details`.
 """

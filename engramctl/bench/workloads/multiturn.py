@@ -75,34 +75,33 @@ def stateful_turn(
     user = {"role": "user", "content": user_message(turn)}
     r = service.chat(ChatRequest([user], SESSION, params), _ignore, threading.Event()).run()
     t_end = time.perf_counter()
-    done, rec, origin = r.done, r.recorded, r.start.origin
-    for sid in (rec.prompt_id, rec.reply_id):
-        if sid is not None:
-            watch.watch(sid)
+    ids = [sid for sid in (r.prompt_snapshot_id, r.snapshot_id) if sid is not None]
+    for sid in ids:
+        watch.watch(sid)
     transcript += [user, {"role": "assistant", "content": r.text}]
     return {
-        "prompt_tokens": done.prompt.prompt_tokens,
-        "computed_tokens": done.prompt.computed_tokens,
-        "reset": done.prompt.reset,
-        "restored_from": origin.tier,
-        "restore_ms": round(origin.restore_ms or 0.0, 3),
-        "prefill_ms": round(done.prompt.prefill_ms, 3),
-        "ttft_ms": round(((done.first_token_at or done.last_token_at) - t0) * 1000, 3),
-        "time_ms": round((done.last_token_at - t0) * 1000, 3),
+        "prompt_tokens": r.prompt_tokens,
+        "computed_tokens": r.computed_tokens,
+        "reset": r.reset,
+        "restored_from": r.tier,
+        "restore_ms": round(r.restore_ms or 0.0, 3),
+        "prefill_ms": round(r.prefill_ms, 3),
+        "ttft_ms": round(((r.first_token_at or r.last_token_at) - t0) * 1000, 3),
+        "time_ms": round((r.last_token_at - t0) * 1000, 3),
         "cpu_per_wall": round((time.process_time() - cpu0) / max(1e-9, t_end - t0), 2),
-        "reply_tokens": len(done.finish.token_ids),
-        "finish_reason": done.finish.reason,
-        "_reply_ids": tuple(done.finish.token_ids),
+        "reply_tokens": r.completion_tokens,
+        "finish_reason": r.finish_reason,
+        "_reply_ids": r.token_ids,
         "_save": {
             "t_turn_start": t0,
-            "t_last_token": done.last_token_at,
-            "t_save_start": done.last_token_at,
+            "t_last_token": r.last_token_at,
+            "t_save_start": r.last_token_at,
             "t_turn_end": t_end,
-            "t_commit": rec.started_at,
-            "settle_ms": done.settle_ms,
-            "capture_ms": done.capture_ms,
-            "commit_ms": (rec.ended_at - rec.started_at) * 1000,
-            "ids": [sid for sid in (rec.prompt_id, rec.reply_id) if sid is not None],
+            "t_commit": r.record_started_at,
+            "settle_ms": r.settle_ms,
+            "capture_ms": r.capture_ms,
+            "commit_ms": r.record_ms,
+            "ids": ids,
         },
     }
 

@@ -6,7 +6,8 @@ started (settle + capture + commit run after it) and when each snapshot became d
 writer thread). Reported:
 
 - settle_ms: feeding the last sampled token into the state (one decode step), so the snapshot holds
-  the whole reply; it runs after the last token was sent, but before the stream's final chunk;
+  the whole reply; it runs after the last token and the finish chunk were sent, but before the stream's
+  trailing chunk (the recorded turn's snapshot id);
 - capture_ms: copying the reply state out of the cache (on the request thread, after the last token);
 - commit_ms: Store.commit of the prompt and the reply snapshot (RAM tier insert + queueing the write);
 - write_ms: commit -> durable on disk (encode, checksum, write, fsync, rename: the writer thread);

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from engramctl.daemon.recorder import TurnRecord
 from engramctl.daemon.scheduler import TurnRequest
-from engramctl.daemon.service import ConversationService, Emit, TurnFrom, plain
+from engramctl.daemon.engram_api.restore import TurnFrom
+from engramctl.daemon.service import ConversationService, Emit, plain
 from engramctl.daemon.state_cache import Origin
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
@@ -32,7 +33,7 @@ def token_turn(
     emit: Emit,
     cancel: threading.Event,
 ) -> TurnFrom:
-    """The turn ConversationService.restore runs from the restored state (its `then`): the state at the
+    """The turn restore.restore runs from the restored state (its `then`): the state at the
     base's head (or its transcript, prefilled, when it has none) consumes `ids`, then the reply is generated.
     The transcript records the user message the ids render, as near as it can be told."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engramctl.daemon.engram_api import restore
 from engramctl.daemon.engram_api.answers import Meta
 from engramctl.daemon.service import ConversationService
 from engramctl.errors import NotFound
@@ -28,10 +29,10 @@ def save(
     branch_name: str | None = None,
     snapshot_id: str | None = None,
 ) -> tuple[str, str | None]:
-    """/save_snapshot's work, on the worker: the conversation's state saved (ConversationService.save), then
+    """/save_snapshot's work, on the worker: the conversation's state saved (restore.py `save`), then
     named as asked: turn N, branch B (a session there), a custom id; else it becomes what a restore in their
     terms goes back to. Returns (snapshot id, the branch's session or None)."""
-    sid = service.save(session, label, pin)
+    sid = restore.save(service, session, label, pin)
     branch = None
     if branch_name is not None:
         branch = store.names.save_branch(session, branch_name, sid).name

@@ -6,8 +6,9 @@ routes the CLI needs while the daemon owns the store: /pin_snapshot, /unpin_snap
 The five routes also take that server's own fields: the turn_number / branch_name selectors, a custom
 snapshot_id, and restore-and-generate (continuation_ids, max_new_tokens: continuation.py); its names for
 snapshots are read and written by naming.py over the store's name table. The work runs on the worker
-through the conversation service the OpenAI routes use. docs/engram-api.md says what each does and where
-we differ. Answers are protocol objects (Snapshot, Session, Restored) in their terms (answers.py)."""
+through the conversation service the OpenAI routes use (restore.py: restore and save). docs/engram-api.md
+says what each does and where we differ. Answers are protocol objects (Snapshot, Session, Restored) in their
+terms (answers.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from engramctl.daemon.context import daemon_of
-from engramctl.daemon.engram_api import answers, naming
+from engramctl.daemon.engram_api import answers, naming, restore
 from engramctl.daemon.engram_api.continuation import token_turn
 from engramctl.daemon.engram_api.schemas import (
     ENGRAM_FIELDS,
@@ -31,8 +32,9 @@ from engramctl.daemon.engram_api.schemas import (
     SnapshotInfoRequest,
     SnapshotRef,
 )
-from engramctl.daemon.service import Restored as RestoredState
-from engramctl.daemon.streaming import Completion, answer_turn, engram_json, finish_reason, job_result, usage_json
+from engramctl.daemon.streaming import Completion, answer_turn, job_result
+from engramctl.daemon.turn_json import engram_json, finish_reason, usage_json
+from engramctl.daemon.turn_result import TurnResult
 from engramctl.errors import UsageError
 from engramctl.protocol import Restored, Session, Snapshot
 from engramctl.store.names import is_id_prefix, is_snapshot_id, named_session
@@ -93,9 +95,9 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
 
     def run(job):
         then = None if ids is None else token_turn(d.service, ids, params, job.emit, job.cancel)
-        out = d.service.restore(ref, session, continuation, params, job.emit, job.cancel, then=then)
-        if isinstance(out, RestoredState):
-            r = _restored(out)
+        out = restore.restore(d.service, ref, session, continuation, params, job.emit, job.cancel, then=then)
+        if isinstance(out, Restored):
+            r = out
             extra = {"rid": answers.new_rid()} if body.create_new_request else {}
             if r.snapshot_id is not None:  # a branch's turns are named after its own session
                 label = conversation if body.branch_name is None else None
@@ -320,13 +322,13 @@ async def import_snapshot(
     return answers.snapshot(Snapshot.from_record(rec), messages=n_messages)
 
 
-def _generated(d, r, ids: list[int], conversation: str | None, body: RestoreSnapshotRequest) -> dict:
+def _generated(d, r: TurnResult, ids: list[int], conversation: str | None, body: RestoreSnapshotRequest) -> dict:
     """The answer to a restore-and-generate: the Engram server's fields, then ours (the new head's
     snapshot_id and names, usage, the `engram` turn info)."""
-    out = list(r.finish.token_ids)
-    if out and r.finish.reason == "stop" and out[-1] in d.engine.tokenizer.eos_ids:
+    out = list(r.token_ids)
+    if out and r.finish_reason == "stop" and out[-1] in d.engine.tokenizer.eos_ids:
         out = out[:-1]  # as theirs: the stop token is not part of the output
-    head, session = r.snapshot_id, r.start.session
+    head, session = r.snapshot_id, r.session
     label = conversation if body.branch_name is None else None
     meta = None if head is None else naming.meta(d.store, head, conversation, scope=session, label=label)
     theirs = {"branch_name": body.branch_name}
@@ -335,7 +337,7 @@ def _generated(d, r, ids: list[int], conversation: str | None, body: RestoreSnap
     return answers.generated(
         out,
         r.text,
-        r.start.prompt.prompt_tokens - len(ids),
+        r.prompt_tokens - len(ids),
         **_request_id(body),
         conversation_id=conversation or session,
         session=session,
@@ -356,15 +358,3 @@ def _required_session(name: str | None) -> str:
     if name is None:
         raise UsageError("give the session (or conversation_id) to snapshot.")
     return name
-
-
-def _restored(r: RestoredState) -> Restored:
-    """The service's answer to a restore that generated nothing, as it goes on the wire."""
-    return Restored(
-        session=r.session,
-        snapshot_id=r.snapshot_id,
-        tokens=r.tokens,
-        tier=r.origin.tier,
-        restore_ms=r.origin.restore_ms,
-        n_messages=r.n_messages,
-    )
