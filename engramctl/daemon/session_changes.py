@@ -33,7 +33,7 @@ def ensure_idle(d: Daemon, session: str, change: str) -> None:
 
 
 def delete(d: Daemon, session: str) -> list[str]:
-    """Delete `session` (its snapshots and names) and forget its hot state: the ids of the snapshots deleted. Worker thread."""
+    """Delete `session` (its snapshots and names), forget its hot state: the ids deleted. Worker thread."""
     ensure_idle(d, session, "deleted")
     deleted = d.store.delete_session(session)
     d.service.invalidate(session)
