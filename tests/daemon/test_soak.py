@@ -77,10 +77,11 @@ def test_four_concurrent_streaming_clients_on_llama_cpp_stay_flat(served_model, 
     and must stay flat:
     - threads and fds: as many at every sample as after the warm-up (their counts change only by a leak;
       each is the fewest of 5 reads, since the writer holds a snapshot file open for a moment);
-    - resident memory: under 8 MiB of growth in all, and at most 1 MiB over the last 72 turns (turns 24-42
-      of each client). The allocator and caches settle early (measured: +1.8, +0.9, +0.4, +0.1 MiB per 24
-      turns), a leak keeps its rate: safetensors' ctypes cache (store/snapshot_file.py) leaked ~23 KB a
-      turn here, 1.6 MiB over those 72 turns, and 13 MiB over 576 turns in a longer run of this workload.
+    - resident memory: under 8 MiB of growth in all, and at most 2 MiB over the last 72 turns (turns 24-42
+      of each client). A state leaked per turn (the tiny model's blob is ~54 KB) adds ~3.8 MiB there. The
+      allocator and caches settle but step now and then (measured over 480 turns: ~1.3 MiB per 120 turns
+      late, one step of 1.1 MiB), so a slower leak is not told apart here: safetensors' ctypes cache
+      (~23 KB a turn, found by a longer run of this workload) has its own test, tests/store/test_encode_no_growth.py.
     The daemon runs llama.cpp on one thread: on 2 shared cores its spinning threads would only slow the run."""
     gguf = served_model("llama.cpp")
     d = harness.start(
@@ -112,6 +113,6 @@ def test_four_concurrent_streaming_clients_on_llama_cpp_stay_flat(served_model, 
     assert status["turns"] == CLIENTS * TURNS and status["write_errors"] == []
     assert [f["threads"] for f in figures] == [figures[0]["threads"]] * len(figures)
     assert [f["fds"] for f in figures] == [figures[0]["fds"]] * len(figures)
-    assert len(mib) == 7 and mib[-1] - mib[0] < 8 and mib[-1] - mib[3] <= 1.0, mib
+    assert len(mib) == 7 and mib[-1] - mib[0] < 8 and mib[-1] - mib[3] <= 2.0, mib
     assert sum(t["snapshots"] for t in tiers["tiers"] if t["name"] != "vram") > 0
     assert "Traceback" not in d.log_text()
