@@ -227,6 +227,14 @@ class QueueFull(EngramError):
     status = 429
 
 
+class SessionBusy(EngramError):
+    """A session cannot be deleted or reset while a turn of it runs or waits: that turn would record into
+    it afterwards (daemon/session_changes.py)."""
+
+    kind = "session_busy"
+    status = 409
+
+
 class ShuttingDown(EngramError):
     kind = "shutting_down"
     status = 503

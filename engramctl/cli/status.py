@@ -46,13 +46,9 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
     hot = d.get("hot")
     if isinstance(hot, dict) and hot.get("session"):
         fields.append(("loaded", f"session {hot['session']} ({count(hot.get('tokens'))} tokens in memory)"))
-    serving = d.get("serving")
-    if isinstance(serving, dict) and serving.get("at_once"):
-        n = serving["at_once"]
-        at_once = "one turn at a time" if n == 1 else f"{count(n)} conversations at once"
-        fields.append(
-            ("serves", f"{at_once} ({serving.get('running', 0)} running, {serving.get('waiting', 0)} waiting)")
-        )
+    serves = serving_line(d.get("serving"))
+    if serves:
+        fields.append(("serves", serves))
     where = d.get("url") or (f"http://{d.get('host')}:{d.get('port')}" if d.get("port") else None)
     state = d.get("state") or ("running" if d.get("ready") else "starting")
     up = d.get("uptime_s")
@@ -68,6 +64,15 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
     )
     fields.append(("daemon", daemon))
     return fields
+
+
+def serving_line(serving: Any) -> str | None:
+    """How many conversations the daemon steps at once (its sequences), and how many run and wait now."""
+    if not isinstance(serving, dict) or not serving.get("at_once"):
+        return None
+    n = serving["at_once"]
+    at_once = "one turn at a time" if n == 1 else f"{count(n)} conversations at once"
+    return f"{at_once} ({serving.get('running', 0)} running, {serving.get('waiting', 0)} waiting)"
 
 
 def model_line(m: dict | None) -> str:
@@ -133,7 +138,13 @@ def tiers(json_: bool = JsonOpt) -> None:
         "pins": "pinned snapshots are never evicted",
         "write_through": "every snapshot is persisted to disk; vram/ram hold hot copies",
     }
-    plan = {**plan, "model": plan.get("model"), "retention": plan.get("retention") or retention}
+    # serving: the daemon's sequences (None without a daemon: no model is loaded to derive them from)
+    plan = {
+        **plan,
+        "model": plan.get("model"),
+        "serving": plan.get("serving"),
+        "retention": plan.get("retention") or retention,
+    }
     if out.json:
         out.emit_json(plan)
         return
@@ -147,6 +158,9 @@ def tiers(json_: bool = JsonOpt) -> None:
     )
     hw_fields.append(("disk", f"{size(hw.get('disk_free_bytes'))} free under {st.paths.data_dir}"))
     hw_fields.append(("model", model_line(plan.get("model"))))
+    serves = serving_line(plan.get("serving"))
+    if serves:
+        hw_fields.append(("serves", serves))
     out.line(render_fields(hw_fields))
     out.line()
     rows = plan.get("tiers") or []

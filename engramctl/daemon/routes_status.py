@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 
 from engramctl import __version__
+from engramctl.daemon import session_changes
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.streaming import job_result
 from engramctl.protocol import Session
@@ -46,9 +47,10 @@ async def status(request: Request):
 
 @router.get("/v1/tiers")
 async def tiers(request: Request):
-    """The tier plan, and the model whose weights share the memory with the hot tiers."""
+    """The tier plan, the model whose weights share the memory with the hot tiers, and how many
+    conversations it serves at once (each resident one holds a state in memory)."""
     d = daemon_of(request)
-    return {**d.tiers.plan_json(), "model": _model(d)}
+    return {**d.tiers.plan_json(), "model": _model(d), "serving": d.serving()}
 
 
 @router.get("/v1/sessions")
@@ -72,18 +74,22 @@ async def session(name: SessionName, request: Request):
 
 @router.delete("/v1/sessions/{name}")
 async def delete_session(name: SessionName, request: Request):
+    """Delete the session, its snapshots and names; 409 while a turn of it runs (session_changes.py)."""
     d = daemon_of(request)
-    deleted = d.store.delete_session(validate_session_name(name))
-    d.service.invalidate(name)
+    validate_session_name(name)
+    deleted = await job_result(
+        d.worker.submit(lambda job: session_changes.delete(d, name), name="delete_session"), request
+    )
     return {"success": True, "session": name, "deleted_snapshots": deleted}
 
 
 @router.post("/v1/sessions/{name}/reset")
 async def reset_session(name: SessionName, request: Request):
     """Start the session over (the REPL's /clear, `chat --new`): no state, an empty transcript. Nothing
-    is deleted: its snapshots stay listed, each with the transcript it was taken at."""
+    is deleted: its snapshots stay listed, each with the transcript it was taken at. 409 while a turn of it
+    runs (session_changes.py)."""
     d = daemon_of(request)
     validate_session_name(name)
-    job = d.worker.submit(lambda job: d.service.states.reset(name), name="reset_session")  # not in the middle of a turn
+    job = d.worker.submit(lambda job: session_changes.reset(d, name), name="reset_session")
     previous, info = await job_result(job, request)
     return {"success": True, **Session.from_info(info).to_json(), "previous_head": previous}

@@ -14,8 +14,10 @@ matmul kernels by the rows in a step. A step of several conversations therefore 
 from the same tokens run alone; that is accepted. Measured (greedy, 4 sequences): on the tiny test
 models batched replies equal their solo ones and identical conversations give bitwise identical rows
 (tests/engine/test_llama_batch.py); on SmolLM2 Q4_1 over 64 tokens, 1 of 4 different conversations kept its
-solo reply (the others forked at tokens 1, 2 and 12), and 4 identical ones did not stay identical (likely
-because their cells sit at different places in the shared KV cache; not confirmed).
+solo reply (the others forked at tokens 1, 2 and 12), and identical ones may part. Not the cells' places:
+with fewer than 64 rows in a step a conversation beside others is bitwise what it is alone, and batched
+decode steps are exact; a prefill step of 64+ rows takes another ggml path whose bits depend on where a row
+sits in it, which 4-bit weights grow to ~1 logit (docs/batching.md).
 
 A step of ONE Live must compute what a fresh process restoring the same state computes (the bitwise
 resume tests): `solo()` makes the context hold exactly that Live's cells, in sequence 0, on one path

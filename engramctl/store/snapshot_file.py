@@ -53,10 +53,26 @@ def _checksum(header: dict, data: memoryview | bytes, algo: str = WRITE_HASH) ->
 
 def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     """Serialize tensors + metadata into the bytes of a complete, checksummed snapshot file."""
-    from safetensors.torch import save as st_save
+    import ctypes
+
+    from safetensors import TensorSpec, serialize
 
     meta = {**{k: str(v) for k, v in metadata.items()}, "format": FORMAT, "format_version": FORMAT_VERSION}
-    raw = st_save({k: t.detach().contiguous().cpu() for k, t in tensors.items()}, metadata=meta)
+    # Not safetensors.torch.save: it views each tensor through a ctypes POINTER type made for its byte size,
+    # which ctypes caches for good (~9 KB of RSS per size ever seen; a conversation's KV grows one size per
+    # token), so a long-running daemon grew without bound. serialize reads the tensors' memory as it is.
+    cpu = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
+    empty = ctypes.create_string_buffer(1)  # a valid address for a tensor of no elements
+    specs = {
+        k: TensorSpec(
+            dtype=str(t.dtype).removeprefix("torch."),
+            shape=list(t.shape),
+            data_ptr=t.data_ptr() if t.numel() else ctypes.addressof(empty),
+            data_len=t.numel() * t.element_size(),
+        )
+        for k, t in cpu.items()
+    }
+    raw = bytes(serialize(specs, metadata=meta))  # `cpu` and `empty` hold the memory it reads until here
     (n,) = struct.unpack("<Q", raw[:_HEADER_LEN_BYTES])
     header = json.loads(raw[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + n])
     data = memoryview(raw)[_HEADER_LEN_BYTES + n :]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_ps_without_daemon(cli, seeded):
     human = cli("ps")
@@ -196,3 +198,25 @@ def test_ps_names_a_llama_cpp_weight_type_once():
     assert llama["device"] == "cpu" and llama["memory"] == "weights 1.0 MiB Q8_0"
     hf = dict(daemon_fields({"device": "cpu", "dtype": "float32", "weight_type": "F32"}))
     assert hf["device"] == "cpu, float32"
+
+
+@pytest.mark.parametrize("backend", ["transformers", "llama.cpp"])
+def test_tiers_show_how_many_conversations_the_daemon_serves_as_ps_does(cli, tiny_engine, backend):
+    from tests.helpers.inprocess import InProcessDaemon
+
+    engine = tiny_engine(backend)
+    with InProcessDaemon(engine):
+        data = cli.json("tiers")
+        human = cli("tiers").stdout.splitlines()
+        ps = cli.json("ps")["daemon"]
+    n = engine.max_sequences
+    assert data["serving"]["at_once"] == n == ps["serving"]["at_once"]
+    assert (n == 1) == (backend == "transformers")  # llama.cpp steps several conversations together
+    assert data["serving"]["why"] == ps["serving"]["why"]
+    at_once = "one turn at a time" if n == 1 else f"{n} conversations at once"
+    assert f"SERVES  {at_once} (0 running, 0 waiting)" in human
+
+
+def test_tiers_without_a_daemon_carry_no_serving(cli, seeded):
+    assert cli.json("tiers")["serving"] is None
+    assert not any(line.startswith("SERVES") for line in cli("tiers").stdout.splitlines())

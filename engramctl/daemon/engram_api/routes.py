@@ -17,6 +17,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from engramctl.daemon import session_changes
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.engram_api import answers, naming, restore
 from engramctl.daemon.engram_api.continuation import token_turn
@@ -195,8 +196,8 @@ async def delete_snapshot(body: DeleteSnapshotRequest, request: Request):
     d = daemon_of(request)
     if body.branch_name is not None:
         name = naming.branch_session(d.store, body)
-        deleted = d.store.delete_session(name)
-        d.service.invalidate(name)
+        job = d.worker.submit(lambda job: session_changes.delete(d, name), name="delete_snapshot")
+        deleted = await job_result(job, request)
         return answers.ok(
             message="Snapshot deleted successfully",
             conversation_id=body.conversation,

@@ -1,0 +1,47 @@
+"""Changes that end a session's conversation (a delete, a reset) while its turns may still run.
+
+A turn records into its session when it ends (the reply snapshot, the transcript, the hot state), so a
+delete or a reset done between two of its steps would be undone by it a moment later: the session deleted
+comes back holding that one turn, the session reset starts with the old question. What a user means by
+"delete it" or "start over" is the conversation as they see it, so the change is refused with a 409 that
+names the session (SessionBusy) while a turn of it runs or waits to run; it is retried once the reply has
+finished or been cancelled. The check and the change run as one job on the worker, between two steps, where
+no turn can start or end in between.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engramctl.errors import SessionBusy
+
+if TYPE_CHECKING:
+    from engramctl.daemon.context import Daemon
+    from engramctl.store.records import SessionInfo
+
+
+def ensure_idle(d: Daemon, session: str, change: str) -> None:
+    """Raise SessionBusy if a turn of `session` runs or waits in the scheduler. Worker thread only."""
+    s = d.scheduler
+    running = any(r.session == session for r in s.running)
+    if running or any(job.session == session for job in s.waiting):
+        state = "running" if running else "waiting to run"
+        raise SessionBusy(
+            f"session {session!r} has a turn {state}; it cannot be {change} until that turn ends.",
+            hint="wait for the reply to finish (or cancel it), then retry",
+        )
+
+
+def delete(d: Daemon, session: str) -> list[str]:
+    """Delete `session` (its snapshots and names), forget its hot state: the ids deleted. Worker thread."""
+    ensure_idle(d, session, "deleted")
+    deleted = d.store.delete_session(session)
+    d.service.invalidate(session)
+    d.service.states.release_retired()
+    return deleted
+
+
+def reset(d: Daemon, session: str) -> tuple[str | None, SessionInfo]:
+    """Start `session` over (StateCache.reset): (previous head, SessionInfo). Worker thread."""
+    ensure_idle(d, session, "reset")
+    return d.service.states.reset(session)

@@ -1,0 +1,125 @@
+"""A session whose turn is still running cannot be deleted or reset (daemon/session_changes.py): the turn
+would record into it when it ends, bringing a deleted session back or starting a reset one with the old
+question. Through the real HTTP interface (an in-process daemon on the tiny model) with the official
+openai client streaming the turn: a 409 that names the session while the turn runs, and once it has
+ended (here: cancelled by the client going away) the change is made and stays made."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers.inprocess import InProcessDaemon
+
+LONG = 3000  # tokens asked for, with every end-of-sequence token banned: the turn runs until it is cancelled
+
+
+@pytest.fixture
+def daemon(tiny_engine, engram_home):
+    engine = tiny_engine("transformers")
+    with InProcessDaemon(engine) as d:
+        d.eos = sorted(engine.tokenizer.eos_ids)
+        yield d
+
+
+def _clients(d) -> tuple[openai.OpenAI, httpx.Client]:
+    oai = openai.OpenAI(base_url=d.url + "/v1", api_key=d.daemon.token, max_retries=0, timeout=120)
+    return oai, httpx.Client(base_url=d.url, headers={"Authorization": f"Bearer {d.daemon.token}"}, timeout=120)
+
+
+def _turn(oai: openai.OpenAI, session: str, content: str, **kw):
+    return oai.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": content}],
+        temperature=0,
+        extra_body={"session": session},
+        **kw,
+    )
+
+
+def _long_stream(d, oai: openai.OpenAI, session: str):
+    """A streamed turn on `session` that is still generating once its first piece has arrived."""
+    stream = _turn(
+        oai, session, "Go on and on.", max_tokens=LONG, stream=True, logit_bias={str(t): -100 for t in d.eos}
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            return stream
+    raise AssertionError("the long turn ended before its first piece")
+
+
+def _wait_recorded(h: httpx.Client, session: str, n_messages: int) -> list[dict]:
+    deadline = time.monotonic() + 60
+    while True:
+        r = h.get(f"/v1/sessions/{session}")
+        if r.status_code == 200 and len(r.json()["messages"]) >= n_messages:
+            return r.json()["messages"]
+        assert time.monotonic() < deadline, f"session {session}'s turn was never recorded: {r.text[:300]}"
+        time.sleep(0.05)
+
+
+def _busy(r: httpx.Response, session: str, change: str) -> None:
+    assert r.status_code == 409, r.text
+    error = r.json()["error"]
+    assert error["code"] == "session_busy" and f"'{session}'" in error["message"] and change in error["message"]
+    assert error["hint"]
+
+
+def test_delete_and_reset_wait_for_the_running_turn_with_a_409_naming_the_session(daemon):
+    oai, h = _clients(daemon)
+    with h:
+        _turn(oai, "busy", "Hello.", max_tokens=3)  # a turn already recorded: the session has a head
+        before = h.get("/v1/sessions/busy").json()
+        stream = _long_stream(daemon, oai, "busy")
+        _busy(h.delete("/v1/sessions/busy"), "busy", "deleted")
+        _busy(h.post("/v1/sessions/busy/reset"), "busy", "reset")
+        after = h.get("/v1/sessions/busy").json()  # refused: the conversation is as it was (its prompt committed)
+        assert after["messages"][:2] == before["messages"] and after["n_snapshots"] > before["n_snapshots"]
+        assert h.delete("/v1/sessions/other").status_code == 404  # another session is not held up by it
+        stream.close()  # the client goes away: the turn ends at its next token, its partial reply recorded
+        messages = _wait_recorded(h, "busy", 4)
+        assert messages[-1]["finish_reason"] == "cancelled"
+        r = h.delete("/v1/sessions/busy")
+        assert r.status_code == 200 and len(r.json()["deleted_snapshots"]) >= 2, r.text
+        time.sleep(0.5)  # nothing records into it afterwards: it stays deleted
+        assert h.get("/v1/sessions/busy").status_code == 404
+        assert not [s for s in h.get("/list_snapshots").json()["snapshots"] if s["session"] == "busy"]
+
+
+def test_a_reset_after_the_turn_ended_starts_the_session_over_for_good(daemon):
+    oai, h = _clients(daemon)
+    with h:
+        stream = _long_stream(daemon, oai, "over")
+        _busy(h.post("/v1/sessions/over/reset"), "over", "reset")
+        stream.close()
+        _wait_recorded(h, "over", 2)
+        r = h.post("/v1/sessions/over/reset")
+        assert r.status_code == 200 and r.json()["previous_head"] is not None, r.text
+        time.sleep(0.5)
+        session = h.get("/v1/sessions/over").json()
+        assert session["messages"] == [] and session["head"] is None
+        # the next turn starts from nothing: its transcript holds only itself
+        _turn(oai, "over", "A fresh start.", max_tokens=3)
+        assert [m["content"] for m in h.get("/v1/sessions/over").json()["messages"]][:1] == ["A fresh start."]
+
+
+def test_an_engram_branch_delete_waits_for_the_branchs_running_turn(daemon):
+    oai, h = _clients(daemon)
+    with h:
+        _turn(oai, "trunk", "Hello.", max_tokens=3)
+        saved = h.post("/save_snapshot", json={"conversation_id": "trunk", "branch_name": "alt"})
+        assert saved.status_code == 200, saved.text
+        branch = saved.json()["branch_session"]
+        stream = _long_stream(daemon, oai, branch)
+        r = h.post("/delete_snapshot", json={"conversation_id": "trunk", "branch_name": "alt"})
+        _busy(r, branch, "deleted")
+        assert r.json()["success"] is False  # the Engram server's failure shape rides along
+        stream.close()
+        _wait_recorded(h, branch, 4)
+        r = h.post("/delete_snapshot", json={"conversation_id": "trunk", "branch_name": "alt"})
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        time.sleep(0.5)
+        assert h.get(f"/v1/sessions/{branch}").status_code == 404
