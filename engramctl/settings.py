@@ -162,7 +162,7 @@ class Settings:
         shown_default="the cores it may use",
         bounds=(1, 4096),
     )
-    # None: the backend derives it (llama_backend.default_sequences): 2 per core, 4 to 16, fewer where their
+    # None: the backend derives it (llama_context.default_sequences): 2 per core, 4 to 16, fewer where their
     # recurrent states (one cell each, allocated with the context) would take over 1/8 of the available RAM
     sequences: int | None = setting(
         None,

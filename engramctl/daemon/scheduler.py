@@ -5,7 +5,7 @@
 
     def step():
         self.admit()                          # waiting turns join, in arrival order, up to max_sequences
-        work = self.schedule()                # each running turn: its next prompt chunk, or one token
+        work = self.schedule()                # one token per generating turn, then prompt chunks, within a budget
         logits = engine.step(work)            # one forward pass where the backend batches
         self.postprocess(work)                # sample, stream, stop; a finished turn settles and records
 
@@ -106,6 +106,7 @@ class Scheduler:
         self.max_sequences = 1 if serial else max(1, max_sequences or engine.max_sequences)
         self.waiting: collections.deque["Job"] = collections.deque()  # turn jobs, in arrival order
         self.running: list[TurnRequest] = []
+        self.budget = engine.step_tokens  # tokens one step feeds in all (schedule)
         self.steps = 0
 
     @property
@@ -169,17 +170,27 @@ class Scheduler:
             self._finish(r)
 
     def schedule(self) -> list[tuple[TurnRequest, list[int]]]:
-        """Each running turn's tokens for this step: a prompt chunk, or one token. A turn cancelled in its
-        prompt leaves here, before its next chunk."""
-        work = []
+        """This step's tokens, within the step's budget (the engine's step_tokens: one llama_decode): each
+        generating turn's one token first, then prompt chunks in arrival order with what is left, so a long
+        prompt delays the others' next token by one chunk at most. A turn running alone takes whole chunks (it
+        computes what it computes alone); a prompt that finds no room waits for the next step. A turn cancelled
+        in its prompt leaves here, before its next chunk."""
+        work, prompts = [], []
         for r in list(self.running):
-            if r.turn.prefilling and r.cancel.is_set():  # between chunks: the state holds whole chunks
+            if not r.turn.prefilling:
+                work.append((r, r.turn.work()))
+            elif r.cancel.is_set():  # between chunks: the state holds whole chunks
                 self._drop(r, Cancelled("the request was cancelled during the prompt prefill."))
-                continue
-            work.append((r, r.turn.work()))
-        # Generating turns' tokens first: the backend cuts a step into decodes of chunk_tokens in this order,
-        # so a long prompt delays the others' next token by one chunk at most.
-        work.sort(key=lambda item: len(item[1]) > 1)
+            else:
+                prompts.append(r)
+        room = None if len(self.running) == 1 or self.budget is None else self.budget - len(work)
+        for r in prompts:
+            if room is not None and room <= 0:
+                break
+            tokens = r.turn.work(room)
+            work.append((r, tokens))
+            if room is not None:
+                room -= len(tokens)
         return work
 
     def postprocess(self, work: list[tuple[TurnRequest, list[int]]]) -> None:

@@ -40,13 +40,21 @@ class Engine:
         """How many conversations one `step` can run together (1: one at a time, as on transformers)."""
         return max(1, int(getattr(self.backend, "max_sequences", 1)))
 
-    def prefill_chunk(self, live: Live, n_left: int) -> int:
+    @property
+    def step_tokens(self) -> int | None:
+        """How many tokens one step feeds in all (the backend's chunk); None: no bound."""
+        chunk = getattr(self.backend, "chunk_tokens", None)
+        return None if chunk is None else max(1, int(chunk))
+
+    def prefill_chunk(self, live: Live, n_left: int, room: int | None = None) -> int:
         """How many of a prompt's `n_left` remaining tokens one step feeds: the backend's chunk, as its own
-        prefill would cut them (a solo turn computes what it always did); a Mamba1 state fed from empty
-        takes them all, as its prefill does (one long scan is exact there)."""
+        prefill would cut them (a solo turn computes what it always did), or fewer when the step has only
+        `room` left (the scheduler's budget); a Mamba1 state fed from empty takes them all, as its prefill
+        does (one long scan is exact there)."""
         if self.info.resume == "token_by_token" and not live.token_ids:
             return n_left
-        return min(n_left, max(1, int(getattr(self.backend, "chunk_tokens", n_left))))
+        n = min(n_left, self.step_tokens or n_left)
+        return n if room is None else min(n, room)
 
     def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[torch.Tensor]:
         """Feed each Live its tokens (a prefill chunk, or one token) and return each one's last logits, in

@@ -7,27 +7,27 @@ resident so that restoring one copies nothing (llama_pool.py: which Live is wher
 alone computes what a fresh process restoring its state computes). Llama.save_state is never used: it
 copies llama-cpp-python's whole logits array (5-35 ms); the per-sequence calls move only the state.
 
-Chunks: n_batch = n_ubatch = chunk_tokens with flash attention measured ~1.2x faster at prefill than the
-library defaults (llama-cpp-notes.md); cancellation is checked between chunks, as on transformers.
+The context's size and parameters are llama_context.py's, the batch fed to each llama_decode llama_batch.py's.
+Cancellation is checked between chunks, as on transformers.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
-import math
 import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from engramctl.engine import llama_state
 from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.gguf_header import gguf_fingerprint, read_header
 from engramctl.engine.gguf_tokenizer import GgufTokenizer
+from engramctl.engine.llama_batch import Batch
+from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, context_params, context_size
 from engramctl.engine.llama_layout import blob_layout
 from engramctl.engine.llama_lib import import_llama_cpp, library_version, n_cpu_threads, take_errors
 from engramctl.engine.llama_pool import ParkedState, SequencePool
@@ -43,20 +43,6 @@ from engramctl.errors import (
 from engramctl.state import SessionState
 from engramctl.state.spec import TOKENS, LayerSpec, StateSpec, TensorSpec
 
-DEFAULT_CHUNK_TOKENS = 512
-DEFAULT_CONTEXT_TOKENS = 32768
-KV_BUDGET_BYTES = 512 << 20  # the KV cache is allocated (and zeroed) up front: cap it, whatever n_ctx_train says
-# Kept states (llama_pool.py): each takes one recurrent cell, allocated up front with the context (23 MB
-# on Granite-4.0-H-350M), and shares sequence 0's KV cells; a model whose cell exceeds the budget keeps none.
-KEPT_STATES_MAX = 4
-KEPT_STATES_BYTES = 128 << 20
-# Conversations stepped together (continuous batching), when the user sets none: on 2 cores raw llama.cpp
-# decodes 4 sequences in one step at 1.5x the aggregate rate of one, and 8 at 1.3-1.9x (llama-cpp-notes.md);
-# more cores gain more, so 2 per core, 4 to 16. Each sequence takes a recurrent cell allocated with the context
-# (23 MB on Granite-4.0-H-350M; the KV cache is shared): together at most 1/8 of the RAM available at load.
-SEQUENCES_PER_CORE, SEQUENCES_MIN, SEQUENCES_MAX = 2, 4, 16
-SEQUENCES_RAM_SHARE = 8
-SEQUENCES_LIMIT = 64  # what the setting accepts; llama.cpp's own limit on n_seq_max is larger
 BACKEND = "llama.cpp"
 STATE_FORMAT = "llama.cpp-seq3-typed1"  # LLAMA_STATE_SEQ_VERSION 3, as llama_state.py (layout 1) parses it
 
@@ -89,7 +75,6 @@ class LlamaCppBackend:
         self._blob_of: dict[int, tuple] = {}
         self._serials = itertools.count(1)  # capture serials: what a kept state is known by
         self._model = self._ctx = None
-        self._batch = None
 
         mparams = lib.llama_model_default_params()
         mparams.load_mode = lib.LLAMA_LOAD_MODE_MMAP  # weights stay in the page cache, in their GGUF type
@@ -108,43 +93,29 @@ class LlamaCppBackend:
                 f"llama.cpp could not load {path.name} (architecture {header.architecture!r}): "
                 f"{take_errors() or 'see the daemon log'}"
             )
-        kv_per_token = 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers)  # f16 K and V
-        n_ctx_train = int(lib.llama_model_n_ctx_train(self._model)) or DEFAULT_CONTEXT_TOKENS
-        n_ctx = min(context_tokens or DEFAULT_CONTEXT_TOKENS, n_ctx_train)
-        if kv_per_token:
-            n_ctx = max(min(n_ctx, KV_BUDGET_BYTES // kv_per_token // 256 * 256), min(2048, n_ctx))
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = cparams.n_ubatch = chunk_tokens
-        if sequences is not None and not 1 <= sequences <= SEQUENCES_LIMIT:
-            raise UsageError(f"sequences {sequences} is not between 1 and {SEQUENCES_LIMIT}.")
         threads = threads or n_cpu_threads()
-        self.max_sequences = sequences or default_sequences(_cell_bytes(layout), threads)
-        kept_max = _kept_max(layout)
-        cparams.n_seq_max = self.max_sequences + kept_max
-        cparams.kv_unified = True  # one KV cache all sequences share cells of (else each gets n_ctx / n_seq_max)
-        cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        cparams.no_perf = True
+        size = context_size(lib, self._model, layout, context_tokens, sequences, threads)
+        self.max_sequences, n_ctx = size.sequences, size.n_ctx
+        cparams = context_params(lib, size, chunk_tokens, threads)
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
             raise UnsupportedModel(
                 f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}"
             )
-        self._pool = SequencePool(lib, self._ctx, n_ctx, self.max_sequences, kept_max, layout.has_kv)
-        self._batch = lib.llama_batch_init(chunk_tokens, 0, 1)
+        self._pool = SequencePool(lib, self._ctx, n_ctx, self.max_sequences, size.kept_max, layout.has_kv)
         self.n_ctx = n_ctx
         # The model is freed after the last of this backend and its tokenizer (which reads its vocabulary)
-        # is gone; the context and batch with the backend, always before the model (the finalizer holds it).
+        # is gone; the context with the backend, always before the model (the finalizer holds it).
         model = _ModelHandle(lib, self._model)
-        self._finalizer = weakref.finalize(self, _free, lib, model, self._ctx, self._batch)
+        self._finalizer = weakref.finalize(self, _free, lib, model, self._ctx)
 
         template = lib.llama_model_chat_template(self._model, None)
         self.tokenizer = GgufTokenizer(
             lib, self._model, template.decode("utf-8") if template else None, keepalive=model
         )
         self.n_vocab = self.tokenizer.n_vocab
+        self._batch = Batch(lib, chunk_tokens, self.n_vocab)
         self.header = header
         self.library_version = library_version()
         desc = ctypes.create_string_buffer(256)
@@ -280,27 +251,19 @@ class LlamaCppBackend:
             pending = rest
 
     def _decode(self, pieces: list[tuple[Live, list[int]]], alone: bool) -> None:
-        for live, ids in pieces:
-            if self.info.context_length is not None and len(live.token_ids) + len(ids) > self.n_ctx:
-                raise ContextOverflow(
-                    f"the conversation needs {len(live.token_ids) + len(ids)} tokens; "
-                    f"the llama.cpp context holds {self.n_ctx}."
-                )
-        b, last = self._batch, []
-        b.n_tokens = 0
-        for live, ids in pieces:
-            past = len(live.token_ids)
-            for i, tok in enumerate(ids):
-                n = b.n_tokens
-                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = tok, past + i, 1, 0
-                b.seq_id[n][0] = live.cache.seq
-                b.n_tokens = n + 1
-            last.append(b.n_tokens - 1)
-            b.logits[b.n_tokens - 1] = 1  # logits of each one's last position only
-        rc = self._lib.llama_decode(self._ctx, b)
+        if self.info.context_length is not None:
+            for live, ids in pieces:
+                if len(live.token_ids) + len(ids) > self.n_ctx:
+                    raise ContextOverflow(
+                        f"the conversation needs {len(live.token_ids) + len(ids)} tokens; "
+                        f"the llama.cpp context holds {self.n_ctx}."
+                    )
+        b = self._batch
+        rows = b.fill([(live.cache.seq, len(live.token_ids), ids) for live, ids in pieces])
+        rc = self._lib.llama_decode(self._ctx, b.c)
         if rc == 1 and not alone:  # no room in the KV cache for all of them: nothing ran (llama.h)
             self._pool.park_others([live for live, _ in pieces])
-            rc = self._lib.llama_decode(self._ctx, b)
+            rc = self._lib.llama_decode(self._ctx, b.c)
             if rc == 1:
                 for live, ids in pieces:  # one at a time, each alone in the context
                     self._alone(live, ids)
@@ -309,10 +272,9 @@ class LlamaCppBackend:
             raise EngramError(
                 f"llama.cpp could not run {b.n_tokens} tokens (status {rc}): {take_errors() or 'see the log'}"
             )
-        for (live, ids), row in zip(pieces, last):
+        for (live, ids), row in zip(pieces, rows):
             live.token_ids.extend(ids)
-            ptr = self._lib.llama_get_logits_ith(self._ctx, row)
-            live.last_logits = torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
+            live.last_logits = b.logits_of(self._ctx, row)
         self._pool.stepped([live for live, _ in pieces], alone)
 
     def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor:
@@ -385,28 +347,6 @@ class LlamaCppBackend:
         return live
 
 
-def _cell_bytes(layout: llama_state.BlobLayout) -> int:
-    """One sequence's recurrent cell: conv and SSM state of every recurrent layer, f32."""
-    return 4 * sum(math.prod(lay.conv_shape) + math.prod(lay.ssm_shape) for lay in layout.layers if lay.recurrent)
-
-
-def _kept_max(layout: llama_state.BlobLayout) -> int:
-    cell_bytes = _cell_bytes(layout)
-    return KEPT_STATES_MAX if not cell_bytes else min(KEPT_STATES_MAX, KEPT_STATES_BYTES // cell_bytes)
-
-
-def default_sequences(cell_bytes: int, cores: int, available_bytes: int | None = None) -> int:
-    """How many conversations to step together when the user sets no number (see SEQUENCES_PER_CORE)."""
-    n = min(SEQUENCES_MAX, max(SEQUENCES_MIN, SEQUENCES_PER_CORE * cores))
-    if cell_bytes:
-        if available_bytes is None:
-            import psutil
-
-            available_bytes = int(psutil.virtual_memory().available)
-        n = min(n, max(1, available_bytes // SEQUENCES_RAM_SHARE // cell_bytes))
-    return n
-
-
 def _forget(blob_of: dict, key: int, collected, serial: int) -> None:
     """A captured state's tensors were collected: forget its blob, and drop its kept sequence (queued:
     a finalizer runs on whatever thread the collector does, without the backend's lock)."""
@@ -431,9 +371,7 @@ class _ModelHandle:
         weakref.finalize(self, lib.llama_model_free, ptr)
 
 
-def _free(lib, model: _ModelHandle, ctx, batch) -> None:
+def _free(lib, model: _ModelHandle, ctx) -> None:
     del model  # held only so that it outlives the context
-    if batch is not None:
-        lib.llama_batch_free(batch)
     if ctx:
         lib.llama_free(ctx)

@@ -177,11 +177,12 @@ class Turn:
     def prefilling(self) -> bool:
         return bool(self._left)
 
-    def work(self) -> list[int]:
-        """The tokens the next step feeds this turn's Live: a prompt chunk, the token just sampled, or (to
-        settle) the reply's last one. Only a token the reply keeps is ever fed."""
+    def work(self, room: int | None = None) -> list[int]:
+        """The tokens the next step feeds this turn's Live: a prompt chunk (at most `room` tokens where the
+        step has only that much left: Engine.prefill_chunk), the token just sampled, or (to settle) the
+        reply's last one. Only a token the reply keeps is ever fed."""
         if self._left:
-            self._chunk = self._left[: self.engine.prefill_chunk(self.live, len(self._left))]
+            self._chunk = self._left[: self.engine.prefill_chunk(self.live, len(self._left), room)]
             return self._chunk
         if self._next is None:
             raise EngramError("this turn has nothing left to feed.")

@@ -19,11 +19,13 @@ import time
 import openai
 import pytest
 
-from engramctl.daemon.scheduler import Scheduler
+from engramctl.daemon.scheduler import Scheduler, TurnRequest
 from engramctl.daemon.service import ChatRequest
 from engramctl.daemon.turn_result import TurnResult
 from engramctl.daemon.worker import Job
+from engramctl.engine.engine import Engine
 from engramctl.engine.sampling_params import SamplingParams
+from engramctl.engine.turn import Turn
 from tests.backends import both_backends
 from tests.daemon import harness
 from tests.helpers import served_app
@@ -145,6 +147,71 @@ def test_serial_turns_and_the_backend_bound_how_many_run_at_once(tiny_engine):
     assert Scheduler(engine).max_sequences == 1
     assert Scheduler(engine, max_sequences=4).max_sequences == 4
     assert Scheduler(engine, max_sequences=4, serial=True).max_sequences == 1
+
+
+def _plain_turn(engine, prompt_tokens: int, max_tokens: int, seed: int) -> TurnRequest:
+    """A greedy turn over `prompt_tokens` token ids, run by the scheduler with no service around it."""
+    ids = random.Random(seed).choices(range(3, 200), k=prompt_tokens)
+    turn = Turn.for_tokens(
+        engine, engine.new_live(), ids, "", SamplingParams(temperature=0.0, max_tokens=max_tokens), capture=False
+    )
+    return TurnRequest(
+        turn, threading.Event(), on_prompt=_drop, on_piece=_drop, on_done=lambda done: done, on_fail=lambda: None
+    )
+
+
+def _drop(_value) -> None:
+    pass
+
+
+def test_a_long_prompt_never_stalls_a_generating_turn_for_more_than_one_step(served_model, load_llama, monkeypatch):
+    """Issue 19: the scheduler fills each step within its budget (the backend's chunk: one llama_decode),
+    generating turns' tokens first, so a 200-token prompt admitted beside a generating turn is fed in pieces
+    of what is left, and the generating turn gets its token every step."""
+    backend = load_llama(served_model("llama.cpp"), chunk_tokens=16)
+    engine = Engine(backend, backend.tokenizer)
+    assert engine.step_tokens == 16
+    alone = _plain_turn(engine, 5, 24, seed=1).run().finish.token_ids
+
+    steps: list[list[tuple[int, int]]] = []  # per llama_decode step: (which turn, tokens fed)
+    real_step = engine.step
+    generating, prompt = _plain_turn(engine, 5, 24, seed=1), _plain_turn(engine, 200, 4, seed=2)
+    lives = {}
+
+    def recording_step(work):
+        steps.append([(lives.get(id(live), -1), len(tokens)) for live, tokens in work])
+        return real_step(work)
+
+    monkeypatch.setattr(engine, "step", recording_step)
+    s = Scheduler(engine, max_sequences=2)
+    s.start(generating)
+    lives[id(generating.turn.live)] = 0
+    s.step()  # its 5-token prompt alone: a whole chunk
+    assert steps == [[(0, 5)]] and not generating.turn.prefilling
+    s.start(prompt)
+    lives[id(prompt.turn.live)] = 1
+    while prompt.turn.prefilling:
+        s.step()
+    prompt_steps = steps[1:]
+    assert len(prompt_steps) == 14  # 200 tokens, 15 a step beside the generating turn's one
+    for step in prompt_steps:
+        assert step[0] == (0, 1)  # the generating turn's token first, every step
+        assert step[1][0] == 1 and step[1][1] <= 15 and sum(n for _, n in step) <= 16
+    while s.busy:
+        s.step()
+    assert generating.error is None and prompt.error is None
+    assert generating.result.finish.token_ids == alone  # the same reply as alone (tiny model: batching is exact)
+    assert len(prompt.result.finish.token_ids) == 4
+
+
+def test_a_turn_alone_takes_whole_chunks(served_model, load_llama, monkeypatch):
+    backend = load_llama(served_model("llama.cpp"), chunk_tokens=16)
+    engine = Engine(backend, backend.tokenizer)
+    fed: list[int] = []
+    real_step = engine.step
+    monkeypatch.setattr(engine, "step", lambda work: fed.append(len(work[0][1])) or real_step(work))
+    _plain_turn(engine, 40, 2, seed=3).run()
+    assert fed == [16, 16, 8, 1, 1]  # the prompt in whole chunks, one token, then settling the last one
 
 
 # -- through the real daemon ------------------------------------------------------------------------------

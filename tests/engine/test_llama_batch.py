@@ -265,7 +265,7 @@ def test_step_refuses_the_same_live_twice_and_an_empty_feed(granite):
 
 
 def test_default_sequences_follow_cores_and_memory():
-    from engramctl.engine.llama_backend import default_sequences
+    from engramctl.engine.llama_context import default_sequences
 
     cell = 23 << 20  # Granite-4.0-H-350M's recurrent cell
     assert default_sequences(cell, cores=2, available_bytes=24 << 30) == 4

@@ -1,0 +1,82 @@
+"""The llama.cpp backend's one context: how big (tokens, sequences, kept states) and with which parameters.
+
+Chunks: n_batch = n_ubatch = chunk_tokens with flash attention measured ~1.2x faster at prefill than the
+library defaults (llama-cpp-notes.md). One context, unified KV: every sequence shares the KV cells
+(without it each would get n_ctx / n_seq_max).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engramctl.engine import llama_state
+from engramctl.errors import UsageError
+
+DEFAULT_CHUNK_TOKENS = 512
+DEFAULT_CONTEXT_TOKENS = 32768
+KV_BUDGET_BYTES = 512 << 20  # the KV cache is allocated (and zeroed) up front: cap it, whatever n_ctx_train says
+# Kept states (llama_pool.py): each takes one recurrent cell, allocated up front with the context (23 MB
+# on Granite-4.0-H-350M), and shares sequence 0's KV cells; a model whose cell exceeds the budget keeps none.
+KEPT_STATES_MAX = 4
+KEPT_STATES_BYTES = 128 << 20
+# Conversations stepped together (continuous batching), when the user sets none: on 2 cores raw llama.cpp
+# decodes 4 sequences in one step at 1.5x the aggregate rate of one, and 8 at 1.3-1.9x (llama-cpp-notes.md);
+# more cores gain more, so 2 per core, 4 to 16. Each sequence takes a recurrent cell allocated with the context
+# (23 MB on Granite-4.0-H-350M; the KV cache is shared): together at most 1/8 of the RAM available at load.
+SEQUENCES_PER_CORE, SEQUENCES_MIN, SEQUENCES_MAX = 2, 4, 16
+SEQUENCES_RAM_SHARE = 8
+SEQUENCES_LIMIT = 64  # what the setting accepts; llama.cpp's own limit on n_seq_max is larger
+
+
+@dataclass(frozen=True)
+class ContextSize:
+    n_ctx: int  # tokens the KV cache holds, all sequences together
+    sequences: int  # conversations stepped together
+    kept_max: int  # more sequences, each keeping a captured state resident
+
+
+def context_size(
+    lib, model, layout: llama_state.BlobLayout, context_tokens: int | None, sequences: int | None, threads: int
+) -> ContextSize:
+    """The context's size: what was asked, within the model's trained length and the KV budget."""
+    kv_per_token = 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers)  # f16 K and V
+    n_ctx_train = int(lib.llama_model_n_ctx_train(model)) or DEFAULT_CONTEXT_TOKENS
+    n_ctx = min(context_tokens or DEFAULT_CONTEXT_TOKENS, n_ctx_train)
+    if kv_per_token:
+        n_ctx = max(min(n_ctx, KV_BUDGET_BYTES // kv_per_token // 256 * 256), min(2048, n_ctx))
+    if sequences is not None and not 1 <= sequences <= SEQUENCES_LIMIT:
+        raise UsageError(f"sequences {sequences} is not between 1 and {SEQUENCES_LIMIT}.")
+    cell_bytes = _cell_bytes(layout)
+    kept_max = KEPT_STATES_MAX if not cell_bytes else min(KEPT_STATES_MAX, KEPT_STATES_BYTES // cell_bytes)
+    return ContextSize(n_ctx, sequences or default_sequences(cell_bytes, threads), kept_max)
+
+
+def context_params(lib, size: ContextSize, chunk_tokens: int, threads: int):
+    """llama_context_params for `size`."""
+    cparams = lib.llama_context_default_params()
+    cparams.n_ctx = size.n_ctx
+    cparams.n_batch = cparams.n_ubatch = chunk_tokens
+    cparams.n_seq_max = size.sequences + size.kept_max
+    cparams.kv_unified = True  # one KV cache all sequences share cells of (else each gets n_ctx / n_seq_max)
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    cparams.no_perf = True
+    return cparams
+
+
+def default_sequences(cell_bytes: int, cores: int, available_bytes: int | None = None) -> int:
+    """How many conversations to step together when the user sets no number (see SEQUENCES_PER_CORE)."""
+    n = min(SEQUENCES_MAX, max(SEQUENCES_MIN, SEQUENCES_PER_CORE * cores))
+    if cell_bytes:
+        if available_bytes is None:
+            import psutil
+
+            available_bytes = int(psutil.virtual_memory().available)
+        n = min(n, max(1, available_bytes // SEQUENCES_RAM_SHARE // cell_bytes))
+    return n
+
+
+def _cell_bytes(layout: llama_state.BlobLayout) -> int:
+    """One sequence's recurrent cell: conv and SSM state of every recurrent layer, f32."""
+    return 4 * sum(math.prod(lay.conv_shape) + math.prod(lay.ssm_shape) for lay in layout.layers if lay.recurrent)
