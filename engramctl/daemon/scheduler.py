@@ -41,7 +41,7 @@ log = logging.getLogger("engramctl.daemon")
 
 
 class TurnRequest:
-    """One planned turn and what its ends do. The service builds it (`on_prompt`, `on_piece`, `on_finish`,
+    """One planned turn and what its ends do. The service builds it (`on_start`, `on_prompt`, `on_piece`, `on_finish`,
     `on_done`: the turn's result from its TurnDone); `then(fn)` maps that result for the route that asked."""
 
     def __init__(
@@ -54,10 +54,12 @@ class TurnRequest:
         on_done: Callable[[TurnDone], Any],
         on_fail: Callable[[], None],
         on_finish: Callable[[Finish], None] | None = None,
+        on_start: Callable[[Prompt], None] | None = None,
         session: str | None = None,
     ):
         self.turn, self.cancel, self.session = turn, cancel, session
         self.on_prompt, self.on_piece, self.on_done, self.on_fail = on_prompt, on_piece, on_done, on_fail
+        self.on_start = on_start  # the prompt is in the state: the stream's first chunk, before the first token
         self.on_finish = on_finish  # generation stopped: the stream's last choice goes before the state is recorded
         self._then: list[Callable[[Any], Any]] = []
         self.job: "Job | None" = None
@@ -69,7 +71,13 @@ class TurnRequest:
         return self
 
     def begin(self) -> None:
-        self.turn.begin(self.cancel, on_prompt=self.on_prompt, on_piece=self.on_piece, on_finish=self.on_finish)
+        self.turn.begin(
+            self.cancel,
+            on_start=self.on_start,
+            on_prompt=self.on_prompt,
+            on_piece=self.on_piece,
+            on_finish=self.on_finish,
+        )
 
     def succeed(self) -> None:
         result = self.on_done(self.turn.done)

@@ -195,14 +195,16 @@ class ConversationService:
         cancel: threading.Event,
         t0: float,
     ) -> TurnRequest:
-        """The planned turn as the scheduler steps it: its start is emitted and the prompt snapshot committed
-        once the prompt is in the state (its file is written while the reply is generated), its pieces are
-        emitted, and its end recorded, its state kept hot."""
+        """The planned turn as the scheduler steps it: its start is emitted once the prompt is in the state,
+        the prompt snapshot committed once the first token is on its way (its file is written while the reply
+        is generated), its pieces are emitted, and its end recorded, its state kept hot."""
         result: list[TurnResult] = []  # the turn's result as far as it has got
 
-        def on_prompt(prompt: Prompt) -> None:
+        def on_start(prompt: Prompt) -> None:
             result.append(turn_result.started(session, origin, prompt, t0))
             emit("start", result[-1])
+
+        def on_prompt(prompt: Prompt) -> None:
             self.recorder.prompt(record, prompt)
 
         def on_finish(finish: Finish) -> None:
@@ -219,6 +221,7 @@ class ConversationService:
         return TurnRequest(
             turn,
             cancel,
+            on_start=on_start,
             on_prompt=on_prompt,
             on_piece=lambda piece: (crash_point("stream.piece"), emit("piece", piece)),
             on_finish=on_finish,

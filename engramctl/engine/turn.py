@@ -1,8 +1,8 @@
 """One chat turn, the only place it is written: the daemon's service and the benchmark both run it.
 
     turn = Turn.for_messages(engine, live, messages, params)   # plans; refuses touching nothing
-    done = turn.run(cancel, on_prompt=..., on_piece=..., on_finish=...)
-    # prefill -> capture -> generate (on_finish when it stops) -> settle -> capture
+    done = turn.run(cancel, on_start=..., on_prompt=..., on_piece=..., on_finish=...)
+    # prefill -> first token -> capture the prompt state -> generate (on_finish when it stops) -> settle -> capture
 
 `run` is the turn alone. The daemon's scheduler (daemon/scheduler.py) steps many at once through the same
 state machine: `begin`, then per step `work()` (a prompt chunk, the token just sampled, or the last one to
@@ -153,15 +153,18 @@ class Turn:
         self,
         cancel: threading.Event | None = None,
         *,
+        on_start: Callable[[Prompt], None] | None = None,
         on_prompt: Callable[[Prompt], None] | None = None,
         on_piece: Callable[[str], None] | None = None,
         on_finish: Callable[[Finish], None] | None = None,
     ) -> None:
         """Start the turn: from here on it owns its Live (`abort` releases it). A turn with nothing to feed
-        samples its first token at once. `on_finish` hears how the reply ended as soon as generation stops,
-        before the reply state is settled and captured."""
+        samples its first token at once. `on_start` hears the prompt is in the state (Prompt.state None yet),
+        `on_prompt` its captured state once the first token's text went to `on_piece`; `on_finish` hears how
+        the reply ended as soon as generation stops, before the reply state is settled and captured."""
         self._cancel = cancel or threading.Event()
-        self._on_prompt, self._on_piece, self._on_finish = on_prompt, on_piece, on_finish
+        self._on_start, self._on_prompt, self._on_piece, self._on_finish = on_start, on_prompt, on_piece, on_finish
+        self._prompt_uncaptured = False
         self._left, self._chunk, self._next = list(self.feed), [], None
         self._reply: Reply | None = None
         self._finish: Finish | None = None
@@ -208,6 +211,7 @@ class Turn:
         self,
         cancel: threading.Event | None = None,
         *,
+        on_start: Callable[[Prompt], None] | None = None,
         on_prompt: Callable[[Prompt], None] | None = None,
         on_piece: Callable[[str], None] | None = None,
         on_finish: Callable[[Finish], None] | None = None,
@@ -216,7 +220,7 @@ class Turn:
         comes), settle, capture the reply state. `cancel` stops the prefill between chunks (errors.Cancelled)
         and the generation between tokens (finish reason "cancelled", the partial reply kept)."""
         try:
-            self.begin(cancel, on_prompt=on_prompt, on_piece=on_piece, on_finish=on_finish)
+            self.begin(cancel, on_start=on_start, on_prompt=on_prompt, on_piece=on_piece, on_finish=on_finish)
             while self.done is None:
                 work = self.work()
                 if self.prefilling and self._cancel.is_set():  # between chunks: the state holds whole chunks
@@ -229,29 +233,32 @@ class Turn:
         return self.done
 
     def _prompt_in(self) -> None:
-        engine, live = self.engine, self.live
         prefill_ms = (time.perf_counter() - self._t0) * 1000
-        live.text = self.text
-        captured = self.capture and bool(self.feed)
-        prompt = Prompt(
-            self.prompt_tokens,
-            len(self.feed),
-            self.reset,
-            self.max_tokens,
-            prefill_ms,
-            engine.capture(live) if captured else None,
-        )
-        self.prompt = prompt
-        if self._on_prompt is not None:
-            self._on_prompt(prompt)
-        self._reply = Reply(engine.tokenizer, live, self.params)
+        self.live.text = self.text
+        self.prompt = Prompt(self.prompt_tokens, len(self.feed), self.reset, self.max_tokens, prefill_ms, None)
+        self._prompt_uncaptured = True
+        if self._on_start is not None:
+            self._on_start(self.prompt)
+        self._reply = Reply(self.engine.tokenizer, self.live, self.params)
         self._sample()
+
+    def _capture_prompt(self) -> None:
+        """The prompt state, copied once the first token's text is on its way: sampling only read the
+        logits and nothing is fed before the next step, so the state is still the prompt's, and the copy
+        and its snapshot commit do not delay the first token."""
+        self._prompt_uncaptured = False
+        if self.capture and self.feed:
+            self.prompt = dataclasses.replace(self.prompt, state=self.engine.capture(self.live))
+        if self._on_prompt is not None:
+            self._on_prompt(self.prompt)
 
     def _sample(self) -> None:
         pieces, token = self._reply.next(self.live.last_logits, self._cancel.is_set())
         if self._on_piece is not None:
             for piece in pieces:
                 self._on_piece(piece)
+        if self._prompt_uncaptured:
+            self._capture_prompt()
         if token is not None:
             self._next = [token]
             return

@@ -204,7 +204,7 @@ def test_a_reply_stopped_by_an_eos_the_template_does_not_write_goes_on_without_a
 
     live = engine.new_live()
     done = Turn.for_messages(engine, live, HISTORY[:2], SamplingParams(temperature=0, max_tokens=4)).run(
-        on_prompt=choose_the_other_eos
+        on_start=choose_the_other_eos
     )
     assert (done.finish.reason, done.finish.token_ids) == ("stop", (others[0],))  # the client's view: as sampled
     assert done.live.token_ids[-1] == end and done.live.text.endswith("<|im_end|>")
