@@ -191,13 +191,13 @@ class Settings:
     )
     ngram_table_rows: int = setting(
         646400,
-        "rows per n-gram order and head in each Engram table (the demo's engram_vocab_size)",
+        "rows per n-gram order and head in each N-gram table (the demo's engram_vocab_size)",
         metavar="N",
         bounds=(2, 2**31 - 1),
     )
     ngram_table_tier: str = setting(
         "auto",
-        "where the Engram tables live; auto: RAM if they fit its budget, else disk (read with prefetch)",
+        "where the N-gram tables live; auto: RAM if they fit its budget, else disk (read with prefetch)",
         choices=("auto", "ram", "disk"),
     )
     keep_last: int = setting(8, "snapshots kept per session besides pinned and labelled ones", metavar="N")

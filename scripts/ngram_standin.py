@@ -6,7 +6,7 @@ engramctl/bench/workloads/ngram.py) run outside the engine, on a research stand-
 `engramctl bench ngram` runs the same harness on the real engine; this script keeps the stand-in out of the
 installed package. The backbone: embedding, `layers` pre-norm MLP blocks
 (d -> 4d -> d, SiLU), a final norm and a vocabulary head; position-wise, so a step costs the same at any
-context. The Engram layer is engramctl.ngram.fusion.EngramFusion (one branch, the short conv with its
+context. The N-gram layer is engramctl.ngram.fusion.NgramFusion (one branch, the short conv with its
 per-sequence state) fed by engramctl.ngram.hashing row ids, outside the engine. `batch` sequences run side
 by side (one step = one chunk or one decoded token of each); the row ids come from the step's token ids and
 the lookback (RowIds) before the backbone runs.
@@ -40,15 +40,15 @@ class StandinConfig(NgramBenchConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 <= self.engram_layer < self.layers:
-            raise UsageError(f"the Engram layer {self.engram_layer} must be one of the {self.layers} blocks.")
+        if not 0 <= self.ngram_layer < self.layers:
+            raise UsageError(f"the N-gram layer {self.ngram_layer} must be one of the {self.layers} blocks.")
 
 
 def build_model(cfg: StandinConfig, memory_dim: int):
     import torch
     from torch import nn
 
-    from engramctl.ngram.fusion import EngramFusion
+    from engramctl.ngram.fusion import NgramFusion
 
     torch.manual_seed(cfg.seed)
     d = cfg.hidden
@@ -68,7 +68,7 @@ def build_model(cfg: StandinConfig, memory_dim: int):
             "norm": nn.RMSNorm(d),
             "head": nn.Linear(d, cfg.vocab, bias=False),
             # the demo's module; a non-zero conv so the conv path really runs
-            "engram": EngramFusion(memory_dim, d, branches=1, kernel_size=4, dilation=cfg.max_ngram_size),
+            "engram": NgramFusion(memory_dim, d, branches=1, kernel_size=4, dilation=cfg.max_ngram_size),
         }
     )
     return model.to(cfg.device).eval()
@@ -95,7 +95,7 @@ class Runner:
         from engramctl.ngram.prefetch import RowIds
 
         cfg, m = self.cfg, self.model
-        layer = cfg.engram_layer
+        layer = cfg.ngram_layer
         plan = RowIds(self.hasher, batch=cfg.batch)
         wall = {"prefill": 0.0, "decode": 0.0}
         cpu = 0.0
@@ -149,7 +149,7 @@ class StandinVariants:
         self.cfg = cfg
         ecfg = engram_config(cfg, table_bytes)
         hasher = NgramHasher(ecfg, cfg.vocab)
-        layer = cfg.engram_layer
+        layer = cfg.ngram_layer
         spec = TableSpec(
             layer, hasher.rows(layer), cfg.head_dim, cfg.table_dtype, cfg.seed, "bits", config_hash(ecfg, cfg.vocab)
         )
@@ -192,8 +192,8 @@ def maker(cfg: StandinConfig):
 
     return make, (
         f"stand-in: embedding, {cfg.layers} pre-norm MLP blocks of width {cfg.hidden}, vocabulary head "
-        f"{cfg.vocab}; Engram (engramctl.ngram.fusion.EngramFusion, 1 branch, short conv) before block "
-        f"{cfg.engram_layer}"
+        f"{cfg.vocab}; Engram (engramctl.ngram.fusion.NgramFusion, 1 branch, short conv) before block "
+        f"{cfg.ngram_layer}"
     )
 
 
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--engram-layer", type=int, default=1)
+    p.add_argument("--ngram-layer", type=int, default=1)
     p.add_argument("--runs", type=int, default=None)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prefill-tokens", type=int, default=None)
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = StandinConfig(
         hidden=a.hidden,
         layers=a.layers,
-        engram_layer=a.engram_layer,
+        ngram_layer=a.ngram_layer,
         runs=a.runs or (1 if q else 3),
         batch=a.batch,
         prefill_tokens=a.prefill_tokens if a.prefill_tokens is not None else (16 if q else 256),

@@ -23,7 +23,7 @@ from engramctl.errors import (
 )
 from engramctl.protocol import ErrorBody
 from engramctl.settings import load_settings
-from engramctl.store.errors import SnapshotInUse
+from engramctl.errors import SnapshotInUse
 
 
 def _free_port() -> int:

@@ -25,6 +25,7 @@ class RawLlama:
     def __init__(self, path: Path, *, n_ctx: int, n_batch: int, threads: int):
         import numpy as np
 
+        from engramctl.engine.llama_context import ContextSize, context_params
         from engramctl.engine.llama_lib import import_llama_cpp, take_errors
 
         lib = self._lib = import_llama_cpp()
@@ -37,13 +38,7 @@ class RawLlama:
         self._ctx = None
         if not self._model:
             raise UnsupportedModel(f"raw llama.cpp could not load {Path(path).name}: {take_errors() or 'see the log'}")
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = cparams.n_ubatch = n_batch
-        cparams.n_seq_max = 1
-        cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        cparams.no_perf = True
+        cparams = context_params(lib, ContextSize(n_ctx, sequences=1, kept_max=0), n_batch, threads)  # as the backend
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()

@@ -56,7 +56,7 @@ def ngram(
         "--preset",
         help="The bench preset model the engine serves (default granite-4.0-h-350m; --quick tiny).",
     ),
-    engram_layer: int = typer.Option(1, "--engram-layer", min=0, help="Block index of the Engram layer (0-based)."),
+    ngram_layer: int = typer.Option(1, "--ngram-layer", min=0, help="Block index of the N-gram layer (0-based)."),
     read: str = typer.Option(
         "pread", "--read", metavar="pread|direct", help="Disk reads: pread after posix_fadvise eviction, or O_DIRECT."
     ),
@@ -74,7 +74,7 @@ def ngram(
 ) -> None:
     """N-gram memory (Engram) tables in the RAM and disk tiers, on the engine serving a bench preset model
     (random weights): tokens/s of (A) the backbone alone, (B) with an
-    Engram layer whose table is in RAM, (C) the table on disk read at the layer, (D) on disk and prefetched
+    N-gram layer whose table is in RAM, (C) the table on disk read at the layer, (D) on disk and prefetched
     while the earlier blocks compute, (E) D across table sizes, and (F) on real text, the hit rate of an LRU
     RAM cache of disk rows per n-gram order and the unique rows per step. Tables on stdout, progress on
     stderr; --json for one JSON object. Disk use: one table at a time, the largest of --sizes."""
@@ -96,7 +96,7 @@ def ngram(
     preset = preset_name(preset or ("tiny" if quick else "granite-4.0-h-350m"))
     cfg = NgramBenchConfig(
         preset=preset,
-        engram_layer=engram_layer,
+        ngram_layer=ngram_layer,
         batch=batch,
         prefill_tokens=d["prefill"] if prefill_tokens is None else prefill_tokens,
         chunk=chunk,
@@ -118,7 +118,7 @@ def ngram(
     parts += ["--prefill-tokens", str(cfg.prefill_tokens), "--chunk", str(chunk)]
     parts += ["--decode-tokens", str(cfg.decode_tokens)]
     parts += ["--preset", preset]
-    parts += ["--engram-layer", str(engram_layer), "--read", read, "--io-threads", str(io_threads)]
+    parts += ["--ngram-layer", str(ngram_layer), "--read", read, "--io-threads", str(io_threads)]
     parts += [x for c in cfg.corpus for x in ("--corpus", c)] + ["--corpus-tokens", str(cfg.corpus_tokens)]
     parts += ["--seed", str(seed), "--device", device] + (["--threads", str(threads)] if threads else [])
     cfg = dataclasses.replace(cfg, command=shlex.join(parts))

@@ -134,7 +134,7 @@ def open_listing(settings: Any, out: Any) -> Listing:
     """The running daemon's listing, else the store's. A daemon still loading its model may not hold the
     store yet: then the store is read, or, once the daemon holds it, the daemon is waited for."""
     from engramctl.cli import connect
-    from engramctl.store.errors import StoreLocked
+    from engramctl.errors import StoreLocked
     from engramctl.store.store import Store
 
     info = connect.running(settings)

@@ -241,7 +241,7 @@ class Dispatcher:
         return {"session": session, "head": info.head, "checkpoints": items}
 
     def _delete_checkpoint(self, args: dict, job) -> dict:
-        from engramctl.store.errors import SnapshotInUse
+        from engramctl.errors import SnapshotInUse
 
         try:
             sid = self.store.resolve(args["id"])

@@ -12,7 +12,7 @@ from engramctl.daemon.schemas import ROLES
 from engramctl.engine.engine import Engine
 from engramctl.errors import SnapshotMismatch, UsageError
 from engramctl.state.codec import from_payload, written_by
-from engramctl.store.errors import AlreadyExists
+from engramctl.errors import AlreadyExists
 from engramctl.store.exchange import unpack
 from engramctl.store.names import validate_label, validate_session_name
 from engramctl.store.records import SnapshotRecord

@@ -18,7 +18,7 @@ def load_model(settings: Settings, place_tables=None):
     """Load settings.model (or the default model) on settings.device/dtype; logs progress. What the
     user should know about the choice (the SmolLM2 fallback) is logged as a warning and kept in
     engine.notices, which /v1/status reports and the CLI prints once after starting the daemon.
-    `place_tables` is the tier planner's claim for the Engram tables (the daemon's TierPlanner.claim_tables);
+    `place_tables` is the tier planner's claim for the N-gram tables (the daemon's TierPlanner.claim_tables);
     without it they are placed on a plan of this machine's tiers."""
     from engramctl.engine.ngram_hooks import ngram_config
     from engramctl.engine.loading import choose_backend, load_engine

@@ -21,7 +21,7 @@ class Live:
     token_ids: list[int] = field(default_factory=list)  # consumed by the state, in order
     last_logits: torch.Tensor | None = None  # (vocab,) float32 after the last consumed token
     text: str = ""  # the exact text the consumed tokens came from
-    ngram: tuple = ()  # NgramState per Engram layer (transformers with Engram layers): conv windows, lookback
+    ngram: tuple = ()  # NgramState per N-gram layer (transformers with N-gram layers): conv windows, lookback
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,7 @@ def load_engine(
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
     weight type (never converted to float32); `dtype` applies to transformers only. `ngram` gives the
-    transformers model Engram layers (engine/ngram_hooks.py), their tables held as `tables` says. `threads`: the
+    transformers model N-gram layers (engine/ngram_hooks.py), their tables held as `tables` says. `threads`: the
     CPU threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use.
     `model_id`: the name the engine reports (default: the GGUF's file name, the hub id or the directory's path);
     `chunk_tokens`: tokens per forward pass at prefill (default: the backend's); `sequences`: conversations
@@ -236,7 +236,7 @@ def load_engine(
     chosen = choose_backend(ref, backend)
     if ngram is not None and chosen == "llama.cpp":
         raise UnsupportedModel(
-            "Engram layers run on the transformers backend only; llama.cpp would serve this GGUF without them.",
+            "N-gram layers run on the transformers backend only; llama.cpp would serve this GGUF without them.",
             hint="add --backend transformers (the GGUF is converted to safetensors once)",
         )
     if chosen == "transformers" and is_gguf_ref(ref) and not Path(ref).expanduser().is_file():

@@ -25,7 +25,7 @@ from torch import nn
 from engramctl.errors import EngramError, SnapshotCorrupt, UnsupportedModel, UsageError
 from engramctl.ngram.compression import TokenMap, build_from_decoder
 from engramctl.ngram.hashing import NgramConfig, NgramHasher
-from engramctl.ngram.layer import EngramStack
+from engramctl.ngram.layer import NgramStack
 from engramctl.ngram.table_spec import config_hash
 from engramctl.ngram.tableset import TableSet, TableSetup
 from engramctl.state import NgramState
@@ -87,7 +87,7 @@ class NgramHooks:
         hidden = int(model.config.hidden_size)
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
-        self.stack = EngramStack(config, self.hasher, hidden, with_tables=False).to(
+        self.stack = NgramStack(config, self.hasher, hidden, with_tables=False).to(
             device=param.device, dtype=param.dtype
         )
         dtype_name = str(param.dtype).removeprefix("torch.")

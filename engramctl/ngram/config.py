@@ -1,4 +1,4 @@
-"""The Engram config: the official demo's EngramConfig fields (spec §1) with its defaults, validated."""
+"""The N-gram memory config: the official demo's EngramConfig fields (spec §1) with its defaults, validated."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 Per residual branch m, a scalar gate per token decides how much of the shared value v = W_V e enters:
     s = <RMSNorm_q(h_m), RMSNorm_k(W_K,m e)> / sqrt(d),   alpha = sigmoid(sign(s) * sqrt(max(|s|, 1e-6)))
 The signed square root (what the demo, the training kernels and V4.1 run, not the paper's plain sigmoid)
-keeps large dot products from saturating the sigmoid. `EngramFusion` is the demo's module (biased
-projections, separate norms, short conv); `EngramFusionV41` is the conv-free production variant.
+keeps large dot products from saturating the sigmoid. `NgramFusion` is the demo's module (biased
+projections, separate norms, short conv); `NgramFusionV41` is the conv-free production variant.
 Both take hidden states (batch, T, branches, d): a plain pre-norm transformer has one branch.
 """
 
@@ -30,8 +30,8 @@ def _check(hidden: torch.Tensor, memory: torch.Tensor, branches: int, d: int, d_
         raise UsageError(f"memory must be (batch, T, {d_mem}) to match the hidden states; got {tuple(memory.shape)}.")
 
 
-class EngramFusion(nn.Module):
-    """The demo's Engram fusion: out = H + Y, Y = U + SiLU(conv(RMSNorm(U))), U = alpha * v."""
+class NgramFusion(nn.Module):
+    """The demo's N-gram fusion (its Engram module): out = H + Y, Y = U + SiLU(conv(RMSNorm(U))), U = alpha * v."""
 
     def __init__(
         self,
@@ -71,7 +71,7 @@ class EngramFusion(nn.Module):
         return hidden + y, new_state
 
 
-class EngramFusionV41(nn.Module):
+class NgramFusionV41(nn.Module):
     """DeepSeek-V4.1's variant: one bias-free wkv projection (branches keys, then the value), norm
     weights applied as their product, no conv, so no per-sequence state; out = H + alpha * v."""
 

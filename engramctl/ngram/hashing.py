@@ -1,6 +1,6 @@
 """Suffix n-gram hashing exactly as the official demo's NgramHashMapping (spec §2.3-2.5).
 
-For Engram layer l, order n in 2..N and head k, a position t gets the head-local row index
+For N-gram layer l, order n in 2..N and head k, a position t gets the head-local row index
     z = mix_{l,n}(t) mod p_{l,n,k},   mix_{l,n}(t) = XOR_{j<n} x'_{t-j} * m_{l,j}
 over compressed token ids x', with positions before the sequence start read as the compressed pad id.
 Multipliers and primes are functions of the config and the compressed vocabulary size only, so row ids
@@ -22,7 +22,7 @@ _LAYER_SEED_STRIDE = 10007  # the demo's per-layer seed offset
 
 
 class NgramHasher:
-    """Row ids of every Engram layer from compressed token ids.
+    """Row ids of every N-gram layer from compressed token ids.
 
     `compressed_pad_id` is the pad id after tokenizer compression (spec §2.2 step 5), as the demo uses
     it: pass TokenMap.compressed_pad(config.pad_id). Without it config.pad_id is used as it is.
@@ -62,7 +62,7 @@ class NgramHasher:
     # -- constants --------------------------------------------------------------------------------------
     def _layer(self, layer_id: int) -> int:
         if layer_id not in self._primes:
-            raise UsageError(f"block {layer_id} has no Engram layer; the config has {list(self.config.layer_ids)}.")
+            raise UsageError(f"block {layer_id} has no N-gram layer; the config has {list(self.config.layer_ids)}.")
         return layer_id
 
     def multipliers(self, layer_id: int) -> np.ndarray:

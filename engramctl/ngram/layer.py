@@ -1,4 +1,4 @@
-"""An Engram layer in one piece: its flat table, its frozen hash constants and its fusion, initialised
+"""An N-gram layer in one piece: its flat table, its frozen hash constants and its fusion, initialised
 from a seed as the official demo initialises them (tables N(0,1), projections nn.Linear's default).
 
 Rows are read through `gather_rows` only when the layer holds its table as an nn.Embedding (tests, the
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from engramctl.errors import UsageError
-from engramctl.ngram.fusion import EngramFusion
+from engramctl.ngram.fusion import NgramFusion
 from engramctl.ngram.hashing import NgramConfig, NgramHasher
 
 _LAYER_SEED_STRIDE = 10007  # as the hash multipliers: one stream per layer, fixed by (seed, layer)
@@ -24,8 +24,8 @@ def gather_rows(table: nn.Embedding, row_ids: torch.Tensor) -> torch.Tensor:
     return nn.functional.embedding(row_ids, table.weight).flatten(-2)
 
 
-class EngramLayer(nn.Module):
-    """One Engram layer on a plain (one-branch) residual stream: out = h + Y (spec §2.8)."""
+class NgramLayer(nn.Module):
+    """One N-gram layer on a plain (one-branch) residual stream: out = h + Y (spec §2.8)."""
 
     def __init__(
         self, config: NgramConfig, hasher: NgramHasher, layer_id: int, hidden_size: int, with_table: bool = True
@@ -39,7 +39,7 @@ class EngramLayer(nn.Module):
         self.register_buffer("offsets", torch.from_numpy(hasher.offsets(layer_id)))  # ((N-1)*K,)
         self.register_buffer("primes", torch.from_numpy(hasher.primes(layer_id)))
         self.register_buffer("multipliers", torch.from_numpy(hasher.multipliers(layer_id)))  # (N,)
-        self.fusion = EngramFusion(
+        self.fusion = NgramFusion(
             config.memory_dim, hidden_size, branches=1, kernel_size=config.kernel_size, dilation=config.max_ngram_size
         )
 
@@ -67,13 +67,13 @@ class EngramLayer(nn.Module):
             ids = torch.from_numpy(np.ascontiguousarray(local_ids)).to(self.offsets.device) + self.offsets
             memory = gather_rows(self.table, ids).to(hidden.dtype)
         else:
-            raise UsageError(f"the Engram layer at block {self.layer_id} holds no table: pass the rows it reads.")
+            raise UsageError(f"the N-gram layer at block {self.layer_id} holds no table: pass the rows it reads.")
         out, new_state = self.fusion(hidden.unsqueeze(2), memory, conv_state)
         return out.squeeze(2), new_state
 
 
-class EngramStack(nn.Module):
-    """The Engram layers of one model, keyed by block index."""
+class NgramStack(nn.Module):
+    """The N-gram layers of one model, keyed by block index."""
 
     def __init__(self, config: NgramConfig, hasher: NgramHasher, hidden_size: int, with_tables: bool = True):
         super().__init__()
@@ -85,8 +85,8 @@ class EngramStack(nn.Module):
             # resumes in the other) and the caller's global RNG stream is left as it was.
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed + _LAYER_SEED_STRIDE * layer_id)
-                layers[str(layer_id)] = EngramLayer(config, hasher, layer_id, hidden_size, with_tables)
+                layers[str(layer_id)] = NgramLayer(config, hasher, layer_id, hidden_size, with_tables)
         self.layers = nn.ModuleDict(layers)
 
-    def layer(self, layer_id: int) -> EngramLayer:
+    def layer(self, layer_id: int) -> NgramLayer:
         return self.layers[str(layer_id)]

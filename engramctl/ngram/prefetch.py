@@ -1,4 +1,4 @@
-"""Prefetching the rows of a step while the blocks before the Engram layer compute (spec §4.3, Path A).
+"""Prefetching the rows of a step while the blocks before the N-gram layer compute (spec §4.3, Path A).
 
     lookbacks = RowIds(hasher)                 # one per batch: the last N-1 compressed ids of each sequence
     ids = lookbacks.step(new_ids)              # {layer: (batch, T, (N-1)*K) global row ids}, before the backbone
@@ -8,7 +8,7 @@
 
 Row ids depend only on token ids, so they are known before the backbone runs. A step's ids are deduplicated
 (np.unique); the unique rows are split into chunks that the gather threads claim one at a time, and
-`wait()` claims the chunks nobody has started yet and reads them on the calling thread, so the Engram layer
+`wait()` claims the chunks nobody has started yet and reads them on the calling thread, so the N-gram layer
 waits only for reads already in flight. `fetch()` is the synchronous path (every read at the layer): the
 same gather, started when the layer needs it. Staging is double-buffered: step s gathers into slot s % 2,
 so step s+1's reads can run while step s's rows are still being consumed.

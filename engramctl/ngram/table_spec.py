@@ -1,9 +1,9 @@
 """What an N-gram table is (spec §3): its spec, its sidecar and where its files live.
 
-One flat row-major file per Engram layer: `layer-<id>.table` holds rows x row_bytes bytes, row r at byte
+One flat row-major file per N-gram layer: `layer-<id>.table` holds rows x row_bytes bytes, row r at byte
 r * row_bytes (rows in (order, head, index) order, so a global row id = offsets[col] + head-local index,
 spec §2.5). Next to it `layer-<id>.table.json` (JSON, never pickle) records the format, layer, shape,
-dtype, seed, init, the config hash of the Engram config it belongs to, an XXH3-128 checksum of every
+dtype, seed, init, the config hash of the N-gram config it belongs to, an XXH3-128 checksum of every
 byte, and a probe checksum of a few sampled pages. The sidecar is written last: a table without one is
 incomplete and refused. Writing and checking: table_file.py; reading: table_read.py.
 """
@@ -41,7 +41,7 @@ class TableSpec:
     dtype: str = "float16"
     seed: int = 0
     init: str = "normal"
-    config_hash: str = ""  # the Engram config (and compressed vocabulary) the row ids come from
+    config_hash: str = ""  # the N-gram config (and compressed vocabulary) the row ids come from
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -122,7 +122,7 @@ class TableMeta:
 
 
 def tables_dir(data_dir: Path, name: str) -> Path:
-    """Where one Engram config's tables live: <data dir>/ngram/<name>/ (name: its config hash, say)."""
+    """Where one N-gram config's tables live: <data dir>/ngram/<name>/ (name: its config hash, say)."""
     return Path(data_dir) / "ngram" / name
 
 

@@ -1,9 +1,9 @@
-"""The tables of one model's Engram layers as the engine holds them (spec §3-§4): table files written once
+"""The tables of one model's N-gram layers as the engine holds them (spec §3-§4): table files written once
 under the data dir, placed in RAM or on disk by the tier planner, each read through a RowReader.
 
     tables = TableSet.open(config, hasher, key, "float32", TableSetup(data_dir, place=daemon.tiers.claim_tables))
     tables.begin(local_ids)         # before the backbone runs: a disk table's prefetch starts here
-    rows = tables.take(layer_id)    # at the Engram layer: (1, T, (N-1)*K, D_h), waits only for rows not there
+    rows = tables.take(layer_id)    # at the N-gram layer: (1, T, (N-1)*K, D_h), waits only for rows not there
 
 Without a data dir (a backend built directly, tests) the tables are generated in RAM, the same bytes the
 files would hold, so a model's output never depends on where its tables are.
@@ -86,7 +86,7 @@ class RowReader:
         ids, pending = self._ids, self._pending
         self._ids = self._pending = None
         if ids is None:
-            raise EngramError(f"the rows of Engram layer {self.spec.layer_id} were taken before a step began.")
+            raise EngramError(f"the rows of N-gram layer {self.spec.layer_id} were taken before a step began.")
         t0 = time.perf_counter()
         if pending is not None:
             rows = pending.wait()
@@ -106,7 +106,7 @@ class RowReader:
 
 
 class TableSet:
-    """The RowReaders of a model's Engram layers, keyed by block index, and what identifies their bytes."""
+    """The RowReaders of a model's N-gram layers, keyed by block index, and what identifies their bytes."""
 
     def __init__(self, readers: dict[int, RowReader], checksums: dict[int, str], directory: Path | None):
         self.readers, self.checksums, self.directory = readers, checksums, directory

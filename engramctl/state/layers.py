@@ -116,7 +116,7 @@ class HybridState:
 class NgramState:
     """An Engram (N-gram memory) layer's per-sequence state: its short conv window and the compressed ids
     of the last N-1 tokens, which the next positions' n-grams reach back into. A SessionState holds one
-    after the decoder layers for each Engram layer, in the model's Engram layer order."""
+    after the decoder layers for each N-gram layer, in the model's N-gram layer order."""
 
     conv: torch.Tensor  # (1, hidden, (kernel-1)*N) normalised gated values, oldest first
     lookback: torch.Tensor  # (1, N-1) int64 compressed token ids, pad-filled before the sequence start

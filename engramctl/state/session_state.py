@@ -11,7 +11,7 @@ from engramctl.state.layers import LayerState
 
 @dataclass(frozen=True)
 class SessionState:
-    layers: tuple[LayerState, ...]  # one per decoder layer, in order, then one per Engram layer
+    layers: tuple[LayerState, ...]  # one per decoder layer, in order, then one per N-gram layer
     token_ids: tuple[int, ...]  # every token the state has consumed
     last_logits: torch.Tensor  # (vocab,) float32: logits after the last consumed token
     # Exact text the state consumed (prompt renders + generated text); lets the chat layer compute the

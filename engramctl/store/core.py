@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from engramctl.errors import NotFound
 from engramctl.settings import Settings
 from engramctl.store.crashpoints import crash_point
-from engramctl.store.errors import StoreClosed
+from engramctl.errors import StoreClosed
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
 from engramctl.store.names import validate_snapshot_id

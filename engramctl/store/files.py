@@ -21,7 +21,7 @@ from pathlib import Path
 
 from engramctl.pidlock import try_lock
 from engramctl.store import snapshot_file
-from engramctl.store.errors import DataDirUnusable, StoreLocked
+from engramctl.errors import DataDirUnusable, StoreLocked
 from engramctl.store.names import id_from_filename, snapshot_filename
 from engramctl.store.records import TOKEN_IDS, Payload
 

@@ -28,7 +28,7 @@ from typing import Iterable
 from engramctl.errors import InvalidName, NotFound
 from engramctl.store.core import StoreCore
 from engramctl.store.sessions import Sessions
-from engramctl.store.errors import AlreadyExists
+from engramctl.errors import AlreadyExists
 from engramctl.store.names import (
     branch_session_name,
     is_snapshot_id,

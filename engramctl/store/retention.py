@@ -26,7 +26,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from engramctl.store.core import StoreCore
-from engramctl.store.errors import DiskFull
+from engramctl.errors import DiskFull
 from engramctl.store.records import GcReport, SessionInfo, SnapshotRecord, payload_nbytes
 from engramctl.tiers.placement import HotTier
 from engramctl.tiers.plan import TierPlan

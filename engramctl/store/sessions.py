@@ -12,7 +12,7 @@ from typing import Any
 from engramctl.errors import NotFound, UsageError
 from engramctl.store.core import StoreCore
 from engramctl.store.crashpoints import crash_point
-from engramctl.store.errors import AlreadyExists
+from engramctl.errors import AlreadyExists
 from engramctl.store.names import is_snapshot_id, validate_session_name
 from engramctl.store.records import SessionInfo, SnapshotRecord
 

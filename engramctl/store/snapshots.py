@@ -19,7 +19,7 @@ from engramctl.errors import NotFound, SnapshotCorrupt
 from engramctl.store import snapshot_file
 from engramctl.store.core import StoreCore
 from engramctl.store.crashpoints import crash_point
-from engramctl.store.errors import SnapshotInUse
+from engramctl.errors import SnapshotInUse
 from engramctl.store.names import (
     is_snapshot_id,
     new_snapshot_id,

@@ -26,7 +26,7 @@ stopped before writing it: heads fall back to its parent, the transcript is unto
 Ownership: the store keeps the payload's tensors as given (no copy), so the caller must not mutate
 them afterwards; `load` returns the stored tensors (read-only by contract) unless copy=True.
 Threads: every method is safe to call from any thread; file I/O happens outside the lock.
-Errors: InvalidName for bad names/ids, NotFound, SnapshotCorrupt, store.errors.SnapshotInUse /
+Errors: InvalidName for bad names/ids, NotFound, SnapshotCorrupt, errors.SnapshotInUse /
 AlreadyExists / StoreLocked / DiskFull.
 """
 

@@ -14,7 +14,7 @@ flags, resolved by load_settings) replace the default rule; the rule text then s
 default would have been. A vram override without CUDA is ignored (there is no VRAM to use).
 
 N-gram memory tables (engramctl/ngram/table_spec.py) are claims on these budgets: `claim_tables` places each
-table, in the order given (earliest Engram layer first: its prefetch window is the shortest), in RAM if it
+table, in the order given (earliest N-gram layer first: its prefetch window is the shortest), in RAM if it
 fits what is left of the RAM budget, else on disk if it fits what is left of the disk budget. A tier's
 budget_bytes is then what is left for snapshots; table_bytes is what its tables take. `keep_tables` claims
 them again, in the tiers they were given, on a new plan (TierPlanner.replan after loading the model).

@@ -23,7 +23,7 @@ def _backend(job: dict):
     from engramctl.ngram.hashing import NgramConfig
 
     model_dir = Path(job["model_dir"])
-    ngram = NgramConfig(**job["ngram"]) if job.get("ngram") else None  # Engram layers, rebuilt from their seed
+    ngram = NgramConfig(**job["ngram"]) if job.get("ngram") else None  # N-gram layers, rebuilt from their seed
     backend = TransformersBackend.load(model_dir, model_dir.name, "cpu", torch.float32, ngram=ngram)
     backend.chunk_tokens = 16
     return backend

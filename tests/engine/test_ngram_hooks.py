@@ -40,7 +40,7 @@ def test_settings_text_becomes_a_demo_config():
         ngram_config("one", 1000)
 
 
-def test_state_holds_one_ngram_entry_per_engram_layer_and_the_identity_changes(zoo):
+def test_state_holds_one_ngram_entry_per_ngram_layer_and_the_identity_changes(zoo):
     backend, plain = _load(zoo), _load(zoo, ngram=None)
     assert backend.spec.layout == plain.spec.layout + ("ngram", "ngram")
     tail = backend.spec.layers[-1].tensors
@@ -91,7 +91,7 @@ def test_transformers_and_gguf_tokenizers_of_one_model_compress_alike(gguf_zoo, 
     assert a.compressed_vocab_size < len(a.token_map) and (a.token_map == b.token_map).all()
 
 
-def test_the_daemon_settings_give_the_served_model_engram_layers(zoo):
+def test_the_daemon_settings_give_the_served_model_ngram_layers(zoo):
     from engramctl.daemon.model import load_model
     from engramctl.settings import load_settings
 

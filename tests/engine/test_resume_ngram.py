@@ -1,4 +1,4 @@
-"""Invariant 1 with Engram layers on: the snapshot also holds each Engram layer's conv window and token
+"""Invariant 1 with N-gram layers on: the snapshot also holds each N-gram layer's conv window and token
 lookback, and a fresh process that rebuilds the layers from their seed continues exactly.
 
 The whole family sweep takes minutes (a model per family, twice, and a child process), so CI runs four
@@ -60,7 +60,7 @@ def resume_run(zoo, load_backend, tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", SWEPT)
-def test_restored_state_with_engram_layers_continues_exactly_in_a_fresh_process(resume_run, family):
+def test_restored_state_with_ngram_layers_continues_exactly_in_a_fresh_process(resume_run, family):
     refs, got = resume_run
     full = refs[family]["full"]
     ngram = [layer for layer in refs[family]["state"].layers if isinstance(layer, NgramState)]
@@ -70,6 +70,6 @@ def test_restored_state_with_engram_layers_continues_exactly_in_a_fresh_process(
     assert (restored - full[N_TOKENS - 1]).abs().max().item() <= TOL
     assert (continued - full[-1]).abs().max().item() <= TOL
     assert got[f"{family}.greedy"].tolist() == refs[family]["greedy"]
-    # the check can fail: the Engram layers change the logits, and a fresh state does not produce these
+    # the check can fail: the N-gram layers change the logits, and a fresh state does not produce these
     assert (full[-1] - refs[family]["plain"][-1]).abs().max().item() > TOL
     assert (continued - full[MORE_TOKENS - 1]).abs().max().item() > TOL

@@ -1,4 +1,4 @@
-"""Engram tables in the engine (spec §4.5 on a real tiny model): table files written once under the data
+"""N-gram tables in the engine (spec §4.5 on a real tiny model): table files written once under the data
 dir, placed by the tier planner (and kept there by TierPlanner.replan), the output with the table on disk (prefetched
 or read at the layer) equal to it in RAM bitwise across prefill, chunked prefill, decode and resume, and the
 prefetched row ids equal to a reference hash of the whole sequence."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engramctl.errors import UsageError
-from engramctl.ngram.fusion import EngramFusion, EngramFusionV41, signed_sqrt_sigmoid
+from engramctl.ngram.fusion import NgramFusion, NgramFusionV41, signed_sqrt_sigmoid
 from engramctl.ngram.shortconv import ShortConv
 
 B, T, M, D, D_MEM = 2, 23, 2, 16, 24
@@ -23,7 +23,7 @@ def _gate(s):
     return 1 / (1 + math.exp(-math.copysign(math.sqrt(max(abs(s), 1e-6)), s))) if s else 0.5
 
 
-def reference_engram(f: EngramFusion, hidden, memory):
+def reference_engram(f: NgramFusion, hidden, memory):
     """Spec §2.10 engram_forward, one token and branch at a time; the conv as F.conv1d padded on both
     sides and cut to the first T outputs, the way the demo writes it."""
     eps_qk = torch.finfo(hidden.dtype).eps
@@ -54,7 +54,7 @@ def reference_engram(f: EngramFusion, hidden, memory):
 
 def _module(seed=0, **kw):
     torch.manual_seed(seed)
-    f = EngramFusion(D_MEM, D, branches=M, kernel_size=4, dilation=3, **kw)
+    f = NgramFusion(D_MEM, D, branches=M, kernel_size=4, dilation=3, **kw)
     with torch.no_grad():  # non-trivial norm weights and biases, so a swapped one shows
         for p in f.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -91,7 +91,7 @@ def test_zero_initialised_conv_passes_the_gated_value_through():
         out, _ = f(hidden, memory)
         u = f.gates(hidden, memory) * f.value_proj(memory).unsqueeze(2)
     assert torch.equal(out, hidden + u)
-    assert not EngramFusion(D_MEM, D, conv_zero_init=True).short_conv.weight.any()
+    assert not NgramFusion(D_MEM, D, conv_zero_init=True).short_conv.weight.any()
 
 
 @pytest.mark.parametrize("chunks", [[1] * T, [4, 1, 9, 9], [9, 14]], ids=["token-by-token", "ragged", "two"])
@@ -132,7 +132,7 @@ def test_a_restored_conv_state_resumes_exactly():
     assert torch.equal(live, resumed) and not torch.allclose(live, fresh)
 
 
-def reference_v41(f: EngramFusionV41, hidden, memory, mask):
+def reference_v41(f: NgramFusionV41, hidden, memory, mask):
     out = hidden.clone()
     d = f.hidden_size
     for b in range(hidden.shape[0]):
@@ -149,7 +149,7 @@ def reference_v41(f: EngramFusionV41, hidden, memory, mask):
 
 def test_v41_variant_matches_its_reference_and_masks_non_text():
     torch.manual_seed(5)
-    f = EngramFusionV41(D_MEM, D, branches=M).double()
+    f = NgramFusionV41(D_MEM, D, branches=M).double()
     with torch.no_grad():
         f.q_weight.add_(0.3 * torch.randn_like(f.q_weight))
         f.k_weight.add_(0.3 * torch.randn_like(f.k_weight))

@@ -148,7 +148,7 @@ def test_bad_input_is_refused_with_a_sentence():
     for bad in ([[1, 2], [3]], [1, 2, 3], [[1, 50]], [[-1]]):
         with pytest.raises(UsageError):
             hasher.hash(bad)
-    with pytest.raises(UsageError, match="no Engram layer"):
+    with pytest.raises(UsageError, match="no N-gram layer"):
         hasher.primes(2)
     with pytest.raises(UsageError):
         hasher.hash_continuation([[1, 2, 3]], [[4]])  # more than N-1 lookback ids

@@ -1,17 +1,17 @@
-"""An Engram layer in one piece: seeded construction, the flat-table lookup and its forward."""
+"""An N-gram layer in one piece: seeded construction, the flat-table lookup and its forward."""
 
 from __future__ import annotations
 
 import torch
 
 from engramctl.ngram.hashing import NgramConfig, NgramHasher
-from engramctl.ngram.layer import EngramStack, gather_rows
+from engramctl.ngram.layer import NgramStack, gather_rows
 
 CFG = NgramConfig(n_head_per_ngram=2, n_embed_per_ngram=8, engram_vocab_size=[31, 37], layer_ids=[0, 2], seed=5)
 
 
 def _stack(hidden=12):
-    return EngramStack(CFG, NgramHasher(CFG, 50, compressed_pad_id=1), hidden)
+    return NgramStack(CFG, NgramHasher(CFG, 50, compressed_pad_id=1), hidden)
 
 
 def test_layers_are_seeded_and_leave_the_global_rng_alone():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engramctl.errors import UsageError
-from engramctl.ngram.fusion import EngramFusion
+from engramctl.ngram.fusion import NgramFusion
 from engramctl.ngram.hashing import NgramConfig, NgramHasher
 from engramctl.ngram.prefetch import Prefetcher, RowCache, RowIds
 from engramctl.ngram.table_file import write_table
@@ -143,7 +143,7 @@ def test_engram_output_with_the_table_on_disk_equals_it_resident_bitwise(hasher,
     spec, resident, directory = tables
     torch.manual_seed(0)
     d = 32
-    fusion = EngramFusion(CFG.memory_dim, d, branches=1, kernel_size=CFG.kernel_size, dilation=CFG.max_ngram_size)
+    fusion = NgramFusion(CFG.memory_dim, d, branches=1, kernel_size=CFG.kernel_size, dilation=CFG.max_ngram_size)
     tokens = _tokens(2, 12, seed=3)
     hidden = torch.randn(2, 12, 1, d)
     cuts = [5, 6, 7, 8]

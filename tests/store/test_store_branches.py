@@ -6,7 +6,7 @@ import pytest
 from payloads import same_payload
 
 from engramctl.errors import NotFound, UsageError
-from engramctl.store.errors import AlreadyExists
+from engramctl.errors import AlreadyExists
 
 U = lambda text: {"role": "user", "content": text}  # noqa: E731
 A = lambda text: {"role": "assistant", "content": text}  # noqa: E731

@@ -9,7 +9,7 @@ import pytest
 from payloads import FINGERPRINT, nbytes, same_payload
 
 from engramctl.errors import InvalidName, NotFound
-from engramctl.store.errors import AlreadyExists, SnapshotInUse, StoreLocked
+from engramctl.errors import AlreadyExists, SnapshotInUse, StoreLocked
 from engramctl.store.names import SNAPSHOT_ID_RE
 from engramctl.store.store import Store
 

@@ -2,16 +2,16 @@
 
 Tokens/s interleaved over `runs` repeats (median), seeded, CPU/wall recorded:
   A  the backbone alone
-  B  + one Engram layer at block `engram_layer`, its table resident in RAM (gathered at the layer)
-  C  the table on disk, every row read synchronously at the Engram layer
+  B  + one N-gram layer at block `ngram_layer`, its table resident in RAM (gathered at the layer)
+  C  the table on disk, every row read synchronously at the N-gram layer
   D  the table on disk, rows prefetched by gather threads while the embedding and the blocks before the
-     Engram layer compute (engramctl.ngram.prefetch)
+     N-gram layer compute (engramctl.ngram.prefetch)
   E  D across table sizes (the flag --sizes), each table written, measured, deleted in turn (ngram_sizes.py)
   F  real text: hit rate of an LRU RAM cache of disk rows against cache size, per n-gram order, and the
      unique rows per step (ngram_text.py)
 
 The backbone: the real engine serving a bench preset model (ngram_engine.py: the transformers backend with
-the engine's own Engram layer and table files). The research harness scripts/ngram_standin.py runs the same
+the engine's own N-gram layer and table files). The research harness scripts/ngram_standin.py runs the same
 variants on a stand-in MLP backbone outside the engine. Token ids are random (the paper's worst case for caching).
 
 Cold reads: before every measured C/D/E run the table's pages are dropped from the page cache with
@@ -50,8 +50,8 @@ def engine_maker(cfg: NgramBenchConfig, cache_dir: Path, note: Callable[[str], N
 
     key = preset_name(cfg.preset)
     return make, (
-        f"engine: transformers backend, preset {key} ({PRESETS[key].description}); the engine's Engram layer "
-        f"before block {cfg.engram_layer}, table files read through its TableSet"
+        f"engine: transformers backend, preset {key} ({PRESETS[key].description}); the engine's N-gram layer "
+        f"before block {cfg.ngram_layer}, table files read through its TableSet"
     )
 
 
@@ -87,7 +87,7 @@ def run(cfg: NgramBenchConfig, work_dir: Path, progress, note: Callable[[str], N
     variants = make(table_dir, cfg.table_bytes, VARIANTS)
     progress.advance("write")
     size = variants.table["size_bytes"]
-    placed = claim_tables(tier_plan, [(f"layer-{cfg.engram_layer} ({size / MiB:.0f} MiB)", size)])
+    placed = claim_tables(tier_plan, [(f"layer-{cfg.ngram_layer} ({size / MiB:.0f} MiB)", size)])
     out["table"] = {
         **variants.table,
         "planner_tier": placed.tables[0].tier,

@@ -15,7 +15,7 @@ VARIANTS = ("A", "B", "C", "D")
 @dataclass(frozen=True)
 class NgramBenchConfig:
     preset: str | None = "tiny"  # the bench preset model the engine serves (tiny, granite-4.0-h-350m)
-    engram_layer: int = 1  # the second block, as in the paper's offload experiment
+    ngram_layer: int = 1  # the second block, as in the paper's offload experiment
     batch: int = 8
     prefill_tokens: int = 256  # per sequence, in chunks of `chunk`
     chunk: int = 128
@@ -66,7 +66,7 @@ def engram_config(cfg: NgramBenchConfig, table_bytes: int, row_bytes: int | None
         n_head_per_ngram=cfg.heads,
         n_embed_per_ngram=cfg.heads * cfg.head_dim,
         engram_vocab_size=[per_head] * (cfg.max_ngram_size - 1),
-        layer_ids=[cfg.engram_layer],
+        layer_ids=[cfg.ngram_layer],
         pad_id=0,
         seed=cfg.seed,
     )

@@ -1,10 +1,10 @@
 """The variants of `engramctl bench ngram` on the real engine: a bench preset model (engramctl.bench.presets,
-random weights) served by the transformers backend, with the engine's own Engram layer (engine/ngram_hooks.py).
+random weights) served by the transformers backend, with the engine's own N-gram layer (engine/ngram_hooks.py).
 
   A  the preset model alone
-  B  the same weights + one Engram layer, its table file loaded into RAM (gathered at the layer)
-  C  the same table file on disk, read synchronously when the Engram layer runs
-  D  on disk, the rows prefetched by the engine while the blocks before the Engram layer compute
+  B  the same weights + one N-gram layer, its table file loaded into RAM (gathered at the layer)
+  C  the same table file on disk, read synchronously when the N-gram layer runs
+  D  on disk, the rows prefetched by the engine while the blocks before the N-gram layer compute
 
 B, C and D are one model whose TableSet is swapped (NgramHooks.open_tables): the same bytes, so their
 logits must be equal bitwise. `batch` sequences run one after the other (the engine serves batch 1): each
@@ -46,7 +46,7 @@ def _load(cfg: NgramBenchConfig, cache_dir: Path, note, **ngram):
 
 
 def plain_backend(cfg: NgramBenchConfig, cache_dir: Path, note):
-    """A: the preset model without Engram layers."""
+    """A: the preset model without N-gram layers."""
     return _load(cfg, cache_dir, note)
 
 

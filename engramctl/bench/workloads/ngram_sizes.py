@@ -34,7 +34,7 @@ def table_sizes(cfg: NgramBenchConfig, work_dir: Path, hw, tier_plan, make: Call
             ),
         )
         try:
-            claim_tables(disk_room, [(f"layer-{cfg.engram_layer}", size)], tier="disk")
+            claim_tables(disk_room, [(f"layer-{cfg.ngram_layer}", size)], tier="disk")
         except NgramTableError:
             entry.update(size_bytes=size, x_free_ram=round(size / hw.ram_available_bytes, 3))
             entry["skipped"] = (

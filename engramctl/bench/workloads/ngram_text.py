@@ -104,7 +104,7 @@ def real_text(cfg: NgramBenchConfig, progress, note) -> dict[str, Any]:
     seqs = ids[: per_seq * cfg.batch].reshape(cfg.batch, per_seq)  # B contiguous pieces of the text
     ecfg = engram_config(cfg, cfg.table_bytes)
     hasher = NgramHasher(ecfg, v_prime, compressed_pad_id=0)
-    layer = cfg.engram_layer
+    layer = cfg.ngram_layer
     offsets = hasher.offsets(layer)
     plan = RowIds(hasher, batch=cfg.batch)
     steps, orders = [], []
