@@ -96,19 +96,3 @@ def _run(cmd: list[str], log) -> None:
     log.write("$ " + " ".join(cmd) + "\n")
     log.flush()
     subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
-
-
-def main() -> int:
-    """`python -m engramctl.bench.llama_server`: build (or find) it, print its path."""
-    from engramctl.settings import load_settings
-
-    binary, why = find_or_build(load_settings().paths.cache_dir, lambda m: print(m, file=sys.stderr))
-    if binary is None:
-        print(why, file=sys.stderr)
-        return 1
-    print(binary)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
