@@ -70,10 +70,12 @@ class Findings:
 
     def http(self, source: str, what: str, status: int, headers: Any, body: bytes, elapsed_s: float) -> None:
         self.cases += 1
-        self.by_status[status] += 1
+        self.by_status[refused_before_app(status, body) or status] += 1
         self.by_source[source] += 1
         if elapsed_s > self.slowest_s:
             self.slowest_s, self.slowest = elapsed_s, what
+        if refused_before_app(status, body):
+            return
         problem = error_shape_problem(what, status, headers.get("content-type", ""), body)
         if problem:
             self.problems.append(problem)
@@ -95,6 +97,14 @@ class Findings:
             "slowest_case_s": round(self.slowest_s, 3),
             "slowest_case": self.slowest[:200],
         }
+
+
+def refused_before_app(status: int, body: bytes) -> str | None:
+    """uvicorn's HTTP parser refused a request that breaks HTTP's grammar (the request line, a header with a
+    control byte) before any route ran: a protocol error, answered as uvicorn answers it, not an API error."""
+    if status == 400 and body.strip() == b"Invalid HTTP request received.":
+        return "400 (uvicorn, before the app)"
+    return None
 
 
 def error_shape_problem(what: str, status: int, content_type: str, body: bytes) -> str | None:
@@ -394,11 +404,8 @@ def _raw(url: str, token: str, findings: Findings, path: str, name: str, headers
         hdrs[k.strip().lower()] = v.strip()
     if hdrs.get("transfer-encoding") == "chunked":
         body = _dechunk(body)
-    findings.by_status[status] += 1
-    if status == 400 and body.strip() == b"Invalid HTTP request received.":
-        # uvicorn's HTTP parser refused the request line or headers before the app saw it: no route ran
-        findings.by_status[status] -= 1
-        findings.by_status["400 (uvicorn, before the app)"] += 1
+    findings.by_status[refused_before_app(status, body) or status] += 1
+    if refused_before_app(status, body):
         return
     problem = error_shape_problem(f"POST {path} ({name})", status, hdrs.get("content-type", ""), body)
     if problem:
