@@ -1,12 +1,12 @@
 """Changes that end a session's conversation (a delete, a reset) while its turns may still run.
 
-A turn records into its session when it ends (the reply snapshot, the transcript, the hot state), so a
-delete or a reset done between two of its steps would be undone by it a moment later: the session deleted
-comes back holding that one turn, the session reset starts with the old question. What a user means by
-"delete it" or "start over" is the conversation as they see it, so the change is refused with a 409 that
-names the session (SessionBusy) while a turn of it runs or waits to run; it is retried once the reply has
-finished or been cancelled. The check and the change run as one job on the worker, between two steps, where
-no turn can start or end in between.
+A turn records into its session when it ends (the reply snapshot, the transcript, the hot state), so a delete or
+a reset done between two of its steps would be undone by it a moment later: the session deleted comes back
+holding that one turn, the session reset starts with the old question. What a user means by "delete it" or "start
+over" is the conversation as they see it, so the change is refused with a 409 that names the session
+(SessionBusy) while a turn of it runs or waits to run (a restore alone, which moves the head at once, too:
+engram_api/restore.py); it is retried once the reply has finished or been cancelled. The check and the change run
+as one job on the worker, between two steps, where no turn can start or end in between.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""A session whose turn is still running cannot be deleted or reset (daemon/session_changes.py): the turn
-would record into it when it ends, bringing a deleted session back or starting a reset one with the old
-question. Through the real HTTP interface (an in-process daemon on the tiny model) with the official
-openai client streaming the turn: a 409 that names the session while the turn runs, and once it has
-ended (here: cancelled by the client going away) the change is made and stays made."""
+"""A session whose turn is still running cannot be deleted or reset (daemon/session_changes.py): the turn would
+record into it when it ends, bringing a deleted session back or starting a reset one with the old question; a
+restore that moves its head would be undone the same way. Through the real HTTP interface (an in-process daemon
+on the tiny model) with the official openai client streaming the turn: a 409 that names the session while the
+turn runs, and once it has ended (here: cancelled by the client going away) the change is made and stays made."""
 
 from __future__ import annotations
 
@@ -123,3 +123,22 @@ def test_an_engram_branch_delete_waits_for_the_branchs_running_turn(daemon):
         assert r.status_code == 200 and r.json()["success"] is True, r.text
         time.sleep(0.5)
         assert h.get(f"/v1/sessions/{branch}").status_code == 404
+
+
+def test_a_restore_alone_waits_for_the_running_turn_with_a_409_naming_the_session(daemon):
+    oai, h = _clients(daemon)
+    with h:
+        _turn(oai, "back", "Hello.", max_tokens=3)
+        first = h.get("/v1/sessions/back").json()["head"]
+        stream = _long_stream(daemon, oai, "back")
+        # moving the head now would be undone when the running turn records: refused, naming the session
+        r = h.post("/restore_snapshot", json={"snapshot_id": first, "session_name": "back"})
+        _busy(r, "back", "restored")
+        assert r.json()["success"] is False
+        assert h.get("/v1/sessions/back").json()["head"] != first  # the running turn's prompt is the head
+        stream.close()
+        _wait_recorded(h, "back", 4)
+        r = h.post("/restore_snapshot", json={"snapshot_id": first, "session_name": "back"})
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        time.sleep(0.5)  # nothing records over it afterwards
+        assert h.get("/v1/sessions/back").json()["head"] == first

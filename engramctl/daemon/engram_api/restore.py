@@ -36,10 +36,13 @@ def restore(
     cancel: threading.Event | None = None,
     *,
     then: TurnFrom | None = None,
+    idle: Callable[[str], None] | None = None,
 ) -> Restored | TurnRequest:
     """Make a snapshot (or a session's head) the state a session continues from and load it into memory;
     with a continuation message generate from there, and with `then` run that turn from there:
-    then(session, (transcript, head), before_commit, t0), before_commit making the restore stick."""
+    then(session, (transcript, head), before_commit, t0), before_commit making the restore stick.
+    A restore alone moves the session's head at once: `idle(session)` refuses it first while a turn of
+    that session runs (session_changes.ensure_idle); a turn from there waits for that one in the scheduler."""
     t0 = time.perf_counter()
     store = service.store
     service.states.release_retired()
@@ -70,6 +73,8 @@ def restore(
         )
     if then is not None:
         return then(target, (transcript, head), before, t0)
+    if idle is not None:
+        idle(target)
     return service.states.restore(target, head, before, len(transcript))
 
 

@@ -12,6 +12,7 @@ terms (answers.py)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -96,7 +97,8 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
 
     def run(job):
         then = None if ids is None else token_turn(d.service, ids, params, job.emit, job.cancel)
-        out = restore.restore(d.service, ref, session, continuation, params, job.emit, job.cancel, then=then)
+        idle = functools.partial(session_changes.ensure_idle, d, change="restored")
+        out = restore.restore(d.service, ref, session, continuation, params, job.emit, job.cancel, then=then, idle=idle)
         if isinstance(out, Restored):
             r = out
             extra = {"rid": answers.new_rid()} if body.create_new_request else {}
