@@ -54,10 +54,16 @@ def context_size(
 
 def context_params(lib, size: ContextSize, chunk_tokens: int, threads: int):
     """llama_context_params for `size`."""
+    n_seq_max = size.sequences + size.kept_max
+    if chunk_tokens < n_seq_max:  # llama.cpp aborts the process on it (a batch holds a token of every sequence)
+        raise UsageError(
+            f"chunk_tokens {chunk_tokens} is smaller than the context's {n_seq_max} sequences "
+            f"({size.sequences} stepped together, {size.kept_max} kept states): give at least {n_seq_max}."
+        )
     cparams = lib.llama_context_default_params()
     cparams.n_ctx = size.n_ctx
     cparams.n_batch = cparams.n_ubatch = chunk_tokens
-    cparams.n_seq_max = size.sequences + size.kept_max
+    cparams.n_seq_max = n_seq_max
     cparams.kv_unified = True  # one KV cache all sequences share cells of (else each gets n_ctx / n_seq_max)
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED

@@ -307,3 +307,11 @@ def test_smollm2_a_conversation_stepped_alone_after_a_batch_is_bitwise_a_fresh_r
     feeds = [_ids(40, 74)] + [[t] for t in _ids(8, 75)]
     got = [smol.step([(a, ids)])[0].clone() for ids in feeds]
     assert all(torch.equal(x, y) for x, y in zip(got, _alone(fresh, state, feeds)))
+
+
+def test_a_chunk_smaller_than_the_sequences_is_refused_before_llama_cpp_aborts(gguf):
+    from engramctl.engine.llama_backend import LlamaCppBackend
+    from engramctl.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"chunk_tokens 4 is smaller than the context's \d+ sequences"):
+        LlamaCppBackend(gguf, gguf.name, chunk_tokens=4, sequences=8)
