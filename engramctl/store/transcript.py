@@ -155,8 +155,8 @@ class Transcripts:
     def _rewrite(self, session: str, move: Callable[[int | None], int | None]) -> int:
         """Move the session's tip to `move(tip)` in one transaction; returns the transcript's new length."""
         c = self._core
-        self._sessions.create(session, exist_ok=True)
-        with c.lock, c.index.tx():
+        with c.lock, c.index.tx():  # the session's creation joins it: one commit (one WAL fsync), not two
+            self._sessions.create(session, exist_ok=True)
             tip = move(c.index.session_tip(session))
             c.index.update_session(session, tip=tip, last_used=c.clock())
             return c.messages.depth(tip)
