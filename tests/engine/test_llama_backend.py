@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -41,6 +42,21 @@ def test_interleaved_lives_give_what_each_gives_alone(granite):
     assert all(arrays.equal(x, y) for x, y in zip(got_a, ref_a))
     assert all(arrays.equal(x, y) for x, y in zip(got_b, ref_b))
     assert not arrays.equal(got_a[-1], got_b[-1])  # the two really are different conversations
+
+
+def test_logits_and_captured_states_are_numpy_and_the_state_views_its_blob(granite):
+    """No torch on this backend: numpy logits, and a captured state whose arrays are views of the blob
+    llama.cpp wrote (no copy), which restoring it hands back to llama.cpp as it is."""
+    live = granite.new_live()
+    logits = granite.prefill(live, _ids(20, 5))
+    assert arrays.kind(logits) == granite.spec.arrays == "numpy"
+    state = granite.capture(live)
+    blob, _serial = granite._original(state)
+    raw = np.frombuffer(blob, np.uint8)
+    views = [t for layer in state.layers for t in layer.tensors().values() if t.size]
+    assert views and all(arrays.kind(t) == "numpy" and np.shares_memory(t, raw) for t in views)
+    assert arrays.kind(state.last_logits) == "numpy" and not np.shares_memory(state.last_logits, logits)
+    granite.release(live)
 
 
 def test_an_older_live_continues_after_a_restored_copy_of_it_ran(granite):
