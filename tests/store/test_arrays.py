@@ -76,6 +76,11 @@ def test_the_seam_answers_alike_for_both_kinds():
     bad = a.copy()
     bad[1, 2] = np.inf
     assert not arrays.all_finite(bad) and not arrays.all_finite(torch.from_numpy(bad))
+    for value in (np.inf, -np.inf, np.nan):  # float16 is checked by its exponent bits: each kind of poison
+        half = np.ones((3, 2), np.float16)
+        half[2, 1] = value
+        assert not arrays.all_finite(half) and not arrays.all_finite(half.T)  # strided too
+    assert arrays.all_finite(np.array([65504, -65504], np.float16)) and arrays.all_finite(np.zeros(0, np.float16))
     assert not arrays.equal(a, t)  # another kind is another array
     assert not arrays.is_array([1.0]) and arrays.as_kind(a, "torch").data_ptr() == a.ctypes.data  # shared memory
 
