@@ -20,7 +20,7 @@ def load_model(settings: Settings, place_tables=None):
     engine.notices, which /v1/status reports and the CLI prints once after starting the daemon.
     `place_tables` is the tier planner's claim for the N-gram tables (the daemon's TierPlanner.claim_tables);
     without it they are placed on a plan of this machine's tiers."""
-    from engramctl.engine.ngram_hooks import ngram_config
+    from engramctl.ngram.config import ngram_config  # not engine/ngram_hooks: that imports torch
     from engramctl.engine.loading import choose_backend, load_engine
     from engramctl.ngram.tableset import TableSetup
 

@@ -7,10 +7,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-import torch
-
 from engramctl.state import SessionState
 from engramctl.state.spec import StateSpec
+from engramctl.store.arrays import Array
 
 
 @dataclass
@@ -19,7 +18,7 @@ class Live:
 
     cache: Any
     token_ids: list[int] = field(default_factory=list)  # consumed by the state, in order
-    last_logits: torch.Tensor | None = None  # (vocab,) float32 after the last consumed token
+    last_logits: Array | None = None  # (vocab,) float32 after the last consumed token
     text: str = ""  # the exact text the consumed tokens came from
     ngram: tuple = ()  # NgramState per N-gram layer (transformers with N-gram layers): conv windows, lookback
 
@@ -48,13 +47,13 @@ class Backend(Protocol):
 
     def new_live(self) -> Live: ...
 
-    def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor:
+    def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> Array:
         """Feed tokens into the state; returns the logits after the last one, (vocab,) float32.
         Raises errors.Cancelled, between chunks, once `cancel` is set."""
 
-    def decode(self, live: Live, token_id: int) -> torch.Tensor: ...
+    def decode(self, live: Live, token_id: int) -> Array: ...
 
-    def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[torch.Tensor]:
+    def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[Array]:
         """Feed each Live its tokens (>= 1: a decode is one token, a prefill chunk up to chunk_tokens), in one
         forward pass where the backend can; return each Live's last logits ((vocab,) float32), in order.
         The Lives are distinct. A Live not in `work` may be parked by the backend to make room.

@@ -6,8 +6,6 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-import torch
-
 from engramctl.engine.backend import Backend, Live
 from engramctl.engine.chat import is_prefix_stable, turn_end_id
 from engramctl.engine.generate import Generation
@@ -15,6 +13,7 @@ from engramctl.engine.sampling import SamplingParams
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import ContextOverflow
 from engramctl.state import SessionState
+from engramctl.store.arrays import Array
 
 
 class Engine:
@@ -56,7 +55,7 @@ class Engine:
         n = min(n_left, self.step_tokens or n_left)
         return n if room is None else min(n, room)
 
-    def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[torch.Tensor]:
+    def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[Array]:
         """Feed each Live its tokens (a prefill chunk, or one token) and return each one's last logits, in
         order: in one forward pass where the backend batches (`backend.step`), else one Live after another
         (a single token through `decode`, the same forward as a one-token prefill, as a solo reply feeds it)."""
@@ -66,7 +65,7 @@ class Engine:
         b = self.backend
         return [b.decode(live, tokens[0]) if len(tokens) == 1 else b.prefill(live, tokens) for live, tokens in work]
 
-    def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor:
+    def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> Array:
         """Feed tokens; the logits after the last one. Raises errors.Cancelled between chunks."""
         return self.backend.prefill(live, token_ids, cancel)
 

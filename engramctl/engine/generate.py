@@ -16,13 +16,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-import torch
-
 from engramctl.engine.backend import Backend, Live
 from engramctl.engine.sampling import Sampler, SamplingParams, TokenLogprob
 from engramctl.engine.textstream import IncrementalDetokenizer, StopMatcher
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import EngramError
+from engramctl.store.arrays import Array
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ class Reply:
         self.first_at: float | None = None
         self.finish: Finish | None = None
 
-    def next(self, logits: torch.Tensor, cancelled: bool = False) -> tuple[list[Piece], int | None]:
+    def next(self, logits: Array, cancelled: bool = False) -> tuple[list[Piece], int | None]:
         """(text pieces to show, the token to feed next), or (pieces, None) when the reply ends here."""
         if len(self._generated) >= self._params.max_tokens:
             return self._end("length", None)

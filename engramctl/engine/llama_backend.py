@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from engramctl.engine import llama_state
 from engramctl.engine.backend import Live, ModelInfo
@@ -42,6 +42,7 @@ from engramctl.errors import (
 )
 from engramctl.state import SessionState
 from engramctl.state.spec import TOKENS, LayerSpec, StateSpec, TensorSpec
+from engramctl.store import arrays
 
 BACKEND = "llama.cpp"
 STATE_FORMAT = "llama.cpp-seq3-typed1"  # LLAMA_STATE_SEQ_VERSION 3, as llama_state.py (layout 1) parses it
@@ -175,7 +176,7 @@ class LlamaCppBackend:
                 shape = list(t.shape)
                 if name in ("keys", "values"):
                     shape[1] = TOKENS  # (1, tokens, kv_heads * head_dim)
-                specs[name] = TensorSpec(tuple(shape), str(t.dtype).removeprefix("torch."))
+                specs[name] = TensorSpec(tuple(shape), arrays.dtype_name(t))
             layers.append(LayerSpec(layer.kind, specs))
         return StateSpec(
             model_id=self.info.model_id,
@@ -210,7 +211,7 @@ class LlamaCppBackend:
             self._pool.release(live)
 
     # -- running -------------------------------------------------------------------------------------
-    def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[torch.Tensor]:
+    def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[np.ndarray]:
         """Feed each Live its tokens, in one llama_decode where they fit (chunk_tokens in all, max_sequences
         Lives); the logits after each one's last token, in order. One Live, or max_sequences = 1, runs alone
         (SequencePool.solo): exactly what a fresh process restoring its state computes. Lives not in `work`
@@ -277,7 +278,7 @@ class LlamaCppBackend:
             live.last_logits = b.logits_of(self._ctx, row)
         self._pool.stepped([live for live, _ in pieces], alone)
 
-    def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor:
+    def prefill(self, live: Live, token_ids: Sequence[int], cancel: threading.Event | None = None) -> np.ndarray:
         ids = [int(t) for t in token_ids]
         if not ids:
             raise EngramError("prefill needs at least one token.")
@@ -287,7 +288,7 @@ class LlamaCppBackend:
             self.step([(live, ids[start : start + self.chunk_tokens])])
         return live.last_logits
 
-    def decode(self, live: Live, token_id: int) -> torch.Tensor:
+    def decode(self, live: Live, token_id: int) -> np.ndarray:
         return self.step([(live, [int(token_id)])])[0]
 
     # -- state ---------------------------------------------------------------------------------------
@@ -303,11 +304,11 @@ class LlamaCppBackend:
             state = SessionState(
                 layers=tuple(layers),
                 token_ids=tuple(live.token_ids),
-                last_logits=live.last_logits.clone(),
+                last_logits=live.last_logits.copy(),
                 text=live.text,
             )
             tensors = _tensors(state)
-            if tensors:  # keyed by id, dropped with the tensor (a WeakKeyDictionary would compare tensors with ==)
+            if tensors:  # keyed by id, dropped with the array (a WeakKeyDictionary would compare arrays with ==)
                 serial = next(self._serials)
                 self._blob_of[id(tensors[0])] = (blob, n, [_where(t) for t in tensors], serial)
                 weakref.finalize(tensors[0], _forget, self._blob_of, id(tensors[0]), self._pool.collected, serial)
@@ -339,7 +340,7 @@ class LlamaCppBackend:
         live = Live(
             cache=ParkedState(blob, kept=serial),
             token_ids=list(state.token_ids),
-            last_logits=state.last_logits.float(),
+            last_logits=arrays.as_kind(arrays.float32(state.last_logits), arrays.NUMPY),
             text=state.text,
         )
         with self._lock:
@@ -354,13 +355,13 @@ def _forget(blob_of: dict, key: int, collected, serial: int) -> None:
     collected.append(serial)
 
 
-def _tensors(state: SessionState) -> list[torch.Tensor]:
+def _tensors(state: SessionState) -> list[np.ndarray]:
     return [t for layer in state.layers for t in layer.tensors().values()]
 
 
-def _where(t: torch.Tensor) -> tuple:
+def _where(t) -> tuple:
     # same memory, shape and type as a view parse() made: the bytes are the blob's, which nothing modifies
-    return t.data_ptr(), tuple(t.shape), t.dtype, t.is_contiguous()
+    return (arrays.kind(t), *arrays.where(t))
 
 
 class _ModelHandle:

@@ -13,7 +13,6 @@ import ctypes
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from engramctl.engine.llama_lib import take_errors
 from engramctl.errors import EngramError
@@ -67,10 +66,10 @@ class Batch:
     def n_tokens(self) -> int:
         return int(self.c.n_tokens)
 
-    def logits_of(self, ctx, row: int) -> torch.Tensor:
+    def logits_of(self, ctx, row: int) -> np.ndarray:
         """A copy of the logits llama.cpp computed at batch row `row` (vocab,) float32."""
         ptr = self._lib.llama_get_logits_ith(ctx, row)
         if not ptr:
             raise EngramError(f"llama.cpp has no logits for batch row {row}: {take_errors() or 'see the log'}")
         view = np.frombuffer(self._row.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
-        return torch.from_numpy(view.copy())
+        return view.copy()

@@ -19,7 +19,9 @@ llama-memory-hybrid.cpp):
 Every header field is regenerated from the layout and the token count, so parse() checks each one and
 serialize(parse(blob)) reproduces the blob byte for byte; anything unexpected (a second stream, holes
 in the positions, another element type, bytes left over) raises StateFormatError instead of guessing.
-Tensors returned by parse() are zero-copy views of the blob, which must not be modified afterwards.
+Arrays returned by parse() are numpy arrays, zero-copy views of the blob (which must not be modified
+afterwards), but for transposed values (V without flash attention), which are copied to token-major order.
+serialize() takes arrays of either kind (store/arrays.py).
 """
 
 from __future__ import annotations
@@ -28,16 +30,18 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from engramctl.errors import StateFormatError
 from engramctl.state import AttentionState, EmptyState, HybridState, RecurrentState
 from engramctl.state.layers import LayerState
+from engramctl.store import arrays
 
 MAGIC = 0xAF143CD8
 SEQ_ID = 0  # the sequence a blob names here; llama.cpp writes the one it came from (renumber) and ignores it on load
-GGML_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
-_GGML_IDS = {v: k for k, v in GGML_TYPES.items()}
+# ggml types a state may hold. Not bf16 (ggml type 30): numpy has no such type, and this backend's KV cache is
+# f16 and its recurrent states f32 (llama_context.py sets no other cache type).
+GGML_TYPES = {0: np.dtype(np.float32), 1: np.dtype(np.float16)}
+_GGML_IDS = {v.name: k for k, v in GGML_TYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -87,23 +91,17 @@ class _Reader:
         if got != want:
             raise StateFormatError(f"llama.cpp state blob has {what} = {got} at byte {self.pos}; expected {want}.")
 
-    def tensor(self, shape: tuple[int, ...], type_id: int, what: str) -> torch.Tensor:
+    def tensor(self, shape: tuple[int, ...], type_id: int, what: str) -> np.ndarray:
         dtype = GGML_TYPES.get(type_id)
         if dtype is None:
             raise StateFormatError(
-                f"llama.cpp state blob holds {what} as ggml type {type_id}; only f32/f16/bf16 are parsed."
+                f"llama.cpp state blob holds {what} as ggml type {type_id}; only f32/f16 are parsed."
             )
-        n = 1
-        for d in shape:
-            n *= d
-        size = n * torch.empty(0, dtype=dtype).element_size()
+        n = _numel(shape)
+        size = n * dtype.itemsize
         if self.pos + size > len(self.blob):
             raise StateFormatError(f"llama.cpp state blob ends inside {what}.")
-        t = (
-            torch.frombuffer(self.blob, dtype=dtype, count=n, offset=self.pos).view(shape)
-            if n
-            else torch.empty(shape, dtype=dtype)
-        )
+        t = np.frombuffer(self.blob, dtype=dtype, count=n, offset=self.pos).reshape(shape)  # a view, writable
         self.pos += size
         return t
 
@@ -123,11 +121,11 @@ class _Reader:
             )
         self.pos += size
 
-    def rows(self, shape: tuple[int, ...], row_elems: int, what: str) -> torch.Tensor:
+    def rows(self, shape: tuple[int, ...], row_elems: int, what: str) -> np.ndarray:
         """i32 type | u64 row bytes | data; the row size must be what `row_elems` of that type take."""
         type_id = self.take("<i", f"{what} type")
         dtype = GGML_TYPES.get(type_id)
-        want_row = row_elems * (torch.empty(0, dtype=dtype).element_size() if dtype is not None else 0)
+        want_row = row_elems * (dtype.itemsize if dtype is not None else 0)
         self.expect("<Q", want_row, f"{what} row bytes")
         return self.tensor(shape, type_id, what)
 
@@ -188,8 +186,8 @@ def parse(blob: bytearray, layout: BlobLayout, n_tokens: int) -> list[LayerState
     r = _Reader(blob)
     r.expect("<I", MAGIC, "magic")
     r.expect("<i", SEQ_ID, "sequence id")
-    keys: dict[int, torch.Tensor] = {}
-    values: dict[int, torch.Tensor] = {}
+    keys: dict[int, np.ndarray] = {}
+    values: dict[int, np.ndarray] = {}
     if layout.has_kv:
         attn = [i for i, lay in enumerate(layout.layers) if lay.attention]
         r.expect("<I", 1, "stream count")
@@ -205,12 +203,12 @@ def parse(blob: bytearray, layout: BlobLayout, n_tokens: int) -> list[LayerState
                 values[i] = r.rows((1, n_tokens, lay.v_elems), lay.v_elems, f"layer {i} values")
                 continue
             type_id = r.take("<i", f"layer {i} values type")
-            r.expect("<I", torch.empty(0, dtype=GGML_TYPES.get(type_id, torch.uint8)).element_size(), "V element bytes")
+            r.expect("<I", GGML_TYPES.get(type_id, np.dtype(np.uint8)).itemsize, "V element bytes")
             r.expect("<I", lay.v_elems, "V elements")
             # stored (elements, tokens): present it token-major like the keys
-            values[i] = r.tensor((lay.v_elems, n_tokens), type_id, f"layer {i} values").t().unsqueeze(0).contiguous()
-    convs: dict[int, torch.Tensor] = {}
-    ssms: dict[int, torch.Tensor] = {}
+            values[i] = np.ascontiguousarray(r.tensor((lay.v_elems, n_tokens), type_id, f"layer {i} values").T[None])
+    convs: dict[int, np.ndarray] = {}
+    ssms: dict[int, np.ndarray] = {}
     if layout.has_recurrent:
         recr = [i for i, lay in enumerate(layout.layers) if lay.recurrent]
         r.expect("<I", 1, "recurrent cell count")
@@ -238,7 +236,7 @@ def parse(blob: bytearray, layout: BlobLayout, n_tokens: int) -> list[LayerState
 
 def serialize(layers: list[LayerState] | tuple[LayerState, ...], layout: BlobLayout, n_tokens: int) -> bytearray:
     """The blob llama_state_seq_set_data takes for these layers: parse()'s exact inverse."""
-    parts: list = [struct.pack("<Ii", MAGIC, SEQ_ID)]  # bytes or tensors, in blob order
+    parts: list = [struct.pack("<Ii", MAGIC, SEQ_ID)]  # bytes or arrays, in blob order
     if layout.has_kv:
         attn = [i for i, lay in enumerate(layout.layers) if lay.attention]
         parts.append(struct.pack("<II", 1, n_tokens))
@@ -246,32 +244,32 @@ def serialize(layers: list[LayerState] | tuple[LayerState, ...], layout: BlobLay
         parts.append(struct.pack("<II", int(layout.v_trans), len(attn)))
         for i in attn:
             k = _attention(layers[i]).keys
-            parts += [struct.pack("<iQ", _GGML_IDS[k.dtype], k.shape[-1] * k.element_size()), k]
+            parts += [struct.pack("<iQ", _ggml_id(k), k.shape[-1] * _itemsize(k)), k]
         for i in attn:
             v = _attention(layers[i]).values
             if layout.v_trans:
-                parts += [struct.pack("<iII", _GGML_IDS[v.dtype], v.element_size(), v.shape[-1]), v[0].t().contiguous()]
+                parts += [struct.pack("<iII", _ggml_id(v), _itemsize(v), v.shape[-1]), _transposed(v)]
             else:
-                parts += [struct.pack("<iQ", _GGML_IDS[v.dtype], v.shape[-1] * v.element_size()), v]
+                parts += [struct.pack("<iQ", _ggml_id(v), v.shape[-1] * _itemsize(v)), v]
     if layout.has_recurrent:
         recr = [i for i, lay in enumerate(layout.layers) if lay.recurrent]
         parts.append(struct.pack("<IiIII", 1, n_tokens - 1, 0, 0, len(layout.layers)))
         for i in recr:
             conv = _recurrent(layers[i]).conv
-            conv = torch.zeros((1, *layout.layers[i].conv_shape)) if conv is None else conv  # parse() dropped it: empty
-            parts += [struct.pack("<iQ", _GGML_IDS[conv.dtype], conv[0].numel() * conv.element_size()), conv]
+            conv = np.zeros((1, *layout.layers[i].conv_shape), np.float32) if conv is None else conv  # parse(): empty
+            parts += [struct.pack("<iQ", _ggml_id(conv), arrays.nbytes(conv)), conv]
         for i in recr:
             ssm = _recurrent(layers[i]).recurrent
-            ssm = torch.zeros((1, *layout.layers[i].ssm_shape)) if ssm is None else ssm
-            parts += [struct.pack("<iQ", _GGML_IDS[ssm.dtype], ssm[0].numel() * ssm.element_size()), ssm]
-    sizes = [len(p) if isinstance(p, bytes) else p.numel() * p.element_size() for p in parts]
+            ssm = np.zeros((1, *layout.layers[i].ssm_shape), np.float32) if ssm is None else ssm
+            parts += [struct.pack("<iQ", _ggml_id(ssm), arrays.nbytes(ssm)), ssm]
+    sizes = [len(p) if isinstance(p, bytes) else arrays.nbytes(p) for p in parts]
     blob = bytearray(sum(sizes))
     view, at = memoryview(blob), 0
     for p, n in zip(parts, sizes):
         if isinstance(p, bytes):
             view[at : at + n] = p
         elif n:
-            view[at : at + n] = memoryview(p.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+            view[at : at + n] = arrays.host_bytes(p)
         at += n
     return blob
 
@@ -292,8 +290,27 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _none_if_empty(t: torch.Tensor) -> torch.Tensor | None:
-    return None if t.numel() == 0 else t
+def _none_if_empty(t: np.ndarray) -> np.ndarray | None:
+    return None if t.size == 0 else t
+
+
+def _ggml_id(a) -> int:
+    name = arrays.dtype_name(a)
+    if name not in _GGML_IDS:
+        raise StateFormatError(f"a llama.cpp state holds f32/f16 arrays, not {name}.")
+    return _GGML_IDS[name]
+
+
+def _itemsize(a) -> int:
+    n = 1
+    for d in arrays.shape(a):
+        n *= d
+    return arrays.nbytes(a) // n if n else GGML_TYPES[_ggml_id(a)].itemsize
+
+
+def _transposed(v):
+    """(1, tokens, elements) values as llama.cpp stores them transposed: (elements, tokens), row-major."""
+    return np.ascontiguousarray(arrays.as_kind(v, arrays.NUMPY)[0].T)
 
 
 def _attention(layer: LayerState) -> AttentionState:

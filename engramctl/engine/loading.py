@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -257,11 +258,10 @@ def load_engine(
                     f"llama.cpp keeps {path.name}'s {lb.info.weight_type} weights."
                 )
             engine = Engine(lb, lb.tokenizer)
-            if lb.info.device == "cpu":
-                # torch only samples a vector and scans states here; its own OpenMP team would spin beside
+            torch = sys.modules.get("torch")  # this path never imports it: its states and logits are numpy
+            if lb.info.device == "cpu" and torch is not None:
+                # a process that loaded torch for something else: torch's own OpenMP team would spin beside
                 # llama.cpp's threads on the same cores after every op (process-wide, as torch's setting is)
-                import torch
-
                 torch.set_num_threads(1)
             if openmp_linked():
                 say(OPENMP_NOTICE)

@@ -33,17 +33,6 @@ from engramctl.state import NgramState
 MODULE_NAME = "engram"  # where the stack hangs on the model: its weights join the fingerprint and n_params
 
 
-def ngram_config(layers: str | None, table_rows: int, seed: int = 0) -> NgramConfig | None:
-    """The settings' "1,15" and rows per (order, head) table as a config; every other field is the demo's."""
-    if not layers or not layers.strip():
-        return None
-    try:
-        ids = [int(x) for x in layers.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise UsageError(f"N-gram layers must be comma-separated block indices such as 1,15; got {layers!r}.") from None
-    return NgramConfig(layer_ids=ids, engram_vocab_size=[table_rows] * 2, seed=seed)
-
-
 def decoder_blocks(model: nn.Module, n_blocks: int) -> nn.ModuleList:
     """The model's one list of decoder blocks (model.layers, backbone.layers, ...), found by shape so no
     family needs naming here."""

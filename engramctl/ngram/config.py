@@ -56,3 +56,14 @@ class NgramConfig:
     def memory_dim(self) -> int:
         """d_mem = (N-1)*K*D_h: width of the concatenated memory vector."""
         return (self.max_ngram_size - 1) * self.n_embed_per_ngram
+
+
+def ngram_config(layers: str | None, table_rows: int, seed: int = 0) -> NgramConfig | None:
+    """The settings' "1,15" and rows per (order, head) table as a config; every other field is the demo's."""
+    if not layers or not layers.strip():
+        return None
+    try:
+        ids = [int(x) for x in layers.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"N-gram layers must be comma-separated block indices such as 1,15; got {layers!r}.") from None
+    return NgramConfig(layer_ids=ids, engram_vocab_size=[table_rows] * 2, seed=seed)

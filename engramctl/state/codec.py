@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
 from engramctl.state.layers import LAYER_KINDS
 from engramctl.state.session_state import SessionState
 from engramctl.state.spec import StateSpec
+from engramctl.store import arrays
+from engramctl.store.arrays import Array
 
 TOKEN_IDS = "token_ids"
 LAST_LOGITS = "last_logits"
@@ -28,18 +28,14 @@ def written_by(meta: dict[str, str]) -> dict[str, str | None]:
     }
 
 
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
 def to_payload(state: SessionState, spec: StateSpec, extra: dict[str, str]) -> tuple[dict, dict[str, str]]:
     """Flatten a state for a snapshot file. Refuses a non-finite state: persisted poison is restored forever."""
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, Array] = {}
     for i, layer in enumerate(state.layers):
         for name, t in layer.tensors().items():
             tensors[f"layers.{i}.{name}"] = t
-    tensors[TOKEN_IDS] = torch.tensor(state.token_ids, dtype=torch.int64)
-    tensors[LAST_LOGITS] = state.last_logits.float().reshape(-1)
+    tensors[TOKEN_IDS] = arrays.int64_like(state.last_logits, state.token_ids)
+    tensors[LAST_LOGITS] = arrays.float32_flat(state.last_logits)
     _check_finite(tensors, "the state to save")
     meta = {
         **extra,
@@ -50,18 +46,16 @@ def to_payload(state: SessionState, spec: StateSpec, extra: dict[str, str]) -> t
         STATE_FORMAT: spec.state_format,
         "backend_version": spec.backend_version,
         "layout": json.dumps(list(state.layout)),
-        "dtypes": json.dumps({k: _dtype_name(t) for k, t in sorted(tensors.items())}),
+        "dtypes": json.dumps({k: arrays.dtype_name(t) for k, t in sorted(tensors.items())}),
         "n_tokens": str(state.n_tokens),
         "text": state.text,
     }
     return tensors, meta
 
 
-def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+def _check_finite(tensors: dict[str, Array], what: str) -> None:
     for name, t in tensors.items():
-        # A NaN/Inf anywhere makes the sum non-finite, and a sum is ~10x cheaper than isfinite().all();
-        # only a non-finite sum (possibly a mere overflow) pays for the exact check.
-        if t.is_floating_point() and not bool(torch.isfinite(t.sum())) and not bool(torch.isfinite(t).all()):
+        if arrays.is_floating(t) and not arrays.all_finite(t):
             raise SnapshotCorrupt(f"{what} holds NaN or Inf values in {name}; refusing it.")
 
 
@@ -77,9 +71,10 @@ def _layout(text: str) -> tuple:
 
 
 def from_payload(
-    tensors: dict[str, torch.Tensor], meta: dict[str, str], spec: StateSpec, *, check_values: bool = True
+    tensors: dict[str, Array], meta: dict[str, str], spec: StateSpec, *, check_values: bool = True
 ) -> SessionState:
     """Rebuild a SessionState, raising SnapshotMismatch/SnapshotCorrupt naming what does not match `spec`.
+    Its arrays are of the kind the spec's backend uses (`spec.arrays`), as the store decoded them.
     check_values=False skips only the scan for NaN/Inf (a pass over every byte: as long as the restore's
     own copy) for a payload this process already checked: one to_payload made, or read back earlier."""
     backend = written_by(meta)["backend"]
@@ -121,7 +116,7 @@ def from_payload(
     except (KeyError, ValueError):
         raise SnapshotCorrupt("snapshot metadata has no valid n_tokens.") from None
     ids = tensors.get(TOKEN_IDS)
-    if ids is None or ids.dtype != torch.int64 or tuple(ids.shape) != (n_tokens,):
+    if ids is None or arrays.dtype_name(ids) != "int64" or arrays.shape(ids) != (n_tokens,):
         raise SnapshotCorrupt(f"snapshot token ids do not match its token count {n_tokens}.")
     # The ids are compared with prompts and decoded as text later: one outside the vocabulary would
     # fail there, in the middle of a turn, instead of here where the session can fall back.
@@ -131,7 +126,7 @@ def from_payload(
             f"outside the model's vocabulary of {spec.vocab_size}."
         )
     logits = tensors.get(LAST_LOGITS)
-    if logits is None or tuple(logits.shape) != (spec.vocab_size,) or logits.dtype != torch.float32:
+    if logits is None or arrays.shape(logits) != (spec.vocab_size,) or arrays.dtype_name(logits) != "float32":
         raise SnapshotMismatch(f"snapshot last logits do not match the model's vocabulary of {spec.vocab_size}.")
     layers = []
     expected_names = {TOKEN_IDS, LAST_LOGITS}
@@ -143,12 +138,12 @@ def from_payload(
             t = tensors.get(key)
             if t is None:
                 raise SnapshotMismatch(f"snapshot lacks tensor {key} that the model's layer {i} needs.")
-            if _dtype_name(t) != ts.dtype or tuple(t.shape) != ts.shape_at(n_tokens):
+            if arrays.dtype_name(t) != ts.dtype or arrays.shape(t) != ts.shape_at(n_tokens):
                 raise SnapshotMismatch(
-                    f"snapshot tensor {key} is {_dtype_name(t)}{list(t.shape)}; "
+                    f"snapshot tensor {key} is {arrays.dtype_name(t)}{list(t.shape)}; "
                     f"the model needs {ts.dtype}{list(ts.shape_at(n_tokens))}."
                 )
-            own[name] = t
+            own[name] = arrays.as_kind(t, spec.arrays)
         layers.append(LAYER_KINDS[layer_spec.kind].from_tensors(own))
     extra = set(tensors) - expected_names
     if extra:
@@ -156,5 +151,8 @@ def from_payload(
     if check_values:
         _check_finite(tensors, "snapshot")
     return SessionState(
-        layers=tuple(layers), token_ids=tuple(ids.tolist()), last_logits=logits, text=meta.get("text", "")
+        layers=tuple(layers),
+        token_ids=tuple(ids.tolist()),
+        last_logits=arrays.as_kind(logits, spec.arrays),
+        text=meta.get("text", ""),
     )

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from engramctl.state.layers import LayerState
+from engramctl.store import arrays
+from engramctl.store.arrays import Array
 
 
 @dataclass(frozen=True)
 class SessionState:
     layers: tuple[LayerState, ...]  # one per decoder layer, in order, then one per N-gram layer
     token_ids: tuple[int, ...]  # every token the state has consumed
-    last_logits: torch.Tensor  # (vocab,) float32: logits after the last consumed token
+    last_logits: Array  # (vocab,) float32: logits after the last consumed token
     # Exact text the state consumed (prompt renders + generated text); lets the chat layer compute the
     # next turn's delta by string prefix, without re-tokenizing generated tokens.
     text: str = ""
@@ -24,16 +24,16 @@ class SessionState:
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers) + self.last_logits.numel() * self.last_logits.element_size()
+        return sum(layer.nbytes for layer in self.layers) + arrays.nbytes(self.last_logits)
 
     @property
     def layout(self) -> tuple[str, ...]:
         return tuple(layer.kind for layer in self.layers)
 
-    def to(self, device: torch.device | str) -> "SessionState":
+    def to(self, device: str) -> "SessionState":
         return SessionState(
             layers=tuple(layer.to(device) for layer in self.layers),
             token_ids=self.token_ids,
-            last_logits=self.last_logits.to(device),
+            last_logits=arrays.to_device(self.last_logits, device),
             text=self.text,
         )

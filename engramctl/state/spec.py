@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engramctl.store.arrays import kind_of_backend
+
 TOKENS = -1  # placeholder in a shape for "the number of tokens in the state"
 
 
@@ -34,6 +36,11 @@ class StateSpec:
     # LLAMA_STATE_SEQ_VERSION and the parser's layout version). "" = transformers' own tensors.
     state_format: str = ""
     backend_version: str = ""  # library version that wrote it (llama-cpp-python 0.3.36): recorded, not compared
+
+    @property
+    def arrays(self) -> str:
+        """The kind of this backend's state arrays: "numpy" (llama.cpp) or "torch" (store/arrays.py)."""
+        return kind_of_backend(self.backend)
 
     @property
     def layout(self) -> tuple[str, ...]:

@@ -18,7 +18,6 @@ import os
 import time
 from pathlib import Path
 
-
 from engramctl.pidlock import try_lock
 from engramctl.store import snapshot_file
 from engramctl.errors import DataDirUnusable, StoreLocked
@@ -66,17 +65,16 @@ class SnapshotFiles:
 
     def token_ids(self, snapshot_id: str) -> list[int] | None:
         """Only the token ids, without reading (or verifying) the rest of the file."""
-        import torch  # only here, when a prefix candidate is read: listings never load torch
         from safetensors import safe_open
 
-        try:
-            with safe_open(str(self.path(snapshot_id)), framework="pt") as f:
+        try:  # numpy whichever backend wrote it: ids are int64, which numpy holds, and torch stays unloaded
+            with safe_open(str(self.path(snapshot_id)), framework="numpy") as f:
                 if TOKEN_IDS not in f.keys():
                     return None
                 t = f.get_tensor(TOKEN_IDS)
         except Exception:  # missing, truncated or garbled: no candidate; load() will quarantine it
             return None
-        return t.tolist() if t.dtype == torch.int64 and t.dim() == 1 else None
+        return t.tolist() if t.dtype.name == "int64" and t.ndim == 1 else None
 
     def free_bytes(self) -> int | None:
         """Bytes an unprivileged writer may still use on the snapshots' file system (None: unknown)."""

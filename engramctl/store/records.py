@@ -8,39 +8,34 @@ A payload is `(tensors, metadata)`: the flat tensor dict and string metadata of 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engramctl.errors import UsageError
+from engramctl.store import arrays
+from engramctl.store.arrays import Array
 
-if TYPE_CHECKING:  # torch loads only where tensors are handled: listings stay instant
-    import torch
-
-Payload = tuple[dict[str, "torch.Tensor"], dict[str, str]]
+Payload = tuple[dict[str, Array], dict[str, str]]  # numpy arrays or torch tensors (store/arrays.py)
 TOKEN_IDS = "token_ids"
 
 
 def payload_nbytes(payload: Payload) -> int:
     """Bytes the payload's tensors occupy in memory (what the RAM/VRAM tiers account)."""
-    return sum(t.numel() * t.element_size() for t in payload[0].values())
+    return sum(arrays.nbytes(t) for t in payload[0].values())
 
 
 def payload_to(payload: Payload, device: str) -> Payload:
     """The same payload with every tensor on `device` (no copy for tensors already there)."""
     tensors, meta = payload
-    return {k: t.to(device) for k, t in tensors.items()}, meta
+    return {k: arrays.to_device(t, device) for k, t in tensors.items()}, meta
 
 
 def check_payload(payload: Any) -> tuple[list[int] | None, int]:
     """Validate the payload's shape; return (token ids or None, n_tokens)."""
-    import torch
-
     if not (isinstance(payload, tuple) and len(payload) == 2):
         raise UsageError("a snapshot payload is a (tensors, metadata) pair.")
     tensors, meta = payload
-    if not isinstance(tensors, dict) or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items()
-    ):
-        raise UsageError("payload tensors must be a dict of name -> torch.Tensor.")
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) and arrays.is_array(v) for k, v in tensors.items()):
+        raise UsageError("payload tensors must be a dict of name -> numpy array or torch.Tensor.")
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise UsageError("payload metadata must be a dict of str -> str.")
     ids_t = tensors.get(TOKEN_IDS)
@@ -49,8 +44,10 @@ def check_payload(payload: Any) -> tuple[list[int] | None, int]:
             return None, int(meta.get("n_tokens", "0"))
         except ValueError:
             raise UsageError(f"payload metadata n_tokens={meta.get('n_tokens')!r} is not an integer.") from None
-    if ids_t.dtype != torch.int64 or ids_t.dim() != 1:
-        raise UsageError(f"payload token_ids must be a 1-D int64 tensor, not {ids_t.dtype}{list(ids_t.shape)}.")
+    if arrays.dtype_name(ids_t) != "int64" or len(arrays.shape(ids_t)) != 1:
+        raise UsageError(
+            f"payload token_ids must be a 1-D int64 tensor, not {arrays.dtype_name(ids_t)}{list(arrays.shape(ids_t))}."
+        )
     ids = ids_t.tolist()
     if "n_tokens" in meta and meta["n_tokens"] != str(len(ids)):
         raise UsageError(f"payload says n_tokens={meta['n_tokens']} but holds {len(ids)} token ids.")

@@ -20,14 +20,11 @@ import struct
 import tempfile
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
 from xxhash import xxh3_128
 
-if TYPE_CHECKING:  # torch is imported where tensors are (de)serialized, so listings stay instant
-    import torch
-
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
+from engramctl.store import arrays
+from engramctl.store.arrays import Array
 from engramctl.store.crashpoints import crash_point
 
 FORMAT = "engram-snapshot"
@@ -51,8 +48,9 @@ def _checksum(header: dict, data: memoryview | bytes, algo: str = WRITE_HASH) ->
     return f"{algo}:{h.hexdigest()}"
 
 
-def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """Serialize tensors + metadata into the bytes of a complete, checksummed snapshot file."""
+def encode(tensors: dict[str, Array], metadata: dict[str, str]) -> bytes:
+    """Serialize tensors (numpy arrays or torch tensors: the same file) + metadata into the bytes of a complete,
+    checksummed snapshot file."""
     import ctypes
 
     from safetensors import TensorSpec, serialize
@@ -61,14 +59,14 @@ def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     # Not safetensors.torch.save: it views each tensor through a ctypes POINTER type made for its byte size,
     # which ctypes caches for good (~9 KB of RSS per size ever seen; a conversation's KV grows one size per
     # token), so a long-running daemon grew without bound. serialize reads the tensors' memory as it is.
-    cpu = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
+    cpu = {k: arrays.host_contiguous(t) for k, t in tensors.items()}
     empty = ctypes.create_string_buffer(1)  # a valid address for a tensor of no elements
     specs = {
         k: TensorSpec(
-            dtype=str(t.dtype).removeprefix("torch."),
-            shape=list(t.shape),
-            data_ptr=t.data_ptr() if t.numel() else ctypes.addressof(empty),
-            data_len=t.numel() * t.element_size(),
+            dtype=arrays.dtype_name(t),
+            shape=list(arrays.shape(t)),
+            data_ptr=arrays.data_ptr(t) if arrays.nbytes(t) else ctypes.addressof(empty),
+            data_len=arrays.nbytes(t),
         )
         for k, t in cpu.items()
     }
@@ -202,8 +200,30 @@ def _check_layout(header: dict, n_data: int) -> None:
         raise _HeaderError(f"its tensors need {at} data bytes and the file holds {n_data} (truncated or padded)")
 
 
-def decode(buf: bytes, source: str = "snapshot") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def decode(buf: bytes, source: str = "snapshot") -> tuple[dict[str, Array], dict[str, str]]:
     """Verify and parse snapshot bytes. Raises SnapshotCorrupt / SnapshotMismatch with what is wrong.
+    The tensors are of the kind its writer backend's states are (store/arrays.py `kind_of`): numpy arrays
+    for a llama.cpp snapshot, torch tensors otherwise."""
+    header = verify(buf, source)
+    meta = header["__metadata__"]
+    numpy = arrays.kind_of(meta) == arrays.NUMPY and all(
+        e["dtype"] in arrays.NUMPY_SAFETENSORS_DTYPES for k, e in header.items() if k != "__metadata__"
+    )
+    if numpy:
+        from safetensors.numpy import load as st_load
+    else:
+        from safetensors.torch import load as st_load
+
+    try:
+        tensors = st_load(bytes(buf))
+    except Exception as e:  # safetensors raises its own error types
+        raise SnapshotCorrupt(f"{source} could not be parsed ({e}).") from None
+    return tensors, dict(meta)
+
+
+def verify(buf: bytes, source: str = "snapshot") -> dict:
+    """The header of snapshot bytes whose checksum and format check out, without building its tensors.
+    Raises SnapshotCorrupt / SnapshotMismatch with what is wrong.
 
     Every header field is checked before anything is allocated from it, so a damaged or hostile file
     costs at most a copy of its own size: sizes are compared with the bytes actually present."""
@@ -237,13 +257,7 @@ def decode(buf: bytes, source: str = "snapshot") -> tuple[dict[str, torch.Tensor
             f"{source} has snapshot format version {_show(meta.get('format_version'))}; "
             f"this engramctl reads version {FORMAT_VERSION}."
         )
-    from safetensors.torch import load as st_load
-
-    try:
-        tensors = st_load(bytes(buf))
-    except Exception as e:  # safetensors raises its own error types
-        raise SnapshotCorrupt(f"{source} could not be parsed ({e}).") from None
-    return tensors, dict(meta)
+    return header
 
 
 def read_metadata(path: Path) -> dict[str, str]:
@@ -295,14 +309,14 @@ def write_atomic(path: Path, buf: bytes, mode: int = 0o600, *, drop_cache: bool 
         os.close(dir_fd)
 
 
-def write(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> int:
+def write(path: Path, tensors: dict[str, Array], metadata: dict[str, str]) -> int:
     """Write a snapshot file atomically; returns its size in bytes."""
     buf = encode(tensors, metadata)
     write_atomic(path, buf)
     return len(buf)
 
 
-def read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def read(path: Path) -> tuple[dict[str, Array], dict[str, str]]:
     path = Path(path)
     try:
         buf = path.read_bytes()

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Sequence
 
 from engramctl.errors import NotFound, SnapshotCorrupt
-from engramctl.store import snapshot_file
+from engramctl.store import arrays, snapshot_file
 from engramctl.store.core import StoreCore
 from engramctl.store.crashpoints import crash_point
 from engramctl.errors import SnapshotInUse
@@ -316,4 +316,4 @@ def _maybe_copy(payload: Payload, copy: bool) -> Payload:
     if not copy:
         return payload
     tensors, meta = payload
-    return {k: t.clone() for k, t in tensors.items()}, dict(meta)
+    return {k: arrays.copy(t) for k, t in tensors.items()}, dict(meta)

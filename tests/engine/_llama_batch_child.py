@@ -5,8 +5,8 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
+import numpy as np
+from safetensors.numpy import save_file
 
 from engramctl.engine.llama_backend import LlamaCppBackend
 from tests.snapshot_io import read_state
@@ -19,16 +19,16 @@ def main(job_file: str, out_file: str) -> None:
     live = backend.inject(read_state(Path(job["snapshot"]), backend.spec))
     again = backend.capture(live)
     results = {
-        f"layer{i}.{name}": t.clone() for i, layer in enumerate(again.layers) for name, t in layer.tensors().items()
+        f"layer{i}.{name}": t.copy() for i, layer in enumerate(again.layers) for name, t in layer.tensors().items()
     }
     logits = backend.prefill(live, job["more_ids"])
-    results["continued_logits"] = logits.clone()
+    results["continued_logits"] = logits.copy()
     greedy = []
     for _ in range(job["greedy"]):
-        greedy.append(int(torch.argmax(logits)))
+        greedy.append(int(logits.argmax()))
         logits = backend.decode(live, greedy[-1])
-    results["greedy"] = torch.tensor(greedy)
-    results["final_logits"] = logits.clone()
+    results["greedy"] = np.array(greedy, dtype=np.int64)
+    results["final_logits"] = logits.copy()
     save_file(results, out_file)
 
 

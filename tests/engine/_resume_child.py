@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engramctl.store import arrays
+
 from tests.snapshot_io import read_state
 
 
@@ -34,16 +36,16 @@ def main(job_file: str, out_file: str) -> None:
     for job in json.loads(Path(job_file).read_text()):
         backend, fam = _backend(job), job["family"]
         live = backend.inject(read_state(Path(job["snapshot"]), backend.spec))
-        results[f"{fam}.restored_logits"] = live.last_logits.clone()
+        results[f"{fam}.restored_logits"] = arrays.copy(live.last_logits)
         logits = backend.prefill(live, job["more_ids"])
-        results[f"{fam}.continued_logits"] = logits.clone()
+        results[f"{fam}.continued_logits"] = arrays.copy(logits)
         greedy = []
         for _ in range(job["greedy"]):
-            greedy.append(int(torch.argmax(logits)))
+            greedy.append(int(logits.argmax()))
             logits = backend.decode(live, greedy[-1])
         results[f"{fam}.greedy"] = torch.tensor(greedy)
-        results[f"{fam}.final_logits"] = logits.clone()
-    save_file(results, out_file)
+        results[f"{fam}.final_logits"] = arrays.copy(logits)
+    save_file({k: arrays.as_kind(v, arrays.TORCH) for k, v in results.items()}, out_file)  # llama.cpp's: numpy
 
 
 if __name__ == "__main__":

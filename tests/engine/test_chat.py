@@ -12,6 +12,7 @@ from engramctl.engine.engine import Engine
 from engramctl.engine.sampling import SamplingParams
 from engramctl.engine.turn import Turn
 from engramctl.errors import Cancelled, ContextOverflow, EngramError
+from engramctl.store import arrays
 from tests.backends import both_backends
 
 HISTORY = [
@@ -199,7 +200,8 @@ def test_a_reply_stopped_by_an_eos_the_template_does_not_write_goes_on_without_a
         pytest.skip("this tokenizer has one EOS id")  # transformers' tiny one; the GGUF adds <|endoftext|>
 
     def choose_the_other_eos(prompt):  # the model's first choice after the prompt: <|endoftext|>, say
-        live.last_logits = torch.full_like(live.last_logits, -1e9)
+        live.last_logits = arrays.copy(live.last_logits)  # a tensor or (llama.cpp) a numpy array
+        live.last_logits[:] = -1e9
         live.last_logits[others[0]] = 0.0
 
     live = engine.new_live()

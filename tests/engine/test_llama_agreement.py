@@ -27,7 +27,10 @@ def both(gguf_zoo, load_llama, load_backend, zoo):
     for fam in LLAMA_FAMILIES:
         hf = load_backend(zoo.path(fam), chunk_tokens=16)
         lc = load_llama(gguf_zoo.path(fam), chunk_tokens=16)
-        out[fam] = (hf.prefill(hf.new_live(), ids), lc.prefill(lc.new_live(), ids))
+        out[fam] = (
+            hf.prefill(hf.new_live(), ids),
+            torch.from_numpy(lc.prefill(lc.new_live(), ids)),
+        )  # llama.cpp's: numpy
     return out
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
 from engramctl.errors import Cancelled, EngramError
+from engramctl.store import arrays
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -22,9 +24,9 @@ def granite(gguf_zoo, load_llama):
 
 def _alone(backend, prompt: list[int], steps: int) -> list[torch.Tensor]:
     live = backend.new_live()
-    out = [backend.prefill(live, prompt).clone()]
+    out = [backend.prefill(live, prompt).copy()]
     for _ in range(steps):
-        out.append(backend.decode(live, int(out[-1].argmax())).clone())
+        out.append(backend.decode(live, int(out[-1].argmax())).copy())
     backend.release(live)
     return out
 
@@ -33,13 +35,28 @@ def test_interleaved_lives_give_what_each_gives_alone(granite):
     pa, pb = _ids(37, 1), _ids(21, 2)
     ref_a, ref_b = _alone(granite, pa, 6), _alone(granite, pb, 6)
     a, b = granite.new_live(), granite.new_live()
-    got_a, got_b = [granite.prefill(a, pa).clone()], [granite.prefill(b, pb).clone()]
+    got_a, got_b = [granite.prefill(a, pa).copy()], [granite.prefill(b, pb).copy()]
     for _ in range(6):  # every step swaps the state held in llama.cpp's one sequence
-        got_a.append(granite.decode(a, int(got_a[-1].argmax())).clone())
-        got_b.append(granite.decode(b, int(got_b[-1].argmax())).clone())
-    assert all(torch.equal(x, y) for x, y in zip(got_a, ref_a))
-    assert all(torch.equal(x, y) for x, y in zip(got_b, ref_b))
-    assert not torch.equal(got_a[-1], got_b[-1])  # the two really are different conversations
+        got_a.append(granite.decode(a, int(got_a[-1].argmax())).copy())
+        got_b.append(granite.decode(b, int(got_b[-1].argmax())).copy())
+    assert all(arrays.equal(x, y) for x, y in zip(got_a, ref_a))
+    assert all(arrays.equal(x, y) for x, y in zip(got_b, ref_b))
+    assert not arrays.equal(got_a[-1], got_b[-1])  # the two really are different conversations
+
+
+def test_logits_and_captured_states_are_numpy_and_the_state_views_its_blob(granite):
+    """No torch on this backend: numpy logits, and a captured state whose arrays are views of the blob
+    llama.cpp wrote (no copy), which restoring it hands back to llama.cpp as it is."""
+    live = granite.new_live()
+    logits = granite.prefill(live, _ids(20, 5))
+    assert arrays.kind(logits) == granite.spec.arrays == "numpy"
+    state = granite.capture(live)
+    blob, _serial = granite._original(state)
+    raw = np.frombuffer(blob, np.uint8)
+    views = [t for layer in state.layers for t in layer.tensors().values() if t.size]
+    assert views and all(arrays.kind(t) == "numpy" and np.shares_memory(t, raw) for t in views)
+    assert arrays.kind(state.last_logits) == "numpy" and not np.shares_memory(state.last_logits, logits)
+    granite.release(live)
 
 
 def test_an_older_live_continues_after_a_restored_copy_of_it_ran(granite):
@@ -48,12 +65,12 @@ def test_an_older_live_continues_after_a_restored_copy_of_it_ran(granite):
     state = granite.capture(live)
     copy = granite.inject(state)  # now resident; `live` is parked
     more = _ids(5, 4)
-    from_copy = granite.prefill(copy, more).clone()
-    from_live = granite.prefill(live, more).clone()
-    assert torch.equal(from_copy, from_live)
+    from_copy = granite.prefill(copy, more).copy()
+    from_live = granite.prefill(live, more).copy()
+    assert arrays.equal(from_copy, from_live)
     recaptured = granite.capture(granite.inject(state))
     for before, after in zip(state.layers, recaptured.layers):
-        assert all(torch.equal(t, after.tensors()[k]) for k, t in before.tensors().items())
+        assert all(arrays.equal(t, after.tensors()[k]) for k, t in before.tensors().items())
 
 
 def test_release_frees_the_sequence_and_the_parked_copy(granite):
@@ -85,12 +102,12 @@ class _SetAfter(threading.Event):
 
 def test_prefill_cancels_between_chunks_and_keeps_whole_chunks(granite):
     ids = _ids(40, 5)
-    whole = granite.prefill(granite.new_live(), ids).clone()
+    whole = granite.prefill(granite.new_live(), ids).copy()
     live = granite.new_live()
     with pytest.raises(Cancelled):
         granite.prefill(live, ids, cancel=_SetAfter(1))
     assert live.token_ids == ids[:16]  # chunk_tokens=16: one chunk ran, the next never started
-    assert torch.equal(granite.prefill(live, ids[16:]), whole)  # same chunk boundaries: same bits
+    assert arrays.equal(granite.prefill(live, ids[16:]), whole)  # same chunk boundaries: same bits
 
 
 def test_capture_refuses_an_empty_state_and_inject_a_foreign_layout(granite, gguf_zoo, load_llama):
@@ -123,7 +140,7 @@ def test_a_captured_state_restores_from_its_own_blob_and_a_copy_by_reserializing
     assert granite._original(state) is not None  # kept in RAM as captured: one copy to restore
     assert granite._original(from_disk) is None  # other tensors: serialized again
     more = _ids(4, 9)
-    assert torch.equal(granite.prefill(granite.inject(state), more), granite.prefill(granite.inject(from_disk), more))
+    assert arrays.equal(granite.prefill(granite.inject(state), more), granite.prefill(granite.inject(from_disk), more))
 
 
 def test_a_state_in_the_ram_tier_restores_from_its_captured_blob(granite, tmp_path, monkeypatch):
@@ -151,7 +168,7 @@ def test_a_state_in_the_ram_tier_restores_from_its_captured_blob(granite, tmp_pa
         assert came_from == "disk"
         from_disk = from_payload(*payload, granite.spec)
         more = _ids(3, 11)
-        assert torch.equal(
+        assert arrays.equal(
             granite.prefill(granite.inject(state), more), granite.prefill(granite.inject(from_disk), more)
         )
     finally:

@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors.numpy import load_file
 
 from engramctl.errors import EngramError
+from engramctl.store import arrays
 from tests.snapshot_io import write_state
 
 CHUNK = 16
@@ -49,7 +51,7 @@ def reference(gguf):
 def _alone(backend, state, feeds: list[list[int]]) -> list[torch.Tensor]:
     """Restore `state` into `backend` and feed it `feeds` one step at a time, alone: the logits after each."""
     live = backend.inject(state)
-    out = [backend.step([(live, ids)])[0].clone() for ids in feeds]
+    out = [backend.step([(live, ids)])[0].copy() for ids in feeds]
     backend.release(live)
     return out
 
@@ -81,15 +83,13 @@ def test_one_step_feeds_every_live_its_own_tokens_in_its_own_sequence(granite):
     logits = granite.step([(a, [7]), (b, pb), (c, pc)])
     assert len({live.cache.seq for live in (a, b, c)}) == 3  # all resident, each in a sequence of its own
     assert (a.token_ids, b.token_ids, c.token_ids) == (pa + [7], pb, pc)
-    assert all(torch.equal(x, live.last_logits) for x, live in zip(logits, (a, b, c)))
+    assert all(arrays.equal(x, live.last_logits) for x, live in zip(logits, (a, b, c)))
     for live, ids in ((a, pa + [7]), (b, pb), (c, pc)):  # each got its own conversation's logits
         alone = granite.new_live()
         want = granite.prefill(alone, ids)
-        assert torch.allclose(live.last_logits, want, atol=1e-4) and int(live.last_logits.argmax()) == int(
-            want.argmax()
-        )
+        assert np.allclose(live.last_logits, want, atol=1e-4) and int(live.last_logits.argmax()) == int(want.argmax())
         granite.release(alone)
-    assert not torch.allclose(a.last_logits, b.last_logits, atol=1e-2)
+    assert not np.allclose(a.last_logits, b.last_logits, atol=1e-2)
     for live in (a, b, c):
         granite.release(live)
 
@@ -102,11 +102,11 @@ def test_a_live_stepped_alone_after_a_batch_computes_what_a_fresh_restore_comput
     _greedy_together(granite, [a, b], 5)
     state_a, state_b = granite.capture(a), granite.capture(b)  # mid-batch
     feeds = [_ids(7, 6)] + [[t] for t in _ids(5, 7)]
-    got_a = [granite.step([(a, ids)])[0].clone() for ids in feeds]
+    got_a = [granite.step([(a, ids)])[0].copy() for ids in feeds]
     assert a.cache.seq == 0 and b.cache.seq is None and b.cache.blob is not None  # b parked, a alone
-    got_b = [granite.step([(b, ids)])[0].clone() for ids in feeds]
-    assert all(torch.equal(x, y) for x, y in zip(got_a, _alone(reference, state_a, feeds)))
-    assert all(torch.equal(x, y) for x, y in zip(got_b, _alone(reference, state_b, feeds)))
+    got_b = [granite.step([(b, ids)])[0].copy() for ids in feeds]
+    assert all(arrays.equal(x, y) for x, y in zip(got_a, _alone(reference, state_a, feeds)))
+    assert all(arrays.equal(x, y) for x, y in zip(got_b, _alone(reference, state_b, feeds)))
     for live in (a, b):
         granite.release(live)
 
@@ -123,14 +123,14 @@ def test_a_resident_neighbour_would_change_a_lone_step_so_it_is_parked(granite, 
     beside = []
     for ids in feeds:
         granite._decode([(y, ids)], alone=True)
-        beside.append(y.last_logits.clone())
+        beside.append(y.last_logits.copy())
     ref = reference.new_live()
-    want = [reference.step([(ref, ids)])[0].clone() for ids in feeds]
+    want = [reference.step([(ref, ids)])[0].copy() for ids in feeds]
     reference.release(ref)
-    assert not all(torch.equal(a, b) for a, b in zip(beside, want))
-    assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(beside, want))
+    assert not all(arrays.equal(a, b) for a, b in zip(beside, want))
+    assert all(np.allclose(a, b, atol=1e-3) for a, b in zip(beside, want))
     again = granite.new_live()
-    assert all(torch.equal(granite.step([(again, ids)])[0], w) for ids, w in zip(feeds, want))  # parked: same bits
+    assert all(arrays.equal(granite.step([(again, ids)])[0], w) for ids, w in zip(feeds, want))  # parked: same bits
     assert x.cache.seq is None
     for live in (x, y, again):
         granite.release(live)
@@ -163,16 +163,16 @@ def test_a_state_captured_mid_batch_restores_bitwise_in_fresh_processes(granite,
     first, second = runs
     for i, layer in enumerate(state.layers):  # restored there, it holds the same bytes
         for name, t in layer.tensors().items():
-            assert torch.equal(first[f"layer{i}.{name}"], t) and torch.equal(second[f"layer{i}.{name}"], t)
+            assert arrays.equal(first[f"layer{i}.{name}"], t) and arrays.equal(second[f"layer{i}.{name}"], t)
     for key in ("continued_logits", "greedy", "final_logits"):  # and continues as in any other fresh process
-        assert torch.equal(first[key], second[key])
+        assert arrays.equal(first[key], second[key])
     logits = granite.prefill(b, more)  # here, alone after the batch: the same
-    assert torch.equal(logits, first["continued_logits"])
+    assert arrays.equal(logits, first["continued_logits"])
     greedy = []
     for _ in range(8):
         greedy.append(int(logits.argmax()))
         logits = granite.decode(b, greedy[-1])
-    assert greedy == first["greedy"].tolist() and torch.equal(logits, first["final_logits"])
+    assert greedy == first["greedy"].tolist() and arrays.equal(logits, first["final_logits"])
     for live in (a, b, c):
         granite.release(live)
 
@@ -183,7 +183,7 @@ def test_identical_conversations_batched_give_identical_streams(granite):
     granite.step([(live, prompt) for live in lives])
     streams = _greedy_together(granite, lives, 40)
     assert all(s == streams[0] for s in streams)
-    assert all(torch.equal(live.last_logits, lives[0].last_logits) for live in lives)  # bitwise, row for row
+    assert all(arrays.equal(live.last_logits, lives[0].last_logits) for live in lives)  # bitwise, row for row
     assert len(set(streams[0])) > 3  # a real stream, not one token repeated
     for live in lives:
         granite.release(live)
@@ -211,9 +211,9 @@ def test_more_lives_than_sequences_park_the_least_recently_stepped(gguf, referen
     assert a.cache.seq is None and b.cache.seq is not None
     for live, ids in ((a, _ids(12, 30) + [3]), (b, _ids(13, 31) + [4]), (c, _ids(9, 32) + [5])):
         want = reference.prefill(reference.new_live(), ids)
-        assert torch.allclose(live.last_logits, want, atol=1e-4)  # each still its own conversation
+        assert np.allclose(live.last_logits, want, atol=1e-4)  # each still its own conversation
     lost = reference.prefill(reference.new_live(), [4])
-    assert not torch.allclose(b.last_logits, lost, atol=1e-3)  # the check can fail: a lost state differs
+    assert not np.allclose(b.last_logits, lost, atol=1e-3)  # the check can fail: a lost state differs
     two.step([(a, [6]), (b, [6]), (c, [6])])  # more Lives than sequences in one step: two decodes
     assert all(len(live.token_ids) == n for live, n in ((a, 14), (b, 15), (c, 11)))
 
@@ -237,7 +237,7 @@ def test_a_step_larger_than_a_chunk_runs_as_several_decodes(granite):
     assert (a.token_ids, b.token_ids) == (pa, pb)
     for live, ids in ((a, pa), (b, pb)):
         alone = granite.new_live()
-        assert torch.allclose(live.last_logits, granite.prefill(alone, ids), atol=1e-4)
+        assert np.allclose(live.last_logits, granite.prefill(alone, ids), atol=1e-4)
         granite.release(alone)
     granite.release(a)
     granite.release(b)
@@ -249,9 +249,9 @@ def test_one_sequence_serves_one_at_a_time_with_the_bits_of_any_other_setting(gg
     prompts = [_ids(25, 60), _ids(17, 61)]
     lives = [one.new_live() for _ in prompts]
     one.step(list(zip(lives, prompts)))  # each alone, in turn
-    got = [live.last_logits.clone() for live in lives]
+    got = [live.last_logits.copy() for live in lives]
     for prompt, logits in zip(prompts, got):  # n_seq_max does not change what a lone step computes
-        assert torch.equal(logits, granite.prefill(granite.new_live(), prompt))
+        assert arrays.equal(logits, granite.prefill(granite.new_live(), prompt))
 
 
 def test_step_refuses_the_same_live_twice_and_an_empty_feed(granite):
@@ -305,8 +305,8 @@ def test_smollm2_a_conversation_stepped_alone_after_a_batch_is_bitwise_a_fresh_r
     _greedy_together(smol, [a, b], 12)
     state = smol.capture(a)
     feeds = [_ids(40, 74)] + [[t] for t in _ids(8, 75)]
-    got = [smol.step([(a, ids)])[0].clone() for ids in feeds]
-    assert all(torch.equal(x, y) for x, y in zip(got, _alone(fresh, state, feeds)))
+    got = [smol.step([(a, ids)])[0].copy() for ids in feeds]
+    assert all(arrays.equal(x, y) for x, y in zip(got, _alone(fresh, state, feeds)))
 
 
 def test_a_chunk_smaller_than_the_sequences_is_refused_before_llama_cpp_aborts(gguf):

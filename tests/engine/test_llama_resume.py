@@ -33,12 +33,17 @@ def resume_run(gguf_zoo, load_llama, tmp_path_factory):
         snap = work / f"{fam}.safetensors"
         write_state(snap, backend.capture(live), backend.spec)
         logits = backend.prefill(live, ids[N_TOKENS:])  # the same Live goes on: nothing was restored
-        continued, greedy = logits.clone(), []
+        continued, greedy = torch.from_numpy(logits.copy()), []
         for _ in range(GREEDY):
-            greedy.append(int(torch.argmax(logits)))
+            greedy.append(int(logits.argmax()))
             logits = backend.decode(live, greedy[-1])
         fresh = backend.prefill(backend.new_live(), ids[N_TOKENS:])  # what a lost state would give
-        refs[fam] = {"continued": continued, "greedy": greedy, "final": logits, "fresh": fresh}
+        refs[fam] = {
+            "continued": continued,
+            "greedy": greedy,
+            "final": torch.from_numpy(logits),
+            "fresh": torch.from_numpy(fresh),
+        }
         jobs.append(
             {
                 "family": fam,

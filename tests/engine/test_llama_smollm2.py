@@ -16,6 +16,7 @@ import torch
 from engramctl.engine.loading import load_engine, smollm2_gguf
 from engramctl.engine.sampling import SamplingParams
 from engramctl.engine.turn import Turn
+from engramctl.store import arrays
 from tests.snapshot_io import read_state, write_state
 
 SMOL = smollm2_gguf()
@@ -52,7 +53,7 @@ def test_smollm2_answers_paris_and_resumes_from_a_snapshot(engine, tmp_path):
     path = tmp_path / "smol.safetensors"
     write_state(path, engine.capture(first.live), engine.spec)
     restored = engine.inject(read_state(path, engine.spec))
-    assert torch.equal(restored.last_logits, first.live.last_logits)
+    assert arrays.equal(restored.last_logits, first.live.last_logits)
     follow = question + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And of Italy?"}]
     second = Turn.for_messages(engine, restored, follow, SamplingParams(temperature=0, max_tokens=24)).run()
     fed2 = second.prompt

@@ -9,6 +9,8 @@ import threading
 import pytest
 import torch
 
+from engramctl.store import arrays
+
 
 def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -17,9 +19,9 @@ def _ids(n: int, seed: int) -> list[int]:
 def _greedy(backend, prompt: list[int], steps: int) -> list[torch.Tensor]:
     live = backend.new_live()
     try:
-        out = [backend.prefill(live, prompt).clone()]
+        out = [backend.prefill(live, prompt).copy()]
         for _ in range(steps):
-            out.append(backend.decode(live, int(out[-1].argmax())).clone())
+            out.append(backend.decode(live, int(out[-1].argmax())).copy())
         return out
     finally:
         backend.release(live)
@@ -53,7 +55,7 @@ def test_loaded_on_one_thread_decoded_on_another_gives_the_same_bits(gguf_zoo, l
     decoded_here = _greedy(loaded_elsewhere, prompt, 12)
     for run in (other_thread, decoded_here):
         assert len(run) == len(same_thread)
-        assert all(torch.equal(a, b) for a, b in zip(same_thread, run))
+        assert all(arrays.equal(a, b) for a, b in zip(same_thread, run))
 
 
 def test_the_llama_cpp_library_runs_without_openmp():

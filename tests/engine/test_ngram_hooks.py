@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from engramctl.engine.ngram_hooks import ngram_config
+from engramctl.ngram.config import ngram_config
 from engramctl.engine.hf_backend import TransformersBackend
 from engramctl.engine.loading import load_engine
 from engramctl.errors import SnapshotMismatch, UnsupportedModel, UsageError

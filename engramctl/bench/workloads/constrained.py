@@ -72,7 +72,7 @@ def measure(engine, runs: int) -> dict[str, Any]:
     return {
         "schema": "nested object, enum, email format, pattern, array of objects",
         "tokens": len(ids),
-        "vocab": int(logits.numel()),
+        "vocab": int(logits.shape[-1]),
         "runs": runs,
         "valid_reply_accepted": accepted,
         "tokenizer_build_ms": round(tokenizer_ms, 1),

@@ -1,0 +1,178 @@
+"""The one seam between numpy arrays and torch tensors, for everything that holds a model state's arrays.
+
+The llama.cpp backend's states and logits are numpy arrays (torch would cost ~200 MiB of resident memory and
+1,100 modules for a container); the transformers backend's are torch tensors (bfloat16 and CUDA have no numpy
+form). state/ and store/ handle either through these functions and never test for a kind themselves. Neither
+library is imported here until an array of its kind is handled (an array exists only once its library is
+loaded), so listings that open the store load neither.
+
+Which kind a snapshot read from a file becomes is decided once, here (`kind_of`): the kind of the backend that
+wrote it. A snapshot is only ever restored by the backend that wrote it (state/codec.py refuses the others),
+so that is the kind the engine in use wants; the file's bytes are the same either way.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+Array = Union["np.ndarray", "torch.Tensor"]
+NUMPY, TORCH = "numpy", "torch"
+# backend name (a snapshot's "backend" metadata) -> the kind of its arrays; any other backend's are torch
+# tensors, and so is a file without the key (the transformers backend wrote those)
+KIND_OF_BACKEND = {"llama.cpp": NUMPY}
+BACKEND_KEY = "backend"
+# safetensors dtype names numpy has a form of: a file holding any other (BF16) decodes into torch tensors
+NUMPY_SAFETENSORS_DTYPES = frozenset({"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8", "BOOL"})
+
+
+def kind_of_backend(backend: str) -> str:
+    return KIND_OF_BACKEND.get(backend, TORCH)
+
+
+def kind_of(meta: dict[str, str]) -> str:
+    """The kind a snapshot with this metadata is decoded into: its writer backend's."""
+    return kind_of_backend(meta.get(BACKEND_KEY) or "transformers")
+
+
+def is_numpy(a: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(a, np.ndarray)
+
+
+def is_array(a: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return is_numpy(a) or (torch is not None and isinstance(a, torch.Tensor))
+
+
+def kind(a: Array) -> str:
+    return NUMPY if is_numpy(a) else TORCH
+
+
+def dtype_name(a: Array) -> str:
+    """ "float32", "bfloat16", "int64", ...: torch's name without "torch.", which numpy's names agree with."""
+    return a.dtype.name if is_numpy(a) else str(a.dtype).removeprefix("torch.")
+
+
+def shape(a: Array) -> tuple[int, ...]:
+    return tuple(a.shape)
+
+
+def nbytes(a: Array) -> int:
+    return int(a.nbytes) if is_numpy(a) else a.numel() * a.element_size()
+
+
+def is_floating(a: Array) -> bool:
+    return a.dtype.kind == "f" if is_numpy(a) else a.is_floating_point()
+
+
+def all_finite(a: Array) -> bool:
+    """No NaN or Inf in a floating array. A NaN/Inf anywhere makes the sum non-finite, and a sum is ~10x
+    cheaper than isfinite().all(); only a non-finite sum (possibly a mere overflow) pays for the exact check."""
+    if is_numpy(a):
+        import numpy as np
+
+        if a.dtype == np.float16:
+            # numpy emulates float16 arithmetic (a sum ran ~5x slower than this): NaN and Inf are the values
+            # whose exponent bits are all ones, so the largest magnitude's bits tell, exactly
+            bits = np.ascontiguousarray(a).view(np.uint16)
+            return bits.size == 0 or int((bits & 0x7FFF).max()) < 0x7C00
+        with np.errstate(over="ignore", invalid="ignore"):
+            return bool(np.isfinite(a.sum())) or bool(np.isfinite(a).all())
+    import torch
+
+    return bool(torch.isfinite(a.sum())) or bool(torch.isfinite(a).all())
+
+
+def equal(a: Array, b: Array) -> bool:
+    """Same kind, dtype, shape and values (as torch.equal: a NaN equals nothing)."""
+    if kind(a) != kind(b) or dtype_name(a) != dtype_name(b) or shape(a) != shape(b):
+        return False
+    if is_numpy(a):
+        import numpy as np
+
+        return bool(np.array_equal(a, b))
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def copy(a: Array) -> Array:
+    return a.copy() if is_numpy(a) else a.clone()
+
+
+def to_device(a: Array, device: str) -> Array:
+    """`a` on `device`; itself when it is there. A numpy array is on the CPU: to reach a GPU it becomes a
+    tensor (only a transformers payload goes to VRAM, where torch is already loaded)."""
+    if is_numpy(a):
+        if str(device) == "cpu":
+            return a
+        import torch
+
+        return torch.from_numpy(a).to(device)
+    return a.to(device)
+
+
+def float32(a: Array) -> Array:
+    """`a` as float32, of its kind; itself when it already is."""
+    return a.astype("float32", copy=False) if is_numpy(a) else a.float()
+
+
+def float32_flat(a: Array) -> Array:
+    """(n,) float32 of the same kind; no copy when it already is."""
+    return float32(a).reshape(-1)
+
+
+def int64_like(like: Array, values) -> Array:
+    """A 1-D int64 array of `values`, of `like`'s kind (on the CPU)."""
+    if is_numpy(like):
+        import numpy as np
+
+        return np.asarray(values, dtype=np.int64).reshape(-1)
+    import torch
+
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def host_contiguous(a: Array) -> Array:
+    """`a` as a contiguous CPU array of its kind (itself when it already is): memory a writer may read."""
+    if is_numpy(a):
+        import numpy as np
+
+        return np.ascontiguousarray(a)
+    return a.detach().contiguous().cpu()
+
+
+def host_bytes(a: Array) -> memoryview:
+    """The array's bytes in row-major order, on the CPU: a view of its memory when it is contiguous there."""
+    a = host_contiguous(a)
+    if is_numpy(a):
+        return memoryview(a.reshape(-1).view("uint8"))
+    import torch
+
+    return memoryview(a.reshape(-1).view(torch.uint8).numpy())
+
+
+def data_ptr(a: Array) -> int:
+    return int(a.ctypes.data) if is_numpy(a) else a.data_ptr()
+
+
+def where(a: Array) -> tuple:
+    """Which memory `a` views, and how: (address, shape, dtype, contiguous)."""
+    contiguous = bool(a.flags.c_contiguous) if is_numpy(a) else a.is_contiguous()
+    return data_ptr(a), shape(a), dtype_name(a), contiguous
+
+
+def as_kind(a: Array, want: str) -> Array:
+    """`a` as an array of kind `want`, sharing its memory where both can (a CPU array of a numpy dtype)."""
+    if kind(a) == want:
+        return a
+    if want == TORCH:
+        import torch
+
+        return torch.from_numpy(a)
+    return a.detach().cpu().numpy()
