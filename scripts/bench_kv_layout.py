@@ -9,7 +9,8 @@ For each layout (alternating, --reps times, so drifting load hits both): a fresh
 n_batch = n_ubatch = 512, 2 x --n sequences as the daemon sizes it with its kept states, 16384 cells), --n
 sequences each prefilled with its own --prompt tokens, then --steps decode steps of one token for every
 sequence (an N-row step), then --steps steps of all but sequence 0 (N - 1 rows beside one idle neighbour), then
---steps steps of sequence 0 alone with the others still resident (a 1-row step beside N - 1 idle neighbours). Reported: the median ms of each kind of step per layout and the unified/streams ratio.
+--steps steps of sequence 0 alone with the others still resident (a 1-row step beside N - 1 idle neighbours).
+Reported: the median ms of each kind of step per layout and the unified/streams ratio.
 With a unified cache every step reads every used cell up to the highest (masked when not its own); with a
 stream per sequence a row reads its own stream's cells only. Default model: SmolLM2 (all 30 layers attention).
 On a hybrid (the 350M preset) the stream-per-sequence layout is pathological at this llama.cpp commit (seconds a
