@@ -160,7 +160,9 @@ def render(r: dict) -> str:
             ]
         )
     )
-    lines.append("\n(c) clients at once, each its own conversation")
+    lines.append(
+        "\n(c) clients at once, each its own conversation, greedy replies of --client-tokens (end tokens banned)"
+    )
     rows = []
     for n, by in r["concurrent"].items():
         for name, c in by.items():

@@ -41,6 +41,7 @@ def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram
     for n, by in out["concurrent"].items():
         assert by["engramctl"]["errors"] == []
         assert len(by["engramctl"]["ttft_ms"]) == int(n)
+        assert by["engramctl"]["tokens"] == int(n) * 32  # --quick's client_tokens: no reply ended early
     assert [t["met"] for t in out["targets"]] == [None, None, None, None]
 
 
@@ -75,3 +76,13 @@ def test_llama_server_not_built_says_why(tmp_path, monkeypatch):
     binary, why = find_or_build(tmp_path, said.append)
     assert binary is None and "cmake, c++ not found" in why
     assert said == []  # nothing was started
+
+
+def test_the_banned_end_tokens_cover_every_token_the_daemon_stops_at(gguf):
+    from engramctl.bench.serve.stops import end_of_generation_ids, no_end
+    from engramctl.engine.llama_backend import LlamaCppBackend
+
+    ids = end_of_generation_ids(gguf)
+    stops = LlamaCppBackend(gguf, gguf.name, threads=1).tokenizer.eos_ids
+    assert stops and set(stops) <= set(ids)
+    assert no_end(gguf) == {"logit_bias": {str(t): -100 for t in ids}}

@@ -21,6 +21,8 @@ from typing import Callable
 import httpx
 
 from engramctl.bench.serve import workloads
+from engramctl.bench.serve.client import GREEDY
+from engramctl.bench.serve.stops import no_end
 from engramctl.bench.serve.servers import Server
 from engramctl.bench.timing import machine_load
 
@@ -80,6 +82,7 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                 if peer:
                     peer.stop()
             result["concurrent"] = {}
+            full_length = {**GREEDY, **no_end(cfg.gguf)}  # (c)'s replies all run to client_tokens
             for run, n in enumerate(cfg.clients):
                 say(f"(c) {n} client(s) at once, {cfg.client_tokens} tokens each")
                 peer = None
@@ -91,7 +94,7 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                 try:
                     both = [daemon] + ([peer] if peer else [])
                     result["concurrent"][str(n)] = workloads.concurrent(
-                        client, both, n, cfg.client_tokens, cfg.seed, run
+                        client, both, n, cfg.client_tokens, cfg.seed, run, full_length
                     )
                 finally:
                     if peer:

@@ -139,8 +139,12 @@ def multi_turn(client: httpx.Client, servers: Sequence[Server], turns: int, toke
     }
 
 
-def concurrent(client: httpx.Client, servers: Sequence[Server], n: int, tokens: int, seed: int, run: int) -> dict:
-    """`n` clients at once, each its own ~300-token conversation and a `tokens`-token greedy reply."""
+def concurrent(
+    client: httpx.Client, servers: Sequence[Server], n: int, tokens: int, seed: int, run: int, sampling: dict = GREEDY
+) -> dict:
+    """`n` clients at once, each its own ~300-token conversation and a `tokens`-token greedy reply. The runner
+    bans the end-of-generation tokens (`sampling`, stops.no_end): a reply that ended early on one server and not
+    on the other (batched replies part at near-ties: docs/batching.md) would give the two different work."""
     out = {}
     for s in abba(servers, run):
         messages = [  # the same conversations for both servers; new ones for each n (no reuse between runs)
@@ -152,7 +156,7 @@ def concurrent(client: httpx.Client, servers: Sequence[Server], n: int, tokens: 
         def one(i: int) -> None:
             barrier.wait()
             try:
-                replies[i] = stream_chat(client, s, messages[i], GREEDY, tokens, seed)
+                replies[i] = stream_chat(client, s, messages[i], sampling, tokens, seed)
             except BaseException as e:  # noqa: BLE001 - reported with the figures, not raised from a thread
                 replies[i] = e
 
