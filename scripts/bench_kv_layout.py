@@ -21,17 +21,21 @@ step): read docs/batching.md before running it there.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
 from pathlib import Path
 
+from engramctl.engine.llama_batch import Batch
+
 CELLS = 16384
+BATCH = 512  # n_batch = n_ubatch, as the backend's chunk_tokens
 
 
 def _context(lib, model, unified: bool, n_seq: int, threads: int):
     cp = lib.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = CELLS, 512, 512, n_seq
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = CELLS, BATCH, BATCH, n_seq
     cp.kv_unified = unified
     cp.n_threads = cp.n_threads_batch = threads
     cp.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -42,23 +46,13 @@ def _context(lib, model, unified: bool, n_seq: int, threads: int):
     return ctx
 
 
-def _decode(lib, ctx, rows: list[tuple[int, int, list[int]]]) -> None:
-    """rows: (sequence, first position, tokens); logits for each row's last token."""
-    n = sum(len(t) for _, _, t in rows)
-    b = lib.llama_batch_init(n, 0, 1)
-    try:
-        i = 0
-        for seq, pos, tokens in rows:
-            for j, token in enumerate(tokens):
-                b.token[i], b.pos[i], b.n_seq_id[i] = token, pos + j, 1
-                b.seq_id[i][0], b.logits[i] = seq, j == len(tokens) - 1
-                i += 1
-        b.n_tokens = n
-        rc = lib.llama_decode(ctx, b)
-        if rc != 0:
-            raise SystemExit(f"llama_decode returned {rc}")
-    finally:
-        lib.llama_batch_free(b)
+def _decode(lib, ctx, batch: Batch, rows: list[tuple[int, int, list[int]]]) -> None:
+    """rows: (sequence, first position, tokens), fed in one llama_decode through the backend's own Batch
+    (engine/llama_batch.py: logits for each row's last token)."""
+    batch.fill(rows)
+    rc = lib.llama_decode(ctx, batch.c)
+    if rc != 0:
+        raise SystemExit(f"llama_decode returned {rc}")
 
 
 def _timed(fn) -> float:
@@ -72,27 +66,25 @@ def run_layout(lib, model, unified: bool, args) -> tuple[float, float, float, fl
     step (sequence 0) beside N - 1 idle resident neighbours; a --prompt-row prefill of another sequence beside
     the N resident ones."""
     ctx = _context(lib, model, unified, 2 * args.n, args.threads)
+    n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model)))
+    decode = functools.partial(_decode, lib, ctx, Batch(lib, BATCH, n_vocab))
     try:
         p = args.prompt
         for s in range(args.n):
-            _decode(lib, ctx, [(s, 0, [100 + (7 * k + 13 * s) % 3000 for k in range(p)])])
+            decode([(s, 0, [100 + (7 * k + 13 * s) % 3000 for k in range(p)])])
         together = [
-            _timed(lambda step=step: _decode(lib, ctx, [(s, p + step, [200 + s + step]) for s in range(args.n)]))
+            _timed(lambda step=step: decode([(s, p + step, [200 + s + step]) for s in range(args.n)]))
             for step in range(args.steps)
         ]
         q = p + args.steps  # the others step on, sequence 0 sits idle
         others = [
-            _timed(lambda step=step: _decode(lib, ctx, [(s, q + step, [250 + s + step]) for s in range(1, args.n)]))
+            _timed(lambda step=step: decode([(s, q + step, [250 + s + step]) for s in range(1, args.n)]))
             for step in range(args.steps)
         ]
-        alone = [
-            _timed(lambda step=step: _decode(lib, ctx, [(0, q + step, [300 + step])])) for step in range(args.steps)
-        ]
+        alone = [_timed(lambda step=step: decode([(0, q + step, [300 + step])])) for step in range(args.steps)]
         # a new conversation's prompt beside the N resident ones: --prompt rows in one step, in sequence N
         prefill = [
-            _timed(
-                lambda k=k: _decode(lib, ctx, [(args.n + k % args.n, 0, [400 + (5 * j + k) % 3000 for j in range(p)])])
-            )
+            _timed(lambda k=k: decode([(args.n + k % args.n, 0, [400 + (5 * j + k) % 3000 for j in range(p)])]))
             for k in range(max(2, args.steps // 10))
         ]
         return (

@@ -69,12 +69,13 @@ class Findings:
     slowest: str = ""
 
     def http(self, source: str, what: str, status: int, headers: Any, body: bytes, elapsed_s: float) -> None:
+        refused = refused_before_app(status, body)
         self.cases += 1
-        self.by_status[refused_before_app(status, body) or status] += 1
+        self.by_status[refused or status] += 1
         self.by_source[source] += 1
         if elapsed_s > self.slowest_s:
             self.slowest_s, self.slowest = elapsed_s, what
-        if refused_before_app(status, body):
+        if refused:
             return
         problem = error_shape_problem(what, status, headers.get("content-type", ""), body)
         if problem:
@@ -404,8 +405,9 @@ def _raw(url: str, token: str, findings: Findings, path: str, name: str, headers
         hdrs[k.strip().lower()] = v.strip()
     if hdrs.get("transfer-encoding") == "chunked":
         body = _dechunk(body)
-    findings.by_status[refused_before_app(status, body) or status] += 1
-    if refused_before_app(status, body):
+    refused = refused_before_app(status, body)
+    findings.by_status[refused or status] += 1
+    if refused:
         return
     problem = error_shape_problem(f"POST {path} ({name})", status, hdrs.get("content-type", ""), body)
     if problem:

@@ -302,10 +302,8 @@ def _ggml_id(a) -> int:
 
 
 def _itemsize(a) -> int:
-    n = 1
-    for d in arrays.shape(a):
-        n *= d
-    return arrays.nbytes(a) // n if n else GGML_TYPES[_ggml_id(a)].itemsize
+    """Bytes per element of a state array, by its ggml type (which _ggml_id checks is f32 or f16)."""
+    return GGML_TYPES[_ggml_id(a)].itemsize
 
 
 def _transposed(v):

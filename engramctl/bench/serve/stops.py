@@ -9,8 +9,10 @@ from engramctl.errors import UnsupportedModel
 
 
 def end_of_generation_ids(gguf: Path) -> list[int]:
-    """Every token llama.cpp treats as ending generation (<|im_end|>, <|endoftext|>, ...), read from the file's
-    vocabulary alone (no weights loaded). The daemon's own stop set (GgufTokenizer.eos_ids) is built the same way."""
+    """Every token that ends a reply (<|im_end|>, <|endoftext|>, ...): the daemon's stop set, GgufTokenizer's
+    eos_ids, which holds llama.cpp's end-of-generation tokens (llama-server's), read from the file's vocabulary
+    alone (no weights loaded)."""
+    from engramctl.engine.gguf_tokenizer import GgufTokenizer
     from engramctl.engine.llama_lib import import_llama_cpp
 
     lib = import_llama_cpp()
@@ -20,8 +22,7 @@ def end_of_generation_ids(gguf: Path) -> list[int]:
     if not model:
         raise UnsupportedModel(f"llama.cpp could not read the vocabulary of {gguf.name}.")
     try:
-        vocab = lib.llama_model_get_vocab(model)
-        return [t for t in range(int(lib.llama_vocab_n_tokens(vocab))) if lib.llama_vocab_is_eog(vocab, t)]
+        return sorted(GgufTokenizer(lib, model, None).eos_ids)
     finally:
         lib.llama_model_free(model)
 
