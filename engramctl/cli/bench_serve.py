@@ -29,6 +29,9 @@ def serve(
     turn_tokens: int = typer.Option(48, "--turn-tokens", min=1, help="(b) tokens per reply."),
     clients: str = typer.Option("1,2,4", "--clients", help="(c) numbers of clients at once, comma-separated."),
     client_tokens: int = typer.Option(96, "--client-tokens", min=1, help="(c) tokens per reply."),
+    client_runs: int = typer.Option(
+        1, "--client-runs", min=1, help="(c) rounds per number of clients, ABBA; medians over rounds."
+    ),
     quick: bool = typer.Option(False, "--quick", help="A short run: 1 run, 32-token replies, 3 turns, 1,2 clients."),
     peer: bool = typer.Option(True, "--llama-server/--no-llama-server", help="Measure against llama-server."),
     build: bool = typer.Option(True, "--build/--no-build", help="Build llama-server when it is not cached."),
@@ -72,6 +75,7 @@ def serve(
         turn_tokens=turn_tokens,
         clients=counts(clients, "--clients", "1,2,4"),
         client_tokens=client_tokens,
+        client_runs=client_runs,
         seed=seed,
         llama_server=binary,
         why_no_peer=why,
@@ -161,7 +165,8 @@ def render(r: dict) -> str:
         )
     )
     lines.append(
-        "\n(c) clients at once, each its own conversation, greedy replies of --client-tokens (end tokens banned)"
+        "\n(c) clients at once, each its own conversation, greedy replies of --client-tokens (end tokens banned);"
+        " median [min-max] over rounds"
     )
     rows = []
     for n, by in r["concurrent"].items():
@@ -170,9 +175,10 @@ def render(r: dict) -> str:
                 {
                     "clients": n,
                     "server": name,
-                    "wall s": c["wall_s"],
-                    "agg tok/s": c["aggregate_tok_s"],
-                    "ttft ms": ", ".join(str(round(x)) for x in c["ttft_ms"]),
+                    "rounds": len(c["rounds"]),
+                    "wall s": _spread(c["wall_s"]),
+                    "agg tok/s": _spread(c["aggregate_tok_s"]),
+                    "median ttft ms": _spread(c["median_ttft_ms"]),
                     "errors": len(c["errors"]) or "",
                 }
             )

@@ -20,7 +20,8 @@ def gguf(served_model):
 
 
 def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram_home):
-    args = ["bench", "serve", "--model", str(gguf), "--quick", "--no-llama-server", "--json", "--threads", "1"]
+    args = ["bench", "serve", "--model", str(gguf), "--quick", "--client-runs", "2", "--no-llama-server", "--json"]
+    args += ["--threads", "1"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -39,10 +40,16 @@ def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram
     assert turns[-1]["cached_tokens"] > turns[0]["prompt_tokens"]
     assert set(out["concurrent"]) == {"1", "2"}
     for n, by in out["concurrent"].items():
-        assert by["engramctl"]["errors"] == []
-        assert len(by["engramctl"]["ttft_ms"]) == int(n)
-        assert by["engramctl"]["tokens"] == int(n) * 32  # --quick's client_tokens: no reply ended early
-    assert [t["met"] for t in out["targets"]] == [None, None, None, None]
+        ours = by["engramctl"]
+        assert ours["errors"] == [] and len(ours["rounds"]) == 2
+        assert len(ours["ttft_ms"]) == 2 * int(n)
+        assert ours["tokens"] == [int(n) * 32] * 2  # --quick's client_tokens: no reply ended early
+        walls = [r["wall_s"] for r in ours["rounds"]]
+        assert ours["wall_s"]["spread"] == [min(walls), max(walls)] and ours["wall_s"]["n"] == 2
+        # each round's conversations are new: the daemon found no more than the chat template's first tokens
+        for r in ours["rounds"]:
+            assert all(c < p / 2 for c, p in zip(r["cached_tokens"], r["prompt_tokens"])), r
+    assert [t["met"] for t in out["targets"]] == [None] * 6  # (a) x2, (b) x2, (c) 2 clients x2: no peer
 
 
 def test_targets_compare_ours_with_llama_servers():
@@ -56,12 +63,25 @@ def test_targets_compare_ours_with_llama_servers():
             "restart_ttft_ms": {"engramctl": 500.0, "llama-server": 2000.0},
         },
     }
+
+    def clients(ours_agg, theirs_agg, ours_ttft, theirs_ttft):
+        def one(agg, ttft):
+            return {"aggregate_tok_s": {"median": agg}, "median_ttft_ms": {"median": ttft}}
+
+        return {"engramctl": one(ours_agg, ours_ttft), "llama-server": one(theirs_agg, theirs_ttft)}
+
+    result["concurrent"] = {"1": clients(9.0, 10.0, 50.0, 40.0), "4": clients(33.0, 30.0, 900.0, 1000.0)}
+    result["concurrent"]["8"] = clients(27.0, 30.0, 1100.0, 1000.0)
     got = {t["target"]: (t["value"], t["met"]) for t in targets(result)}
     assert got == {
         "one stream, greedy: ms/token vs llama-server": (1.04, True),
         "one stream, sampled: ms/token vs llama-server": (1.1, False),
         "warm multi-turn TTFT vs llama-server": (1.071, True),
         "TTFT after a restart: llama-server / ours": (4.0, False),
+        "4 clients: aggregate tok/s vs llama-server": (1.1, True),  # one client is (a)'s to judge
+        "4 clients: median TTFT vs llama-server": (0.9, True),
+        "8 clients: aggregate tok/s vs llama-server": (0.9, False),
+        "8 clients: median TTFT vs llama-server": (1.1, False),
     }
 
 

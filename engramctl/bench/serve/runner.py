@@ -30,6 +30,8 @@ from engramctl.bench.timing import machine_load
 STREAM_RATIO_MAX = 1.05  # ms/token, ours / theirs
 WARM_TTFT_RATIO_MAX = 1.10  # median TTFT of turns 2..8, ours / theirs
 RESTART_SPEEDUP_MIN = 5.0  # TTFT of the turn after a restart, theirs / ours
+CLIENTS_AGGREGATE_MIN = 1.0  # (c), 2 clients or more: median aggregate tokens/s, ours / theirs
+CLIENTS_TTFT_MAX = 1.0  # (c), 2 clients or more: median of the rounds' median TTFT, ours / theirs
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ServeConfig:
     turn_tokens: int = 48
     clients: tuple[int, ...] = (1, 2, 4)
     client_tokens: int = 96
+    client_runs: int = 1  # (c) rounds per number of clients, ABBA
     seed: int = 0
     llama_server: Path | None = None
     why_no_peer: str | None = None
@@ -83,8 +86,8 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                     peer.stop()
             result["concurrent"] = {}
             full_length = {**GREEDY, **no_end(cfg.gguf)}  # (c)'s replies all run to client_tokens
-            for run, n in enumerate(cfg.clients):
-                say(f"(c) {n} client(s) at once, {cfg.client_tokens} tokens each")
+            for i, n in enumerate(cfg.clients):
+                say(f"(c) {n} client(s) at once, {cfg.client_tokens} tokens each, {cfg.client_runs} round(s)")
                 peer = None
                 if cfg.llama_server is not None:
                     peer = Server.llama_server(
@@ -94,7 +97,7 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                 try:
                     both = [daemon] + ([peer] if peer else [])
                     result["concurrent"][str(n)] = workloads.concurrent(
-                        client, both, n, cfg.client_tokens, cfg.seed, run, full_length
+                        client, both, n, cfg.client_tokens, cfg.seed, i * cfg.client_runs, full_length, cfg.client_runs
                     )
                 finally:
                     if peer:
@@ -144,7 +147,30 @@ def targets(result: dict) -> list[dict]:
                 r and r >= RESTART_SPEEDUP_MIN,
             )
         )
+    for n, by in result.get("concurrent", {}).items():
+        if int(n) < 2:
+            continue
+        ours, theirs = by.get("engramctl", {}), by.get("llama-server", {})
+        r = _ratio(_median(ours, "aggregate_tok_s"), _median(theirs, "aggregate_tok_s"))
+        out.append(
+            _target(
+                f"{n} clients: aggregate tok/s vs llama-server",
+                r,
+                f">= {CLIENTS_AGGREGATE_MIN}x",
+                r and r >= CLIENTS_AGGREGATE_MIN,
+            )
+        )
+        r = _ratio(_median(ours, "median_ttft_ms"), _median(theirs, "median_ttft_ms"))
+        out.append(
+            _target(
+                f"{n} clients: median TTFT vs llama-server", r, f"<= {CLIENTS_TTFT_MAX}x", r and r <= CLIENTS_TTFT_MAX
+            )
+        )
     return out
+
+
+def _median(by: dict, key: str) -> float | None:
+    return (by.get(key) or {}).get("median")
 
 
 def _target(name: str, value: float | None, goal: str, met) -> dict:

@@ -140,45 +140,79 @@ def multi_turn(client: httpx.Client, servers: Sequence[Server], turns: int, toke
 
 
 def concurrent(
-    client: httpx.Client, servers: Sequence[Server], n: int, tokens: int, seed: int, run: int, sampling: dict = GREEDY
+    client: httpx.Client,
+    servers: Sequence[Server],
+    n: int,
+    tokens: int,
+    seed: int,
+    run: int,
+    sampling: dict = GREEDY,
+    rounds: int = 1,
 ) -> dict:
-    """`n` clients at once, each its own ~300-token conversation and a `tokens`-token greedy reply. The runner
-    bans the end-of-generation tokens (`sampling`, stops.no_end): a reply that ended early on one server and not
-    on the other (batched replies part at near-ties: docs/batching.md) would give the two different work."""
-    out = {}
-    for s in abba(servers, run):
-        messages = [  # the same conversations for both servers; new ones for each n (no reuse between runs)
-            [{"role": "user", "content": first_message(seed + i, f"n={n} client {i}")}] for i in range(n)
+    """`n` clients at once, each its own ~300-token conversation and a `tokens`-token greedy reply, `rounds`
+    times per server in ABBA order (round r counts as run `run + r`), new conversations each round (a server
+    keeping states must not find one it has seen). Per server: each round's figures and their medians (the
+    machine's noise moves one round's wall by 10-20%: read medians of several). The runner bans the
+    end-of-generation tokens (`sampling`, stops.no_end): a reply that ended early on one server and not on the
+    other (batched replies part at near-ties: docs/batching.md) would give the two different work."""
+    per: dict[str, list[dict]] = {s.name: [] for s in servers}
+    for r in range(rounds):
+        messages = [  # the same conversations for both servers; new ones for each n and round
+            [{"role": "user", "content": first_message(seed + i, f"n={n} round {r} client {i}")}] for i in range(n)
         ]
-        replies: list[Reply | BaseException | None] = [None] * n
-        barrier = threading.Barrier(n + 1)
+        for s in abba(servers, run + r):
+            per[s.name].append(_clients_at_once(client, s, messages, sampling, tokens, seed))
+    return {name: _rounds_summary(rows) for name, rows in per.items()}
 
-        def one(i: int) -> None:
-            barrier.wait()
-            try:
-                replies[i] = stream_chat(client, s, messages[i], sampling, tokens, seed)
-            except BaseException as e:  # noqa: BLE001 - reported with the figures, not raised from a thread
-                replies[i] = e
 
-        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+def _clients_at_once(
+    client: httpx.Client, s: Server, messages: list[list[dict]], sampling: dict, tokens: int, seed: int
+) -> dict:
+    n = len(messages)
+    replies: list[Reply | BaseException | None] = [None] * n
+    barrier = threading.Barrier(n + 1)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        try:
+            replies[i] = stream_chat(client, s, messages[i], sampling, tokens, seed)
+        except BaseException as e:  # noqa: BLE001 - reported with the figures, not raised from a thread
+            replies[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    with Meter([s]) as meter:
+        barrier.wait()
+        t0 = time.perf_counter()
         for t in threads:
-            t.start()
-        with Meter([s]) as meter:
-            barrier.wait()
-            t0 = time.perf_counter()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - t0
-        errors = [repr(r) for r in replies if not isinstance(r, Reply)]
-        done = [r for r in replies if isinstance(r, Reply)]
-        generated = sum(r.completion_tokens or len(r.chunk_times_s) for r in done)
-        out[s.name] = {
-            "wall_s": round(wall, 2),
-            "ttft_ms": [round(r.ttft_s * 1000, 1) for r in done],
-            "median_ttft_ms": _stats([r.ttft_s * 1000 for r in done])["median"],
-            "aggregate_tok_s": round(generated / wall, 2) if wall > 0 else None,
-            "tokens": generated,
-            "errors": errors,
-            "load": meter.result,
-        }
-    return out
+            t.join()
+        wall = time.perf_counter() - t0
+    errors = [repr(r) for r in replies if not isinstance(r, Reply)]
+    done = [r for r in replies if isinstance(r, Reply)]
+    generated = sum(r.completion_tokens or len(r.chunk_times_s) for r in done)
+    return {
+        "wall_s": round(wall, 2),
+        "ttft_ms": [round(r.ttft_s * 1000, 1) for r in done],
+        "median_ttft_ms": _stats([r.ttft_s * 1000 for r in done])["median"],
+        "aggregate_tok_s": round(generated / wall, 2) if wall > 0 else None,
+        "tokens": generated,
+        "prompt_tokens": [r.prompt_tokens for r in done],
+        "cached_tokens": [r.cached_tokens for r in done],
+        "errors": errors,
+        "load": meter.result,
+    }
+
+
+def _rounds_summary(rows: list[dict]) -> dict:
+    """One server's rounds: the medians (with [min, max]) of wall, aggregate tokens/s and median TTFT; every
+    round's TTFTs, tokens and errors together; each round as measured."""
+    return {
+        "wall_s": _stats([r["wall_s"] for r in rows]),
+        "aggregate_tok_s": _stats([r["aggregate_tok_s"] for r in rows]),
+        "median_ttft_ms": _stats([r["median_ttft_ms"] for r in rows]),
+        "ttft_ms": [t for r in rows for t in r["ttft_ms"]],
+        "tokens": [r["tokens"] for r in rows],
+        "errors": [e for r in rows for e in r["errors"]],
+        "rounds": rows,
+    }
