@@ -41,6 +41,8 @@ def setups() -> dict[str, SamplingParams]:
     chat = SamplingParams(**CHAT_DEFAULTS, seed=1)
     out = {
         "greedy": SamplingParams(temperature=0.0),
+        # `bench serve` bans the end-of-generation tokens this way so that replies run to a fixed length
+        "greedy+logit_bias-3": SamplingParams(temperature=0.0, logit_bias=((0, -100.0), (2, -100.0), (4, -100.0))),
         "chat": chat,
         "temperature-1": SamplingParams(temperature=1.0, seed=1),  # the API's defaults: the whole vocabulary
         "chat+penalties": SamplingParams(**CHAT_DEFAULTS, presence_penalty=0.5, frequency_penalty=0.3, seed=1),

@@ -129,7 +129,10 @@ def render(r: dict) -> str:
     ]
     if r["peer"]["why_not"]:
         lines.append(f"llama-server: not measured ({r['peer']['why_not']})")
-    lines.append("\n(a) one stream, as a streaming client sees it (median [min-max] over runs)")
+    lines.append(
+        "\n(a) one stream, as a streaming client sees it, replies of --stream-tokens (end tokens banned);"
+        " median [min-max] over runs"
+    )
     rows = []
     for mode, by in r["one_stream"].items():
         for name, s in by.items():

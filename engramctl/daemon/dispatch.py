@@ -4,9 +4,10 @@
 
 Arguments are validated first (agent/arguments.py validate_arguments): bad ones raise ToolArgumentError and nothing
 is touched. Tools that change state (checkpoint, branch, restore, delete_checkpoint, chat) run as jobs
-on the daemon's single worker thread, in turn with generation: a checkpoint taken while a reply is
-being generated captures the state after that reply, and the conversation service's in-memory "hot"
-state is only ever touched from that thread. Read-only tools answer at once.
+on the daemon's single worker thread, between the scheduler's steps: a checkpoint taken while a reply is
+being generated pins the session's head as recorded at that moment (the reply is not in it yet), a restore
+is refused (409 session_busy) while a turn of that session runs or waits, and the conversation service's
+in-memory "hot" state is only ever touched from that thread. Read-only tools answer at once.
 
 Semantics (what an agent can rely on):
 - checkpoint pins the session's head (snapshotting it first if the session has only a transcript) and
@@ -26,10 +27,12 @@ Semantics (what an agent can rely on):
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from engramctl.agent.arguments import validate_arguments
 from engramctl.agent.tools import Tool, get_tool
+from engramctl.daemon import session_changes
 from engramctl.daemon.engram_api import restore
 from engramctl.daemon.scheduler import TurnRequest
 from engramctl.daemon.service import ChatRequest
@@ -220,7 +223,8 @@ class Dispatcher:
         rec = self._in_history(session, args["checkpoint"])
         # The service moves the head (rewinding the transcript) and loads the state into the model as
         # the session's hot state, so the next turn continues from exactly this point.
-        out = restore.restore(self.service, rec.id, session)
+        idle = functools.partial(session_changes.ensure_idle, self.daemon, change="restored")
+        out = restore.restore(self.service, rec.id, session, idle=idle)
         return {
             "session": session,
             "snapshot_id": rec.id,

@@ -29,7 +29,8 @@ def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram
     assert "measuring engramctl alone" in r.stderr
     for mode in ("greedy", "sampled"):
         ours = out["one_stream"][mode]["engramctl"]
-        assert ours["ms_per_token"]["median"] > 0 and ours["tokens"]["median"] >= 2
+        assert ours["ms_per_token"]["median"] > 0
+        assert ours["tokens"]["spread"] == [32, 32]  # --quick's stream_tokens: end tokens banned, no reply ended early
         assert "llama-server" not in out["one_stream"][mode]
     assert out["memory"]["engramctl"]["rss_bytes"] > 50 * 2**20
     turns = out["multi_turn"]["turns"]

@@ -142,3 +142,20 @@ def test_a_restore_alone_waits_for_the_running_turn_with_a_409_naming_the_sessio
         assert r.status_code == 200 and r.json()["success"] is True, r.text
         time.sleep(0.5)  # nothing records over it afterwards
         assert h.get("/v1/sessions/back").json()["head"] == first
+
+
+def test_the_agents_restore_checkpoint_tool_waits_for_the_running_turn_too(daemon):
+    oai, h = _clients(daemon)
+    with h:
+        _turn(oai, "tool", "Hello.", max_tokens=3)
+        first = h.get("/v1/sessions/tool").json()["head"]
+        stream = _long_stream(daemon, oai, "tool")
+        call = {"tool": "restore_checkpoint", "arguments": {"session": "tool", "checkpoint": first}}
+        _busy(h.post("/v1/agent/call", json=call), "tool", "restored")
+        assert h.get("/v1/sessions/tool").json()["head"] != first
+        stream.close()
+        _wait_recorded(h, "tool", 4)
+        r = h.post("/v1/agent/call", json=call)
+        assert r.status_code == 200 and r.json()["result"]["snapshot_id"] == first, r.text
+        time.sleep(0.5)
+        assert h.get("/v1/sessions/tool").json()["head"] == first

@@ -65,6 +65,7 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
     result: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}}
     try:
         say(f"starting engramctl serve on {cfg.gguf.name} ({cfg.threads} threads)")
+        ends = no_end(cfg.gguf)  # every reply of (a) and (c) runs to its max_tokens on both servers
         with daemon, httpx.Client(timeout=600.0) as client:
             status = client.get(daemon.url + "/v1/status", headers=daemon.headers).json()
             ctx = int(status.get("context_length") or 8192)
@@ -77,7 +78,9 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                 if peer:
                     peer.start()
                 say(f"(a) one stream: {cfg.runs} runs x {cfg.stream_tokens} tokens, greedy and sampled")
-                result["one_stream"] = workloads.one_stream(client, servers, cfg.runs, cfg.stream_tokens, cfg.seed)
+                result["one_stream"] = workloads.one_stream(
+                    client, servers, cfg.runs, cfg.stream_tokens, cfg.seed, ends
+                )
                 result["memory"] = {s.name: {"rss_bytes": s.rss_bytes()} for s in servers}
                 say(f"(b) a client resending its history: {cfg.turns} turns, a restart, one more")
                 result["multi_turn"] = workloads.multi_turn(client, servers, cfg.turns, cfg.turn_tokens, cfg.seed)
@@ -85,7 +88,7 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                 if peer:
                     peer.stop()
             result["concurrent"] = {}
-            full_length = {**GREEDY, **no_end(cfg.gguf)}  # (c)'s replies all run to client_tokens
+            full_length = {**GREEDY, **ends}  # (c)'s replies all run to client_tokens
             for i, n in enumerate(cfg.clients):
                 say(f"(c) {n} client(s) at once, {cfg.client_tokens} tokens each, {cfg.client_runs} round(s)")
                 peer = None

@@ -66,11 +66,16 @@ def _stats(values: Sequence[float | None]) -> dict:
     }
 
 
-def one_stream(client: httpx.Client, servers: Sequence[Server], runs: int, tokens: int, seed: int) -> dict:
-    """ms/token after the first token of one streamed reply, greedy and with chat's sampling."""
+def one_stream(
+    client: httpx.Client, servers: Sequence[Server], runs: int, tokens: int, seed: int, extra: dict | None = None
+) -> dict:
+    """ms/token after the first token of one streamed reply, greedy and with chat's sampling; `extra` goes into
+    both (the runner's: the end-of-generation tokens banned, so that every reply runs to `tokens` on both
+    servers: sampled replies that ended after 5 tokens on one and 64 on the other measured different work)."""
     messages = [{"role": "user", "content": STREAM_PROMPT}]
     out = {}
-    for mode, sampling in SAMPLINGS.items():
+    for mode, base in SAMPLINGS.items():
+        sampling = {**base, **(extra or {})}
         for s in servers:  # warm-up, not counted: first requests allocate and fill caches
             stream_chat(client, s, messages, sampling, 8, seed)
         per: dict[str, list[Reply]] = {s.name: [] for s in servers}
