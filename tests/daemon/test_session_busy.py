@@ -144,13 +144,13 @@ def test_a_restore_alone_waits_for_the_running_turn_with_a_409_naming_the_sessio
         assert h.get("/v1/sessions/back").json()["head"] == first
 
 
-def test_the_agents_restore_checkpoint_tool_waits_for_the_running_turn_too(daemon):
+def test_the_agents_restore_tool_waits_for_the_running_turn_too(daemon):
     oai, h = _clients(daemon)
     with h:
         _turn(oai, "tool", "Hello.", max_tokens=3)
         first = h.get("/v1/sessions/tool").json()["head"]
         stream = _long_stream(daemon, oai, "tool")
-        call = {"tool": "restore_checkpoint", "arguments": {"session": "tool", "checkpoint": first}}
+        call = {"tool": "restore", "arguments": {"session": "tool", "checkpoint": first}}
         _busy(h.post("/v1/agent/call", json=call), "tool", "restored")
         assert h.get("/v1/sessions/tool").json()["head"] != first
         stream.close()
