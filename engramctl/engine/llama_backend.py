@@ -301,6 +301,7 @@ class LlamaCppBackend:
             blob = self._pool.get_blob(live.cache.seq) if resident else live.cache.blob
             blob = llama_state.in_position_order(blob, self.layout, n)  # cells a batch left out of order
             layers = llama_state.parse(blob, self.layout, n)  # views of `blob`, never modified again
+            self._pool.captured(live, blob)
             state = SessionState(
                 layers=tuple(layers),
                 token_ids=tuple(live.token_ids),

@@ -54,14 +54,15 @@ from engramctl.errors import EngramError, SnapshotMismatch
 
 class ParkedState:
     """What a Live's `cache` holds here: its sequence while resident (None while parked), its state blob
-    while parked (None while resident or empty), and the capture serial of a kept state equal to its
-    state (None once it has moved on)."""
+    while parked (None while resident or empty), the capture serial of a kept state equal to its state
+    and the blob of the last capture while it is still its state (both None once it has moved on)."""
 
-    __slots__ = ("blob", "kept", "seq")
+    __slots__ = ("blob", "captured", "kept", "seq")
 
     def __init__(self, blob: bytearray | None = None, kept: int | None = None):
         self.seq: int | None = None
         self.blob, self.kept = blob, kept
+        self.captured: bytearray | None = None
 
 
 @dataclass
@@ -223,7 +224,7 @@ class SequencePool:
         """`lives` consumed tokens, so they moved past any kept state; unless one ran `alone` (after
         solo()), the new cells went wherever cells were free, beside the others'."""
         for live in lives:
-            live.cache.kept = None
+            live.cache.kept = live.cache.captured = None
         if not alone:
             self._packed = None
 
@@ -244,11 +245,19 @@ class SequencePool:
                 return self._free_seqs.pop()
         raise EngramError(f"a step of {len(keep)} conversations needs more than the context's {self.sequences}.")
 
+    def captured(self, live: Live, blob: bytearray) -> None:
+        """`blob` (never modified again) is `live`'s state as captured now: parking `live` before it steps
+        again takes it instead of a copy (a conversation idle since its reply was captured, parked when
+        another runs alone, cost a 23 MB copy on Granite-4.0-H-350M, ~60 ms in fresh pages on this VM)."""
+        _cache(live).captured = blob
+
     def _park(self, live: Live) -> None:
         parked = live.cache
         kept = self._kept.get(parked.kept)
         if kept is not None:
             parked.blob = kept.blob
+        elif parked.captured is not None:
+            parked.blob = parked.captured
         else:  # a Live that has consumed nothing has nothing to keep
             parked.blob = self.get_blob(parked.seq) if live.token_ids else None
         self._clear(parked.seq)
