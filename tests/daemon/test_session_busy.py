@@ -125,37 +125,30 @@ def test_an_engram_branch_delete_waits_for_the_branchs_running_turn(daemon):
         assert h.get(f"/v1/sessions/{branch}").status_code == 404
 
 
-def test_a_restore_alone_waits_for_the_running_turn_with_a_409_naming_the_session(daemon):
+def _engram_restore(h: httpx.Client, session: str, sid: str, done: bool) -> httpx.Response:
+    r = h.post("/restore_snapshot", json={"snapshot_id": sid, "session_name": session})
+    assert r.json()["success"] is done, r.text  # the Engram server's shape rides along, a refusal included
+    return r
+
+
+def _agent_restore(h: httpx.Client, session: str, sid: str, done: bool) -> httpx.Response:
+    r = h.post("/v1/agent/call", json={"tool": "restore", "arguments": {"session": session, "checkpoint": sid}})
+    assert not done or r.json()["result"]["snapshot_id"] == sid, r.text
+    return r
+
+
+@pytest.mark.parametrize("restore", [_engram_restore, _agent_restore], ids=["engram", "agent-tool"])
+def test_a_restore_alone_waits_for_the_running_turn_with_a_409_naming_the_session(daemon, restore):
     oai, h = _clients(daemon)
     with h:
         _turn(oai, "back", "Hello.", max_tokens=3)
         first = h.get("/v1/sessions/back").json()["head"]
         stream = _long_stream(daemon, oai, "back")
         # moving the head now would be undone when the running turn records: refused, naming the session
-        r = h.post("/restore_snapshot", json={"snapshot_id": first, "session_name": "back"})
-        _busy(r, "back", "restored")
-        assert r.json()["success"] is False
+        _busy(restore(h, "back", first, False), "back", "restored")
         assert h.get("/v1/sessions/back").json()["head"] != first  # the running turn's prompt is the head
         stream.close()
         _wait_recorded(h, "back", 4)
-        r = h.post("/restore_snapshot", json={"snapshot_id": first, "session_name": "back"})
-        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        assert restore(h, "back", first, True).status_code == 200
         time.sleep(0.5)  # nothing records over it afterwards
         assert h.get("/v1/sessions/back").json()["head"] == first
-
-
-def test_the_agents_restore_tool_waits_for_the_running_turn_too(daemon):
-    oai, h = _clients(daemon)
-    with h:
-        _turn(oai, "tool", "Hello.", max_tokens=3)
-        first = h.get("/v1/sessions/tool").json()["head"]
-        stream = _long_stream(daemon, oai, "tool")
-        call = {"tool": "restore", "arguments": {"session": "tool", "checkpoint": first}}
-        _busy(h.post("/v1/agent/call", json=call), "tool", "restored")
-        assert h.get("/v1/sessions/tool").json()["head"] != first
-        stream.close()
-        _wait_recorded(h, "tool", 4)
-        r = h.post("/v1/agent/call", json=call)
-        assert r.status_code == 200 and r.json()["result"]["snapshot_id"] == first, r.text
-        time.sleep(0.5)
-        assert h.get("/v1/sessions/tool").json()["head"] == first
