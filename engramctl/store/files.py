@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from engramctl.pidlock import try_lock
@@ -56,8 +57,9 @@ class SnapshotFiles:
     def path(self, snapshot_id: str) -> Path:
         return self.snapshots / snapshot_filename(snapshot_id)
 
-    def write(self, snapshot_id: str, buf: bytes) -> None:
-        snapshot_file.write_atomic(self.path(snapshot_id), buf)
+    def write(self, snapshot_id: str, parts: Sequence[bytes | memoryview]) -> None:
+        """The file's bytes, in parts (snapshot_file.encode_parts), written atomically."""
+        snapshot_file.write_atomic(self.path(snapshot_id), parts)
 
     def read(self, snapshot_id: str) -> Payload:
         """Read and verify (checksum, format); raises SnapshotCorrupt / SnapshotMismatch."""

@@ -33,7 +33,8 @@ log = logging.getLogger("engramctl.store")
 
 
 def checksum_of(buf: bytes) -> str | None:
-    """The checksum recorded in a snapshot file's header (bytes as produced by snapshot_file.encode)."""
+    """The checksum recorded in a snapshot file's header (the start of a file as snapshot_file.encode and
+    encode_parts' first part give it: the length-prefixed header)."""
     (n,) = struct.unpack("<Q", buf[:8])
     return json.loads(buf[8 : 8 + n])["__metadata__"].get("checksum")
 

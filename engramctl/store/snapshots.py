@@ -125,11 +125,11 @@ class Snapshots:
         if payload is None:
             return  # deleted before it was written
         try:
-            buf = snapshot_file.encode(*payload)
+            head, data = snapshot_file.encode_parts(*payload)  # written in turn: no joined copy of the tensors
         except Exception as e:
             return self._abandon(sid, f"could not encode it ({e})")
         crash_point("write.encoded")
-        need = len(buf)
+        need = len(head) + len(data)
         with c.lock:
             if sid not in c.pending:
                 return
@@ -142,7 +142,7 @@ class Snapshots:
                 )
             c.disk_reserved += need
         try:
-            c.files.write(sid, buf)
+            c.files.write(sid, (head, data))
         except OSError as e:
             with c.lock:
                 c.disk_reserved -= need
@@ -153,7 +153,7 @@ class Snapshots:
             if sid not in c.pending or c.index.snapshot(sid) is None:
                 c.files.unlink(sid)  # deleted while being written
                 return
-            c.index.update_snapshot(sid, durable=1, nbytes=need, checksum=checksum_of(buf))
+            c.index.update_snapshot(sid, durable=1, nbytes=need, checksum=checksum_of(head))
             del c.pending[sid]
             c.placement.release(sid)
             crash_point("write.indexed")

@@ -88,5 +88,5 @@ def test_the_seam_answers_alike_for_both_kinds():
 def test_token_ids_read_without_torch_from_either_writer(tmp_path):
     files = SnapshotFiles(tmp_path)
     for sid, backend in (("0" * 32, "llama.cpp"), ("1" * 32, "transformers")):
-        files.write(sid, snapshot_file.encode(_numpy_payload(), {**META, "backend": backend}))
+        files.write(sid, snapshot_file.encode_parts(_numpy_payload(), {**META, "backend": backend}))
         assert files.token_ids(sid) == [5, 6, 7]
