@@ -120,9 +120,8 @@ def targets(result: dict) -> list[dict]:
     """Each target with its measured value and whether it is met (None: nothing to compare with)."""
     out = []
     for mode, by in result.get("one_stream", {}).items():
-        ours = by.get("engramctl", {}).get("ms_per_token", {}).get("median")
-        theirs = by.get("llama-server", {}).get("ms_per_token", {}).get("median")
-        r = _ratio(ours, theirs)
+        ours, theirs = by.get("engramctl", {}), by.get("llama-server", {})
+        r = _ratio(_median(ours, "ms_per_token"), _median(theirs, "ms_per_token"))
         out.append(
             _target(
                 f"one stream, {mode}: ms/token vs llama-server",
