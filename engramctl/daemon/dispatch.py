@@ -27,7 +27,6 @@ Semantics (what an agent can rely on):
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import Any
 
 from engramctl.agent.arguments import validate_arguments
@@ -223,8 +222,7 @@ class Dispatcher:
         rec = self._in_history(session, args["checkpoint"])
         # The service moves the head (rewinding the transcript) and loads the state into the model as
         # the session's hot state, so the next turn continues from exactly this point.
-        idle = functools.partial(session_changes.ensure_idle, self.daemon, change="restored")
-        out = restore.restore(self.service, rec.id, session, idle=idle)
+        out = restore.restore(self.service, rec.id, session, idle=session_changes.restore_check(self.daemon))
         return {
             "session": session,
             "snapshot_id": rec.id,

@@ -11,7 +11,8 @@ as one job on the worker, between two steps, where no turn can start or end in b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, Callable
 
 from engramctl.errors import SessionBusy
 
@@ -30,6 +31,11 @@ def ensure_idle(d: Daemon, session: str, change: str) -> None:
             f"session {session!r} has a turn {state}; it cannot be {change} until that turn ends.",
             hint="wait for the reply to finish (or cancel it), then retry",
         )
+
+
+def restore_check(d: Daemon) -> Callable[[str], None]:
+    """What restore.restore calls (its `idle`) before a restore alone moves a session's head: ensure_idle."""
+    return functools.partial(ensure_idle, d, change="restored")
 
 
 def delete(d: Daemon, session: str) -> list[str]:

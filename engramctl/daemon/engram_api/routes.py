@@ -12,7 +12,6 @@ terms (answers.py)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -97,7 +96,7 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
 
     def run(job):
         then = None if ids is None else token_turn(d.service, ids, params, job.emit, job.cancel)
-        idle = functools.partial(session_changes.ensure_idle, d, change="restored")
+        idle = session_changes.restore_check(d)
         out = restore.restore(d.service, ref, session, continuation, params, job.emit, job.cancel, then=then, idle=idle)
         if isinstance(out, Restored):
             r = out
