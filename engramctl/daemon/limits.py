@@ -33,6 +33,9 @@ class BodyLimitMiddleware:
                     return await self._refuse(scope, send, "the Content-Length header is not a number.", 400)
                 if declared > limit:
                     return await self._refuse(scope, send, self._message(declared, limit))
+                # The HTTP parser reads exactly the declared length: nothing to count, and the response's
+                # messages (a token each, streamed) go straight through
+                return await self.app(scope, receive, send)
         seen = 0
         started = False
 

@@ -36,6 +36,8 @@ from engramctl.daemon.worker import Job
 from engramctl.engine.logprobs import TokenLogprob
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_JSON = json.JSONEncoder(ensure_ascii=False)  # made once: json.dumps(..., ensure_ascii=False) makes one a call
+_TEXT = "\x00engram-text\x00"  # stands for a chunk's text while its JSON is made once (encoded as \u0000...)
 
 
 class ClientGone(Cancelled):
@@ -95,6 +97,7 @@ class Completion:
         self.model = model
         self.fingerprint = f"fp_{fingerprint[:12]}"
         self.logprobs = logprobs
+        self._text_sse: list[str] | None = None  # a text chunk's event around its text: [head, tail]
 
     def logprobs_json(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
         """A choice's `logprobs`: null when not asked for, or for a chunk that covers no token (None)."""
@@ -138,6 +141,17 @@ class Completion:
             **extra,
         }
 
+    def text_sse(self, text: str, entries: Sequence[TokenLogprob] = ()) -> str:
+        """sse(self.chunk({"content": text}, entries=entries)). A stream sends one such event a token, and only
+        the text changes while no logprobs are asked for: the rest of its JSON is made once (issue 18: the
+        event loop's CPU a streamed token)."""
+        if self.logprobs is not None:
+            return sse(self.chunk({"content": text}, entries=entries))
+        if self._text_sse is None:
+            self._text_sse = sse(self.chunk({"content": _TEXT})).split(_JSON.encode(_TEXT))
+        head, tail = self._text_sse
+        return head + _JSON.encode(text) + tail
+
     def usage_chunk(self, usage: dict | None = None, **extra: Any) -> dict[str, Any]:
         """A chunk with no choices: the usage (when asked for) and/or the `engram` object of a recorded turn."""
         return {
@@ -153,7 +167,7 @@ class Completion:
 
 
 def sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {_JSON.encode(obj)}\n\n"
 
 
 async def first_event(job: Job, request: Request) -> tuple[str, Any]:
@@ -194,7 +208,7 @@ async def _events(job: Job, completion: Completion, start: TurnResult, include_u
             if kind == "piece":
                 entries = getattr(value, "logprobs", ())
                 sent += len(entries)
-                yield sse(completion.chunk({"content": str(value)}, entries=entries))
+                yield completion.text_sse(str(value), entries)
             elif kind in ("finish", "done") and not finished:
                 finished = True
                 r: TurnResult = value

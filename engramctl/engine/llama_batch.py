@@ -41,7 +41,13 @@ class Batch:
             logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
         )
         self._lib = lib
-        self._row = ctypes.c_float * n_vocab  # one row of logits, as a type made once
+        self._n_vocab = n_vocab
+        # llama_get_logits_ith with a plain address for its result: llama-cpp-python's binding returns a
+        # POINTER(c_float), and turning that into an array cost ~50 us a token in the daemon (issue 18)
+        self._logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
+            ("llama_get_logits_ith", lib.llama_cpp._lib)
+        )
+        self._views: dict[int, np.ndarray] = {}  # address -> a numpy view of the row there
 
     def fill(self, pieces: Sequence[tuple[int, int, Sequence[int]]]) -> list[int]:
         """pieces: (sequence id, position of its first token, token ids), at most `capacity` tokens in all.
@@ -68,8 +74,15 @@ class Batch:
 
     def logits_of(self, ctx, row: int) -> np.ndarray:
         """A copy of the logits llama.cpp computed at batch row `row` (vocab,) float32."""
-        ptr = self._lib.llama_get_logits_ith(ctx, row)
-        if not ptr:
+        address = self._logits_ith(ctx, row)
+        if not address:
             raise EngramError(f"llama.cpp has no logits for batch row {row}: {take_errors() or 'see the log'}")
-        view = np.frombuffer(self._row.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
+        view = self._views.get(address)
+        if view is None:
+            # Rows sit at a few addresses in llama.cpp's output buffer (one per output row; new ones when it
+            # grows): a view made once per address, each read only right after the decode that wrote it.
+            if len(self._views) >= 4 * self.capacity:
+                self._views.clear()
+            buf = (ctypes.c_float * self._n_vocab).from_address(address)
+            view = self._views[address] = np.frombuffer(buf, dtype=np.float32)
         return view.copy()
