@@ -295,3 +295,44 @@ def test_a_sampler_penalises_what_it_accepted_and_never_an_end_of_turn_id():
     sampler.accept(first)
     assert sampler.recent() == [0, 1]
     assert sampler.pick(logits) == 2  # 2.0 / 2 = 1.0 < 1.9: the accepted token lost its lead
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    logits=st.lists(st.floats(width=32), min_size=8, max_size=8),  # NaN, infinities, denormals and -0.0 included
+    recent=st.lists(st.integers(0, 9), max_size=12),  # 8 and 9 are past the logits
+    repeat_penalty=st.sampled_from([1.0, 1.1, 0.7, 2.0, 5e-324]),
+    presence=st.sampled_from([0.0, 0.5, -2.0]),
+    frequency=st.sampled_from([0.0, 0.25, 2.0]),
+    bias=st.lists(st.tuples(st.integers(0, 9), st.floats(-100, 100)), max_size=3, unique_by=lambda b: b[0]),
+)
+def test_the_scores_the_penalties_change_are_float64_array_arithmetic(
+    logits, recent, repeat_penalty, presence, frequency, bias
+):
+    """sampling._changed works in Python floats; the same rules on float64 arrays give the same bits."""
+    from collections import Counter
+
+    from engramctl.engine.sampling import _changed
+
+    values = np.array(logits, dtype=np.float32)
+    params = SamplingParams(
+        repeat_penalty=repeat_penalty, presence_penalty=presence, frequency_penalty=frequency, logit_bias=tuple(bias)
+    )
+    s = values.astype(np.float64)
+    counts = Counter(t for t in recent if t < 8) if params.penalizes else Counter()
+    if counts:
+        tokens = np.array(list(counts), dtype=np.int64)
+        times = np.array(list(counts.values()), dtype=np.float64)
+        seen = s[tokens]
+        with np.errstate(all="ignore"):
+            if repeat_penalty != 1.0:
+                seen = np.where(seen > 0, seen / repeat_penalty, seen * repeat_penalty)
+            s[tokens] = seen - times * frequency - presence
+    inside = [(t, b) for t, b in bias if t < 8]
+    with np.errstate(all="ignore"):
+        for t, b in inside:
+            s[t] += b
+    expected = {t: s[t] for t in set(counts) | {t for t, _ in inside}}
+    got = _changed(values, params, recent)
+    assert got.keys() == expected.keys()
+    assert np.array(list(got.values())).tobytes() == np.array([expected[t] for t in got]).tobytes()
