@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from engramctl.daemon.context import Daemon
+from engramctl.daemon.json_frame import Frame, slot
 from engramctl.daemon.turn_json import engram_json, finish_reason
 from engramctl.daemon.turn_result import TurnResult
 
@@ -43,6 +44,7 @@ class Answer:
     model: str
     chat: bool
     started_ns: int = field(default_factory=time.perf_counter_ns)
+    _piece_frame: Frame | None = field(default=None, init=False, repr=False)
 
     def _base(self, done: bool) -> dict[str, Any]:
         return {"model": self.model, "created_at": now_iso(), "done": done}
@@ -52,6 +54,13 @@ class Answer:
 
     def piece(self, text: str) -> dict[str, Any]:
         return {**self._base(False), **self._text(text)}
+
+    def piece_line(self, text: str) -> str:
+        """The NDJSON line of piece(text). A stream sends one a token, and only its time and text change: the
+        rest of its JSON is made once (json_frame.py)."""
+        if self._piece_frame is None:
+            self._piece_frame = Frame({**self._base(False), "created_at": slot(0), **self._text(slot(1))})
+        return self._piece_frame.fill(now_iso(), text) + "\n"
 
     def final(self, r: TurnResult, text: str = "") -> dict[str, Any]:
         """The last object: `text` is the whole reply when not streaming (a stream sent it piece by piece);

@@ -13,7 +13,6 @@ it back continues from that state. Both stream NDJSON unless `stream` is false.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
@@ -22,6 +21,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from engramctl.daemon import prompts
 from engramctl.daemon.context import Daemon, daemon_of
 from engramctl.daemon.errors import body_for
+from engramctl.daemon.json_frame import encode
 from engramctl.daemon.ollama_answers import OLLAMA_API_VERSION, Answer, model_entry, running_entry, show
 from engramctl.daemon.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
 from engramctl.daemon.scheduler import TurnRequest
@@ -139,7 +139,7 @@ async def _answer(d: Daemon, request: Request, job, answer: Answer, stream: bool
 
 
 def _line(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False) + "\n"
+    return encode(obj) + "\n"
 
 
 async def _lines(job, answer: Answer) -> AsyncIterator[str]:
@@ -147,7 +147,7 @@ async def _lines(job, answer: Answer) -> AsyncIterator[str]:
         while True:
             kind, value = await job.events.get()
             if kind == "piece":
-                yield _line(answer.piece(value))
+                yield answer.piece_line(value)
             elif kind == "done":
                 yield _line(answer.final(value, ""))
                 return

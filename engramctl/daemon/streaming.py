@@ -20,7 +20,6 @@ session, prompt too long, queue full) still gets its own HTTP status instead of 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from typing import Any, AsyncIterator, Sequence
@@ -29,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from engramctl.daemon.errors import Cancelled, body_for
+from engramctl.daemon.json_frame import Frame, encode, slot
 from engramctl.daemon.logprobs_json import LogprobText
 from engramctl.daemon.turn_json import engram_json, finish_reason, usage_json
 from engramctl.daemon.turn_result import TurnResult
@@ -36,8 +36,6 @@ from engramctl.daemon.worker import Job
 from engramctl.engine.logprobs import TokenLogprob
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_JSON = json.JSONEncoder(ensure_ascii=False)  # made once: json.dumps(..., ensure_ascii=False) makes one a call
-_TEXT = "\x00engram-text\x00"  # stands for a chunk's text while its JSON is made once (encoded as \u0000...)
 
 
 class ClientGone(Cancelled):
@@ -97,7 +95,7 @@ class Completion:
         self.model = model
         self.fingerprint = f"fp_{fingerprint[:12]}"
         self.logprobs = logprobs
-        self._text_sse: list[str] | None = None  # a text chunk's event around its text: [head, tail]
+        self._text_frame: Frame | None = None  # a text chunk's JSON, made once
 
     def logprobs_json(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
         """A choice's `logprobs`: null when not asked for, or for a chunk that covers no token (None)."""
@@ -143,14 +141,12 @@ class Completion:
 
     def text_sse(self, text: str, entries: Sequence[TokenLogprob] = ()) -> str:
         """sse(self.chunk({"content": text}, entries=entries)). A stream sends one such event a token, and only
-        the text changes while no logprobs are asked for: the rest of its JSON is made once (issue 18: the
-        event loop's CPU a streamed token)."""
+        the text changes while no logprobs are asked for: the rest of its JSON is made once (json_frame.py)."""
         if self.logprobs is not None:
             return sse(self.chunk({"content": text}, entries=entries))
-        if self._text_sse is None:
-            self._text_sse = sse(self.chunk({"content": _TEXT})).split(_JSON.encode(_TEXT))
-        head, tail = self._text_sse
-        return head + _JSON.encode(text) + tail
+        if self._text_frame is None:
+            self._text_frame = Frame(self.chunk({"content": slot(0)}))
+        return f"data: {self._text_frame.fill(text)}\n\n"
 
     def usage_chunk(self, usage: dict | None = None, **extra: Any) -> dict[str, Any]:
         """A chunk with no choices: the usage (when asked for) and/or the `engram` object of a recorded turn."""
@@ -167,7 +163,7 @@ class Completion:
 
 
 def sse(obj: Any) -> str:
-    return f"data: {_JSON.encode(obj)}\n\n"
+    return f"data: {encode(obj)}\n\n"
 
 
 async def first_event(job: Job, request: Request) -> tuple[str, Any]:
