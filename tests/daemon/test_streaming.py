@@ -21,13 +21,21 @@ class _Bytes:
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_a_text_event_is_the_chunk_it_stands_for(text):
-    completion = Completion("m", "0123456789abcdef")
+@pytest.mark.parametrize("kind", ["chat", "text"])
+def test_a_text_event_is_the_chunk_it_stands_for(text, kind):
+    """Chat completions' chunks, and /v1/completions' text_completion chunks (its Completion subclass)."""
+    from engramctl.daemon.routes_completions import TextCompletion
+
+    completion = Completion("m", "0123456789abcdef") if kind == "chat" else TextCompletion("m", "0123", echo="Say")
     for _ in range(2):  # the first call makes the event's frame; the second reuses it
         assert completion.text_sse(text) == sse(completion.chunk({"content": text}))
     event = completion.text_sse(text)
     assert event.startswith("data: ") and event.endswith("\n\n")
-    assert json.loads(event[6:])["choices"][0]["delta"] == {"content": text}
+    choice = json.loads(event[6:])["choices"][0]
+    if kind == "chat":
+        assert choice["delta"] == {"content": text}
+    else:
+        assert choice["text"] == text and choice["finish_reason"] is None
 
 
 def test_a_text_event_with_logprobs_carries_them():
