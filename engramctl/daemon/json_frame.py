@@ -1,7 +1,7 @@
 """The JSON text of an object a stream sends once a token, of which only a few strings change.
 
 A streamed reply is one event a token (an OpenAI SSE chunk, an Ollama NDJSON line); building its dict and
-encoding it whole each time cost the event loop ~30-75 us of CPU a token (issue 18: with the caches a decode
+encoding it whole each time cost the event loop ~30-45 us of CPU a token (issue 18: with the caches a decode
 leaves cold, every Python operation counts). A Frame encodes the object once with placeholders where the
 changing strings go, and then encodes only those:
 

@@ -43,7 +43,7 @@ class Batch:
         self._lib = lib
         self._n_vocab = n_vocab
         # llama_get_logits_ith with a plain address for its result: llama-cpp-python's binding returns a
-        # POINTER(c_float), and turning that into an array cost ~50 us a token in the daemon (issue 18)
+        # POINTER(c_float), and turning that into an array cost ~25 us a token in the daemon (issue 18)
         self._logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
             ("llama_get_logits_ith", lib.llama_cpp._lib)
         )
