@@ -59,7 +59,7 @@ class Answer:
         """The NDJSON line of piece(text). A stream sends one a token, and only its time and text change: the
         rest of its JSON is made once (json_frame.py)."""
         if self._piece_frame is None:
-            self._piece_frame = Frame({**self._base(False), "created_at": slot(0), **self._text(slot(1))})
+            self._piece_frame = Frame({**self.piece(slot(1)), "created_at": slot(0)})
         return self._piece_frame.fill(now_iso(), text) + "\n"
 
     def final(self, r: TurnResult, text: str = "") -> dict[str, Any]:

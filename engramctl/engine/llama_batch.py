@@ -40,7 +40,6 @@ class Batch:
             seq_id=self._seq_ptrs.ctypes.data_as(ctypes.POINTER(i32)),
             logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
         )
-        self._lib = lib
         self._n_vocab = n_vocab
         # llama_get_logits_ith with a plain address for its result: llama-cpp-python's binding returns a
         # POINTER(c_float), and turning that into an array cost ~25 us a token in the daemon (issue 18)
