@@ -114,41 +114,64 @@ def _choose(
 def _greedy_biased(values: np.ndarray, logit_bias: tuple[tuple[int, float], ...]) -> int:
     """The token the general path picks at temperature 0 with logit_bias and no penalty (the first maximum of
     the biased float64 scores), found without scoring the vocabulary: the best unbiased logit against each
-    biased one. -1 where a non-finite value is involved: the general path decides those."""
+    biased one, those few as Python floats (IEEE doubles, as the general path's float64). -1 where a
+    non-finite value is involved: the general path decides those."""
     n = values.size
-    bias = [(t, b) for t, b in logit_bias if 0 <= t < n]  # an id past the logits is the route's to refuse
-    if not bias:
-        return int(values.argmax())
-    ids = np.fromiter((t for t, _ in bias), dtype=np.int64, count=len(bias))
-    biased = values[ids].astype(np.float64) + np.fromiter((b for _, b in bias), dtype=np.float64, count=len(bias))
+    ids = [t for t, _ in logit_bias if 0 <= t < n]  # distinct; an id past the logits is the route's to refuse
     best = int(values.argmax())  # the first maximum: the best unbiased logit too unless it is a biased id
-    if any(t == best for t, _ in bias):
+    if not ids:
+        return best
+    biased = {t: x + b for t, x, b in zip(ids, values[ids].tolist(), (b for t, b in logit_bias if 0 <= t < n))}
+    if best in biased:
         rest = values.copy()
         rest[ids] = -np.inf
-        best = int(rest.argmax()) if len(bias) < n else -1
+        best = int(rest.argmax()) if len(ids) < n else -1
     top = float(values[best]) if best >= 0 else -math.inf
-    if (best >= 0 and not math.isfinite(top)) or not np.isfinite(biased).all():
+    if (best >= 0 and not math.isfinite(top)) or not all(map(math.isfinite, biased.values())):
         return -1
-    winner = float(biased.max())
+    winner = max(biased.values())
     if best >= 0 and top >= winner:  # the lower id wins a tie, as argmax's first maximum
-        tied = ids[biased == top]
-        return best if top > winner or not tied.size else min(best, int(tied.min()))
-    return int(ids[biased == winner].min())
+        return min([best] + [t for t, x in biased.items() if x == top])
+    return min(t for t, x in biased.items() if x == winner)
 
 
 def _draw(s: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """A position of `s` (float64 scores over the temperature, best exactly 0) drawn after min-p, top-k, top-p."""
+    if params.top_k and params.top_k < s.size:
+        pos = _best(s, params.top_k)  # best first: what min-p and top-p keep of it is a prefix
+        return int(pos[_draw_few(s[pos].tolist(), params, rng)])
     pos = None  # positions in s of the scores kept, when a cut-off chose some
     if params.min_p > 0:
         # min-p: a token stays when its probability is at least min_p times the best one's (whose score is 0)
         s = np.where(s >= math.log(params.min_p), s, -math.inf)
-    if params.top_k and params.top_k < s.size:
-        pos = _best(s, params.top_k)  # sorted: top-p below then sorts k scores, not the vocabulary
-        s = s[pos]
     if params.top_p < 1.0:
-        pos, s = _nucleus(s, pos, params.top_p)
+        pos, s = _nucleus(s, params.top_p)
     at = _pick(s, rng)
     return at if pos is None else int(pos[at])
+
+
+def _draw_few(s: list[float], params: SamplingParams, rng: np.random.Generator) -> int:
+    """_draw on the top-k scores, best first, as Python floats: over k of them the ~20 numpy calls of min-p,
+    top-p and the draw cost ~10 us each with the caches a decode leaves cold (`chat`'s top_k 40). The same rules;
+    math.exp and sequential sums may round a probability's last bit differently from numpy's exp and pairwise
+    sums, so a seed drawn exactly on a boundary between two tokens may take the other one."""
+    if params.min_p > 0:  # the best (0) stays: log(min_p) <= 0
+        floor = math.log(params.min_p)
+        s = [x for x in s if x >= floor]
+    probs = [math.exp(x) for x in s]  # the best's is 1
+    if params.top_p < 1.0:  # a token stays while the ones before it cover less than top_p; the first always
+        total, covered = sum(probs), 0.0
+        for i, p in enumerate(probs):
+            if i and not covered / total < params.top_p:
+                probs = probs[:i]
+                break
+            covered += p
+    target, cum = rng.random() * sum(probs), 0.0
+    for i, p in enumerate(probs):
+        cum += p
+        if cum > target:  # never a token of probability 0
+            return i
+    return max(i for i, p in enumerate(probs) if p > 0)  # target rounded up to the total
 
 
 _BLOCK = 1024  # scores drawn from in one cumulative sum; more are drawn block by block
@@ -182,26 +205,24 @@ def _best(s: np.ndarray, k: int) -> np.ndarray:
     return pos[np.lexsort((pos, -s[pos]))]
 
 
-def _nucleus(s: np.ndarray, pos: np.ndarray | None, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+def _nucleus(s: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
     """Keep a token while the tokens before it (best first) cover less than top_p of the probability; the
-    first one always stays. Returns (positions in the caller's s, their scores). Sorting only what can be in
-    the nucleus: the best 64 scores, then 4x as many until they reach top_p (the vocabulary at worst)."""
+    first one always stays. Returns (positions in s, their scores). Sorting only what can be in the nucleus:
+    the best 64 scores, then 4x as many until they reach top_p (the vocabulary at worst)."""
     # over a whole vocabulary, as _pick: exp in float32, summed in float64
-    total = float(np.exp(s.astype(np.float32)).sum(dtype=np.float64)) if pos is None else None
-    ordered = pos is not None  # s is the top-k's: already best first
-    k = s.size if ordered else min(64, s.size)
+    total = float(np.exp(s.astype(np.float32)).sum(dtype=np.float64))
+    k = min(64, s.size)
     while True:
-        at = np.arange(s.size) if ordered else _best(s, k)
-        probs = np.exp(s[at])
-        probs /= probs.sum() if total is None else total
+        at = _best(s, k)
+        probs = np.exp(s[at]) / total
         covered = np.cumsum(probs) - probs
         keep = covered < top_p
-        if ordered or k == s.size or not keep[-1]:
+        if k == s.size or not keep[-1]:
             break
         k = min(4 * k, s.size)
     keep[0] = True  # said, not derived: a top_p of 5e-324 compares as 0 < 0
     at = at[keep]
-    return (at if pos is None else pos[at]), s[at]
+    return at, s[at]
 
 
 def _numpy(logits: Any) -> np.ndarray:
@@ -263,12 +284,12 @@ def _changed(values: np.ndarray, params: SamplingParams, recent: Sequence[int]) 
     out: dict[int, float] = {}
     if params.penalizes:
         rp, fp, pp = params.repeat_penalty, params.frequency_penalty, params.presence_penalty
-        counts = Counter(t for t in recent if 0 <= t < n)
-        if counts:
-            for t, x, times in zip(counts, values[list(counts)].tolist(), counts.values()):
-                if rp != 1.0:  # llama.cpp's rule: a positive logit is divided by the penalty, a negative one multiplied
-                    x = x / rp if x > 0 else x * rp
-                out[t] = x - times * fp - pp  # OpenAI's rule: minus fp per occurrence, minus pp once
+        counts = Counter(recent)
+        ids = [t for t in counts if 0 <= t < n]
+        for t, x in zip(ids, values[ids].tolist()):
+            if rp != 1.0:  # llama.cpp's rule: a positive logit is divided by the penalty, a negative one multiplied
+                x = x / rp if x > 0 else x * rp
+            out[t] = x - counts[t] * fp - pp  # OpenAI's rule: minus fp per occurrence, minus pp once
     bias = [(t, b) for t, b in params.logit_bias if 0 <= t < n]  # distinct ids; one past the logits is the route's
     if bias:
         for (t, b), x in zip(bias, values[[t for t, _ in bias]].tolist()):

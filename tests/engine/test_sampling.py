@@ -336,3 +336,23 @@ def test_the_scores_the_penalties_change_are_float64_array_arithmetic(
     got = _changed(values, params, recent)
     assert got.keys() == expected.keys()
     assert np.array(list(got.values())).tobytes() == np.array([expected[t] for t in got]).tobytes()
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(
+    rest=st.lists(st.one_of(st.floats(-40, 0), st.just(-math.inf)), max_size=63),
+    top_p=st.sampled_from([1.0, 0.95, 0.9, 0.5, 5e-324]),
+    min_p=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_drawing_from_the_top_k_in_python_floats_follows_the_array_rules(rest, top_p, min_p, seed):
+    """sampling._draw_few (the top-k's min-p, top-p and draw on Python floats) takes the token the numpy path
+    takes on the same scores (best first, the best exactly 0, -inf where a tiny temperature sent them)."""
+    from engramctl.engine import sampling
+
+    s = [0.0] + sorted(rest, reverse=True)
+    params = SamplingParams(temperature=1.0, top_p=top_p, min_p=min_p)  # top_k 0: _draw's array path
+    few = sampling._draw_few(s, params, np.random.default_rng(seed))
+    with np.errstate(all="ignore"):
+        full = sampling._draw(np.array(s), params, np.random.default_rng(seed))
+    assert few == full
