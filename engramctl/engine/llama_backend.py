@@ -31,6 +31,7 @@ from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, context_params,
 from engramctl.engine.llama_layout import blob_layout
 from engramctl.engine.llama_lib import import_llama_cpp, library_version, n_cpu_threads, take_errors
 from engramctl.engine.llama_pool import ParkedState, SequencePool
+from engramctl.engine.llama_threadpool import ThreadPool
 from engramctl.errors import (
     Cancelled,
     ContextOverflow,
@@ -106,10 +107,12 @@ class LlamaCppBackend:
             )
         self._pool = SequencePool(lib, self._ctx, n_ctx, self.max_sequences, size.kept_max, layout.has_kv)
         self.n_ctx = n_ctx
+        threadpool = ThreadPool.attach(lib, self._ctx, threads)  # one for the context's life, not one a token
         # The model is freed after the last of this backend and its tokenizer (which reads its vocabulary)
-        # is gone; the context with the backend, always before the model (the finalizer holds it).
+        # is gone; the context with the backend, always before the model (the finalizer holds it), and the
+        # thread pool after the context that runs on it.
         model = _ModelHandle(lib, self._model)
-        self._finalizer = weakref.finalize(self, _free, lib, model, self._ctx)
+        self._finalizer = weakref.finalize(self, _free, lib, model, self._ctx, threadpool)
 
         template = lib.llama_model_chat_template(self._model, None)
         self.tokenizer = GgufTokenizer(
@@ -373,7 +376,9 @@ class _ModelHandle:
         weakref.finalize(self, lib.llama_model_free, ptr)
 
 
-def _free(lib, model: _ModelHandle, ctx) -> None:
+def _free(lib, model: _ModelHandle, ctx, threadpool: ThreadPool | None) -> None:
     del model  # held only so that it outlives the context
     if ctx:
         lib.llama_free(ctx)
+    if threadpool is not None:
+        threadpool.free()
