@@ -6,11 +6,13 @@
 
 It is what a llama.cpp example program does through the low-level C API, nothing more: its own model
 (the same file, memory-mapped the same way) and context (the same n_ctx, n_batch = n_ubatch, threads and
-flash attention as the backend), `llama_batch_get_one` batches (positions and the last-token logits are
-llama.cpp's defaults), argmax over the logits in place with numpy. No sessions, no state capture, no
-torch, no tokenizer: every millisecond engramctl spends above this is engramctl's own overhead.
-`llama_cpp.Llama` is not used on purpose: its eval copies each token's logits into its `scores` array
-and its sampler chain costs more than argmax, so it would be a slower, more flattering reference.
+flash attention as the backend, and one ggml thread pool kept for the context's life, as llama.cpp's own
+programs attach through common.cpp and the backend does: engine/llama_threadpool.py), `llama_batch_get_one`
+batches (positions and the last-token logits are llama.cpp's defaults), argmax over the logits in place
+with numpy. No sessions, no state capture, no torch, no tokenizer: every millisecond engramctl spends
+above this is engramctl's own overhead. `llama_cpp.Llama` is not used on purpose: its eval copies each
+token's logits into its `scores` array and its sampler chain costs more than argmax, so it would be a
+slower, more flattering reference.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class RawLlama:
 
         from engramctl.engine.llama_context import ContextSize, context_params
         from engramctl.engine.llama_lib import import_llama_cpp, take_errors
+        from engramctl.engine.llama_threadpool import ThreadPool
 
         lib = self._lib = import_llama_cpp()
         self._np = np
@@ -35,7 +38,7 @@ class RawLlama:
         mparams.load_mode = lib.LLAMA_LOAD_MODE_MMAP  # as the backend loads it
         mparams.n_gpu_layers = 0
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
-        self._ctx = None
+        self._ctx = self._threadpool = None
         if not self._model:
             raise UnsupportedModel(f"raw llama.cpp could not load {Path(path).name}: {take_errors() or 'see the log'}")
         cparams = context_params(lib, ContextSize(n_ctx, sequences=1, kept_max=0), n_batch, threads)  # as the backend
@@ -43,6 +46,7 @@ class RawLlama:
         if not self._ctx:
             self.close()
             raise UnsupportedModel(f"raw llama.cpp could not create a context: {take_errors() or 'see the log'}")
+        self._threadpool = ThreadPool.attach(lib, self._ctx, threads)
         self._mem = lib.llama_get_memory(self._ctx)
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model)))
         self._one = (lib.llama_token * 1)()
@@ -96,6 +100,9 @@ class RawLlama:
         if self._ctx:
             self._lib.llama_free(self._ctx)
             self._ctx = None
+        if self._threadpool is not None:  # after the context that ran on it
+            self._threadpool.free()
+            self._threadpool = None
         if self._model:
             self._lib.llama_model_free(self._model)
             self._model = None

@@ -7,10 +7,12 @@
 Without an attached pool, ggml-cpu (built without OpenMP, as engramctl builds it: docs/llama-threads.md) makes a
 "disposable" pool for every graph it computes: `ggml_graph_compute` starts threads - 1 new threads and joins
 them at the end, once per llama_decode, so once per generated token. llama-server keeps one pool (common.cpp's
-common_threadpools) or an OpenMP team for its life. Measured on SmolLM2-135M Q4_1, 2 threads, one-token decodes
-on a worker thread with ~0.3 ms of Python between them, kept and disposable pools alternated token by token
-(scratch script, four runs): the kept pool 2-3% faster a token (ratios 0.968-0.991). Same threads, same split of
-the work, so the same bits (tests/engine/test_llama_threadpool.py).
+common_threadpools) or an OpenMP team for its life. What a kept pool saves is the start and join, ~0.05 ms a
+decode on this 2-core VM: scripts/bench_threadpool.py (kept and per-graph alternated token by token, on a worker
+thread) gave 0.333 against 0.382 ms a token on the tiny preset, 0.992-0.993x on SmolLM2 Q4_1 and 0.997x on the
+350M preset; through the daemon, SmolLM2 streamed at 0.984x (greedy) and 0.986x (sampled) of a daemon without
+it (docs/llama-threads.md). Same threads, same split of the work, so the same bits
+(tests/engine/test_llama_threadpool.py).
 
 `poll` 0: between graphs the pool's threads sleep on a condition variable instead of spinning (ggml's default,
 50, busy-waits ~6.5M rounds after each graph): on 2 cores a spinning thread takes the core that the event loop

@@ -78,11 +78,12 @@ def test_speed_has_the_raw_reference_and_the_ratios(llama_run):
     raw = sp["raw_llama_cpp"]["settings"]
     assert raw["n_batch"] == raw["n_ubatch"] and raw["threads"] == report["model"]["threads"]
     r = sp["ratios"]
+    # ratios are reported to 3 decimals: within 5e-4 of the figures' own ratio, whatever its size
     assert r["decode_vs_raw_llama_cpp"] == pytest.approx(
-        sp["engramctl"]["decode_ms_per_token"] / sp["raw_llama_cpp"]["decode_ms_per_token"], rel=1e-2
+        sp["engramctl"]["decode_ms_per_token"] / sp["raw_llama_cpp"]["decode_ms_per_token"], rel=1e-2, abs=5e-4
     )
     assert r["prefill_vs_raw_llama_cpp"] == pytest.approx(
-        sp["engramctl"]["prefill_ms"] / sp["raw_llama_cpp"]["prefill_ms"], rel=1e-2
+        sp["engramctl"]["prefill_ms"] / sp["raw_llama_cpp"]["prefill_ms"], rel=1e-2, abs=5e-4
     )
     assert isinstance(r["decode_speedup_vs_transformers"], NUM)
     t = report["targets"]
