@@ -12,7 +12,7 @@ decode on this 2-core VM: scripts/bench_threadpool.py (kept and per-graph altern
 thread) gave 0.333 against 0.382 ms a token on the tiny preset, 0.992-0.993x on SmolLM2 Q4_1 and 0.997x on the
 350M preset; through the daemon, SmolLM2 streamed at 0.984x (greedy) and 0.986x (sampled) of a daemon without
 it (docs/llama-threads.md). Same threads, same split of the work, so the same bits
-(tests/engine/test_llama_threadpool.py).
+(tests/engine/test_llama_threads.py).
 
 `poll` 0: between graphs the pool's threads sleep on a condition variable instead of spinning (ggml's default,
 50, busy-waits ~6.5M rounds after each graph): on 2 cores a spinning thread takes the core that the event loop

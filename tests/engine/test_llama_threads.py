@@ -1,10 +1,16 @@
 """The daemon loads a model on one thread and decodes on its worker thread: that must compute the very same
 bits as loading and decoding on one thread. And the llama.cpp scripts/setup.sh builds has no OpenMP team
-(with one, a decode from another thread than the loading one runs ~1.8x slower: docs/llama-threads.md)."""
+(with one, a decode from another thread than the loading one runs ~1.8x slower: docs/llama-threads.md).
+The backend keeps one ggml thread pool for its context's life (engine/llama_threadpool.py) instead of the pool
+ggml starts and joins for every graph: its decodes compute the same bits as with ggml's pool per graph, its
+threads are the same ones from one decode to the next, and they end with the backend."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +31,24 @@ def _greedy(backend, prompt: list[int], steps: int) -> list[torch.Tensor]:
         return out
     finally:
         backend.release(live)
+
+
+def _load(path: Path, threads: int = 2):
+    from engramctl.engine.loading import load_engine
+
+    return load_engine(str(path), path.parent, "cpu", backend="llama.cpp", chunk_tokens=16, threads=threads).backend
+
+
+def _threads() -> dict[int, int]:
+    """This process's OS threads: tid -> nanoseconds it has run (schedstat)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError):  # the thread ended meanwhile
+            pass
+    return out
 
 
 def _on_thread(fn):
@@ -67,3 +91,33 @@ def test_the_llama_cpp_library_runs_without_openmp():
     assert not openmp_linked(), (
         "llama-cpp-python links OpenMP: rebuild it as scripts/setup.sh does (CMAKE_ARGS ... -DGGML_OPENMP=OFF)"
     )
+
+
+@pytest.mark.parametrize("family", ["granitemoehybrid", "mamba2"])
+def test_decodes_on_the_kept_pool_give_the_bits_of_a_pool_per_graph(gguf_zoo, family):
+    backend = _load(gguf_zoo.path(family))
+    prompt = _ids(40, 5)
+    kept = _greedy(backend, prompt, 12)
+    detach = backend._lib.llama_cpp._lib.llama_detach_threadpool
+    detach.argtypes, detach.restype = [ctypes.c_void_p], None
+    detach(backend._ctx)  # ggml's default from here: a pool made for every graph
+    per_graph = _greedy(backend, prompt, 12)
+    assert len(kept) == len(per_graph) == 13
+    assert all(arrays.equal(a, b) for a, b in zip(kept, per_graph))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads threads from /proc")
+def test_the_pool_threads_persist_across_decodes_and_end_with_the_backend(gguf_zoo):
+    path = gguf_zoo.path("granitemoehybrid")
+    _load(path).close()  # the library's own one-time threads (if any) start here, not below
+    before = _threads()
+    backend = _load(path, threads=3)
+    pool = {tid for tid in _threads() if tid not in before}
+    assert len(pool) >= 2, "two pool threads beside the caller's (threads=3) should start with the backend"
+    ran = {tid: ns for tid, ns in _threads().items() if tid in pool}
+    _greedy(backend, _ids(40, 6), 16)
+    after = _threads()
+    assert pool <= set(after), "the pool's threads ended between decodes"
+    assert sum(after[t] > ran[t] for t in pool) >= 2, "the decodes did not run on the kept pool's threads"
+    backend.close()
+    assert not pool & set(_threads()), "the pool's threads outlived the backend"
