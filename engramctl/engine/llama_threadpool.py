@@ -52,8 +52,8 @@ class ThreadPool:
     def attach(cls, lib, ctx, threads: int) -> "ThreadPool | None":
         """A pool of `threads` (the context's n_threads and n_threads_batch) attached to `ctx`, or None where the
         CPU backend does not offer one (the context then keeps ggml's per-graph pool)."""
-        so = lib.llama_cpp._lib  # libllama's handle: dlsym finds ggml's symbols through its dependencies
         try:
+            so = lib.llama_cpp._lib  # libllama's handle: dlsym finds ggml's symbols through its dependencies
             so.ggml_backend_dev_by_type.restype = ctypes.c_void_p
             so.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
             so.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
