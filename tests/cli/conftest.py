@@ -45,6 +45,13 @@ class Seeded:
     def all_ids(self) -> list[str]:
         return sorted(i for ids in self.sessions.values() for i in ids)
 
+    def prefix(self, sid: str, at_least: int = 20) -> str:
+        """The shortest prefix of `sid`, of `at_least` characters or more, that no other seeded id starts with: ids
+        made in the same millisecond differ only in their last digits (store/names.py new_snapshot_id)."""
+        others = [i for i in self.all_ids if i != sid]
+        n = next(n for n in range(at_least, len(sid) + 1) if not any(o.startswith(sid[:n]) for o in others))
+        return sid[:n]
+
 
 def seed_store(spec: dict[str, int], *, pin: list[tuple[str, int]] = (), label: dict = None) -> Seeded:
     """spec: session -> number of snapshots (each a turn of 2 messages, growing by 8 tokens)."""

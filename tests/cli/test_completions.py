@@ -35,7 +35,7 @@ def test_callbacks_read_the_index(seeded):
 
     assert complete.complete_session("d") == ["demo"]
     assert set(complete.complete_session("")) == {"demo", "other"}
-    assert complete.complete_snapshot(seeded.all_ids[0][:20]) == [seeded.all_ids[0]]
+    assert complete.complete_snapshot(seeded.prefix(seeded.all_ids[0])) == [seeded.all_ids[0]]
     assert complete.complete_snapshot("zz") == []
     assert "demo" in complete.complete_session_or_snapshot("")
 

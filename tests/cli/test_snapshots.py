@@ -54,7 +54,7 @@ def test_info_modes_and_prefixes(cli, seeded):
     human = cli("snapshots", "info", sid)
     shown = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in human.stdout.splitlines())
     assert shown["ID"] == sid and shown["SESSION"] == "demo" and shown["CHECKSUM"].startswith("xxh3_128:")
-    info = cli.json("snapshots", "info", sid[:20])
+    info = cli.json("snapshots", "info", seeded.prefix(sid))
     assert info["id"] == sid and info["n_tokens"] == 8 and info["path"].endswith(f"{sid}.safetensors")
     # from the file's header; a file without a backend key was written by the transformers backend
     assert (info["backend"], info["dtype"], info["state_format"]) == ("transformers", "float32", None)
@@ -75,7 +75,9 @@ def test_id_prefixes_follow_the_stores_rule(cli, seeded):
     sid = seeded.sessions["other"][0]
     short = cli("snapshots", "info", sid[: MIN_ID_PREFIX - 1], code=2).stderr
     assert "too short" in short and f"at least {MIN_ID_PREFIX}" in short
-    assert cli("snapshots", "info", "  " + sid[:20].upper() + " ", "-q").stdout.strip() == sid  # typed loosely
+    assert (
+        cli("snapshots", "info", "  " + seeded.prefix(sid).upper() + " ", "-q").stdout.strip() == sid
+    )  # typed loosely
     missing = "0" * MIN_ID_PREFIX
     assert cli("snapshots", "info", missing, code=1).stderr.startswith(f"Error: No snapshot id starts with '{missing}'")
 
