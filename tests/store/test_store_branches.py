@@ -55,7 +55,9 @@ def test_branches_diverge_without_affecting_each_other(store, make_payload):
     assert store.transcripts.of_session("b") == [U("1"), A("branch")]
     assert store.sessions.head("b").parent == a.id
     assert [r.id for r in store.sessions.history("b")] == [a.id, store.sessions.head("b").id]
-    assert len(store.sessions.history("main")) == 2 and store.snapshots.list("b") == [store.sessions.head("b")]
+    # ids, not records: the writer may make a record durable (checksum, size, tiers) between the two reads
+    assert len(store.sessions.history("main")) == 2
+    assert [r.id for r in store.snapshots.list("b")] == [store.sessions.head("b").id]
     assert store.transcripts.of_snapshot(a.id) == [U("1")]
 
 
