@@ -14,7 +14,6 @@ ms/token of each, the median of the per-round ratios (kept / per graph) and CPU 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
@@ -36,19 +35,14 @@ def main() -> int:
     a = ap.parse_args()
 
     from engramctl.engine.llama_backend import LlamaCppBackend
-    from engramctl.engine.llama_threadpool import ThreadPool
     from engramctl.engine.loading import smollm2_gguf
 
     gguf = a.gguf or str(smollm2_gguf())
     backend = LlamaCppBackend(gguf, "bench", threads=a.threads)
-    so = backend._lib.llama_cpp._lib
-    so.llama_detach_threadpool.argtypes, so.llama_detach_threadpool.restype = [ctypes.c_void_p], None
-    so.llama_detach_threadpool(backend._ctx)  # the backend's own pool: replaced by one this script attaches
-    pool = ThreadPool.attach(backend._lib, backend._ctx, a.threads)
+    pool = backend._threadpool
     if pool is None:
         print("this llama.cpp offers no thread pool to attach", file=sys.stderr)
         return 1
-    attach = so.llama_attach_threadpool
     ids = [(i * 7919) % min(1000, backend.n_vocab - 10) + 10 for i in range(PROMPT)]
     times: dict[str, list[list[float]]] = {"kept": [], "per_graph": []}
 
@@ -65,9 +59,9 @@ def main() -> int:
             for i in range(a.tokens):
                 mode = "kept" if (i + r) % 2 else "per_graph"
                 if mode == "kept":
-                    attach(backend._ctx, pool._ptr, None)
+                    pool.reattach()
                 else:
-                    so.llama_detach_threadpool(backend._ctx)
+                    pool.detach()
                 t0 = time.perf_counter()
                 logits = backend.decode(live, int(logits.argmax()))
                 per[mode].append((time.perf_counter() - t0) * 1000)
@@ -91,9 +85,7 @@ def main() -> int:
     if failed:
         raise failed[0]
     cpu_per_wall = (time.process_time() - c0) / (time.perf_counter() - t0)
-    so.llama_detach_threadpool(backend._ctx)
     backend.close()
-    pool.free()
 
     med = {m: statistics.median(x for run in v for x in run) for m, v in times.items()}
     ratios = [statistics.median(k) / statistics.median(p) for k, p in zip(times["kept"], times["per_graph"])]

@@ -107,12 +107,12 @@ class LlamaCppBackend:
             )
         self._pool = SequencePool(lib, self._ctx, n_ctx, self.max_sequences, size.kept_max, layout.has_kv)
         self.n_ctx = n_ctx
-        threadpool = ThreadPool.attach(lib, self._ctx, threads)  # one for the context's life, not one a token
+        self._threadpool = ThreadPool.attach(lib, self._ctx, threads)  # one for the context's life, not one a token
         # The model is freed after the last of this backend and its tokenizer (which reads its vocabulary)
         # is gone; the context with the backend, always before the model (the finalizer holds it), and the
         # thread pool after the context that runs on it.
         model = _ModelHandle(lib, self._model)
-        self._finalizer = weakref.finalize(self, _free, lib, model, self._ctx, threadpool)
+        self._finalizer = weakref.finalize(self, _free, lib, model, self._ctx, self._threadpool)
 
         template = lib.llama_model_chat_template(self._model, None)
         self.tokenizer = GgufTokenizer(

@@ -1,7 +1,7 @@
 """ggml's CPU thread pool, made once for a context and kept for its life.
 
     pool = ThreadPool.attach(lib, ctx, threads)   # None where the library offers none (then ggml's default)
-    ...
+    pool.detach(); pool.reattach()                # ggml's per-graph pool meanwhile (tests, scripts/bench_threadpool.py)
     lib.llama_free(ctx); pool.free()             # after the context: it runs its graphs on the pool
 
 Without an attached pool, ggml-cpu (built without OpenMP, as engramctl builds it: docs/llama-threads.md) makes a
@@ -45,8 +45,8 @@ class _Params(ctypes.Structure):
 
 
 class ThreadPool:
-    def __init__(self, ptr: int, free_fn):
-        self._ptr, self._free_fn = ptr, free_fn
+    def __init__(self, so, ctx, ptr: int, free_fn):
+        self._so, self._ctx, self._ptr, self._free_fn = so, ctx, ptr, free_fn
 
     @classmethod
     def attach(cls, lib, ctx, threads: int) -> "ThreadPool | None":
@@ -64,6 +64,8 @@ class ThreadPool:
             so.ggml_threadpool_params_default.argtypes = [ctypes.c_int]
             so.llama_attach_threadpool.restype = None
             so.llama_attach_threadpool.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            so.llama_detach_threadpool.restype = None
+            so.llama_detach_threadpool.argtypes = [ctypes.c_void_p]
         except AttributeError as e:
             log.debug("no ggml thread pool API in this llama.cpp (%s): a pool per graph", e)
             return None
@@ -83,8 +85,16 @@ class ThreadPool:
         if not ptr:
             log.warning("ggml could not start a thread pool of %d threads: a pool per graph", threads)
             return None
-        so.llama_attach_threadpool(ctx, ptr, None)  # None: the batch pool is the same one
-        return cls(ptr, free_fn)
+        pool = cls(so, ctx, ptr, free_fn)
+        pool.reattach()
+        return pool
+
+    def reattach(self) -> None:
+        self._so.llama_attach_threadpool(self._ctx, self._ptr, None)  # None: the batch pool is the same one
+
+    def detach(self) -> None:
+        """The context goes back to ggml's pool per graph (the pool itself stays, until free())."""
+        self._so.llama_detach_threadpool(self._ctx)
 
     def free(self) -> None:
         """Stop and join the pool's threads; only once its context is freed (or detached)."""

@@ -75,9 +75,8 @@ def test_id_prefixes_follow_the_stores_rule(cli, seeded):
     sid = seeded.sessions["other"][0]
     short = cli("snapshots", "info", sid[: MIN_ID_PREFIX - 1], code=2).stderr
     assert "too short" in short and f"at least {MIN_ID_PREFIX}" in short
-    assert (
-        cli("snapshots", "info", "  " + seeded.prefix(sid).upper() + " ", "-q").stdout.strip() == sid
-    )  # typed loosely
+    typed_loosely = "  " + seeded.prefix(sid).upper() + " "
+    assert cli("snapshots", "info", typed_loosely, "-q").stdout.strip() == sid
     missing = "0" * MIN_ID_PREFIX
     assert cli("snapshots", "info", missing, code=1).stderr.startswith(f"Error: No snapshot id starts with '{missing}'")
 

@@ -7,7 +7,6 @@ threads are the same ones from one decode to the next, and they end with the bac
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 from pathlib import Path
@@ -98,9 +97,7 @@ def test_decodes_on_the_kept_pool_give_the_bits_of_a_pool_per_graph(gguf_zoo, fa
     backend = _load(gguf_zoo.path(family))
     prompt = _ids(40, 5)
     kept = _greedy(backend, prompt, 12)
-    detach = backend._lib.llama_cpp._lib.llama_detach_threadpool
-    detach.argtypes, detach.restype = [ctypes.c_void_p], None
-    detach(backend._ctx)  # ggml's default from here: a pool made for every graph
+    backend._threadpool.detach()  # ggml's default from here: a pool made for every graph
     per_graph = _greedy(backend, prompt, 12)
     assert len(kept) == len(per_graph) == 13
     assert all(arrays.equal(a, b) for a, b in zip(kept, per_graph))
