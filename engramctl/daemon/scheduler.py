@@ -181,7 +181,8 @@ class Scheduler:
         """This step's tokens, within the step's budget (the engine's step_tokens: one llama_decode): each
         generating turn's one token first, then prompt chunks in arrival order with what is left, so a long
         prompt delays the others' next token by one chunk at most. A turn running alone takes whole chunks (it
-        computes what it computes alone); a prompt that finds no room waits for the next step. A turn cancelled
+        computes what it computes alone); under load a prompt's first chunk may start from another resident
+        conversation's cells (Turn.share_prefix); a prompt that finds no room waits for the next step. A turn cancelled
         in its prompt leaves here, before its next chunk."""
         work, prompts = [], []
         for r in list(self.running):
@@ -195,6 +196,8 @@ class Scheduler:
         for r in prompts:
             if room is not None and room <= 0:
                 break
+            if len(self.running) > 1:  # under load; a turn alone computes its whole prompt, as always
+                r.turn.share_prefix()
             tokens = r.turn.work(room)
             work.append((r, tokens))
             if room is not None:

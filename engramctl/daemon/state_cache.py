@@ -11,6 +11,10 @@ Which state continues a prompt:
   and keeps it hot, `reset` starts a session over and drops its hot state.
 - a save of a session that has only a transcript: the transcript, prefilled.
 
+Not decided here: under load a prompt fed to an empty state may start from the KV cells of another resident
+conversation that begins the same way (Turn.share_prefix, engine/llama_pool.py `share`); the state the turn
+continues is still the one chosen here, and nothing is restored.
+
 Hot states: the last `keep` conversations' Lives at their heads (least recently used dropped first), so
 their next turn restores nothing; as many as the scheduler runs at once, one on a backend that runs one
 turn at a time. A turn `take`s the Live it continues (it stops being a copy of its head), and `keep`

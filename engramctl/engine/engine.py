@@ -55,6 +55,13 @@ class Engine:
         n = min(n_left, self.step_tokens or n_left)
         return n if room is None else min(n, room)
 
+    def share_prefix(self, live: Live, token_ids: Sequence[int]) -> int:
+        """Let `live`, holding nothing yet, start from the longest prefix of `token_ids` that another
+        conversation in the backend holds (its cells shared, nothing computed); the tokens it now holds.
+        0 on a backend that cannot (transformers; a model with recurrent state)."""
+        share = getattr(self.backend, "share_prefix", None)
+        return 0 if share is None else int(share(live, token_ids))
+
     def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[Array]:
         """Feed each Live its tokens (a prefill chunk, or one token) and return each one's last logits, in
         order: in one forward pass where the backend batches (`backend.step`), else one Live after another

@@ -27,7 +27,7 @@ from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.gguf_header import gguf_fingerprint, read_header
 from engramctl.engine.gguf_tokenizer import GgufTokenizer
 from engramctl.engine.llama_batch import Batch
-from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, context_params, context_size
+from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, SHARE_MIN_TOKENS, context_params, context_size
 from engramctl.engine.llama_layout import blob_layout
 from engramctl.engine.llama_lib import import_llama_cpp, library_version, n_cpu_threads, take_errors
 from engramctl.engine.llama_pool import ParkedState, SequencePool
@@ -107,6 +107,8 @@ class LlamaCppBackend:
             )
         self._pool = SequencePool(lib, self._ctx, n_ctx, self.max_sequences, size.kept_max, layout.has_kv)
         self.n_ctx = n_ctx
+        swa = int(lib.llama_model_n_swa(self._model))
+        self._shares_prefixes = self.max_sequences > 1 and layout.has_kv and not layout.has_recurrent and not swa
         self._threadpool = ThreadPool.attach(lib, self._ctx, threads)  # one for the context's life, not one a token
         # The model is freed after the last of this backend and its tokenizer (which reads its vocabulary)
         # is gone; the context with the backend, always before the model (the finalizer holds it), and the
@@ -232,6 +234,15 @@ class LlamaCppBackend:
                 for at in range(0, len(entries), self.max_sequences):
                     self._together(entries[at : at + self.max_sequences])
         return [live.last_logits for live, _ in entries]
+
+    def share_prefix(self, live: Live, ids: Sequence[int]) -> int:
+        """Start `live` (holding nothing) from the longest prefix of `ids` a resident conversation holds
+        (SequencePool.share); the tokens shared, 0 where the model keeps recurrent state or a sliding window
+        (neither can be cut back to a prefix) or runs one conversation at a time."""
+        if not self._shares_prefixes:
+            return 0
+        with self._lock:
+            return self._pool.share(live, ids, SHARE_MIN_TOKENS)
 
     def _alone(self, live: Live, ids: list[int]) -> None:
         self._pool.solo(live)

@@ -26,6 +26,10 @@ KEPT_STATES_BYTES = 128 << 20
 # (23 MB on Granite-4.0-H-350M; the KV cache is shared): together at most 1/8 of the RAM available at load.
 SEQUENCES_PER_CORE, SEQUENCES_MIN, SEQUENCES_MAX = 2, 4, 16
 SEQUENCES_RAM_SHARE = 8
+# A prompt starts from another conversation's cells (llama_pool.py, share) only for a common prefix this long:
+# a shorter one saves little (16 tokens: ~90 ms of SmolLM2's prefill on 2 threads) and still changes the
+# last bits of the rest, as any other cut of a prompt into chunks does (docs/batching.md).
+SHARE_MIN_TOKENS = 16
 SEQUENCES_LIMIT = 64  # what the setting accepts; llama.cpp's own limit on n_seq_max is larger
 
 

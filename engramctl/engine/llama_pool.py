@@ -28,6 +28,11 @@ others' since it stepped in a batch (blob out, all sequences cleared, blob in at
 `_packed` names is already laid out so: loaded alone, or from a kept state, with nothing placed after it
 since; solo() of it parks the others only.
 
+Shared prefixes. A new conversation whose prompt begins as a resident one's does (a client's system prompt,
+the chat template's opening) starts from that one's KV cells for the common part (share: no copy, nothing
+computed), as llama-server's slots reuse their previous prompt's. Only under load (the scheduler asks when
+other turns run: a turn alone computes its whole prompt, as it always did) and only on attention-only models.
+
 Kept states. keep() lets a kept sequence share what a packed Live holds (llama_memory_seq_cp: its KV
 cells and recurrent cell gain a sequence id; no byte moves), so restoring that state later - regenerating
 a reply, going back to an earlier turn, a client resending the history - copies nothing, however long
@@ -87,6 +92,7 @@ class SequencePool:
         self._free_kept = list(range(self.n_seq - 1, sequences - 1, -1))
         self.collected: collections.deque[int] = collections.deque()  # serials to drop (finalizers append)
         self.restores: collections.Counter = collections.Counter()  # "kept" | "blob": how a state was loaded
+        self.shares = 0  # prompts that started from another conversation's cells (share)
 
     # -- looking -------------------------------------------------------------------------------------
     def holds(self, live: Live) -> bool:
@@ -220,6 +226,29 @@ class SequencePool:
                     self._packed = None  # cells placed after the packed Live's
             self._seated.move_to_end(parked.seq)
 
+    def share(self, live: Live, ids: Sequence[int], min_tokens: int) -> int:
+        """Give `live` (which holds nothing) the longest prefix of `ids` that a resident conversation holds, if
+        at least `min_tokens`: its KV cells gain `live`'s sequence id (llama_memory_seq_cp over positions
+        0..n-1), no byte moves and nothing is computed. Attention-only models only (the caller's check): a
+        recurrent state cannot be cut back to a prefix. Returns the tokens shared (0: none)."""
+        if live.token_ids:
+            return 0
+        self._reap()
+        best, n_best = None, 0
+        for ref in self._seated.values():
+            other = ref()
+            if other is not None and other is not live:
+                n = _common_prefix(other.token_ids, ids)
+                if n > n_best:
+                    best, n_best = other, n
+        if best is None or n_best < min_tokens:
+            return 0
+        self.seat([live, best])  # a sequence for `live`, never by parking the one it shares with
+        self._lib.llama_memory_seq_cp(self._mem, best.cache.seq, live.cache.seq, 0, n_best)
+        live.token_ids.extend(ids[:n_best])
+        self.shares += 1
+        return n_best
+
     def stepped(self, lives: Sequence[Live], alone: bool) -> None:
         """`lives` consumed tokens, so they moved past any kept state; unless one ran `alone` (after
         solo()), the new cells went wherever cells were free, beside the others'."""
@@ -309,6 +338,15 @@ class SequencePool:
         # a recurrent cell with no source is zeroed by the graph before use.
         self._lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
         self._unseat(seq)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _cache(live: Live) -> ParkedState:

@@ -166,6 +166,7 @@ class Turn:
         self._on_start, self._on_prompt, self._on_piece, self._on_finish = on_start, on_prompt, on_piece, on_finish
         self._prompt_uncaptured = False
         self._left, self._chunk, self._next = list(self.feed), [], None
+        self._may_share, self.shared_tokens = True, 0  # share_prefix: before the first chunk only
         self._reply: Reply | None = None
         self._finish: Finish | None = None
         self.done: TurnDone | None = None
@@ -179,6 +180,16 @@ class Turn:
     @property
     def prefilling(self) -> bool:
         return bool(self._left)
+
+    def share_prefix(self) -> None:
+        """Before the first chunk of a prompt fed to an empty state: start from the cells of another
+        conversation that begins the same way (Engine.share_prefix), so only the rest is computed. The
+        scheduler asks only when other turns run (a turn alone computes its whole prompt, as it always did);
+        the last token is always computed, for the logits."""
+        if self._may_share and self._left and not self.live.token_ids:
+            n = self.engine.share_prefix(self.live, self._left[:-1])
+            self._left, self.shared_tokens = self._left[n:], n
+        self._may_share = False
 
     def work(self, room: int | None = None) -> list[int]:
         """The tokens the next step feeds this turn's Live: a prompt chunk (at most `room` tokens where the
@@ -195,6 +206,7 @@ class Turn:
         """The step fed `work()`; the Live's last logits are the step's. Samples the next token (text pieces
         go to on_piece), or finishes the turn (`done`)."""
         if self._left:
+            self._may_share = False
             self._left = self._left[len(self._chunk) :]
             if not self._left:
                 self._prompt_in()
@@ -235,7 +247,8 @@ class Turn:
     def _prompt_in(self) -> None:
         prefill_ms = (time.perf_counter() - self._t0) * 1000
         self.live.text = self.text
-        self.prompt = Prompt(self.prompt_tokens, len(self.feed), self.reset, self.max_tokens, prefill_ms, None)
+        computed = len(self.feed) - self.shared_tokens
+        self.prompt = Prompt(self.prompt_tokens, computed, self.reset, self.max_tokens, prefill_ms, None)
         self._prompt_uncaptured = True
         if self._on_start is not None:
             self._on_start(self.prompt)

