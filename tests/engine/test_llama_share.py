@@ -62,10 +62,13 @@ def test_a_prompt_starts_from_the_cells_of_a_resident_conversation_and_its_state
     feeds = [[int(b.last_logits.argmax())], [13], [42]]
     mine = [smol.step([(b, ids)])[0].copy() for ids in feeds]
     assert all(arrays.equal(x, y) for x, y in zip(mine, _alone(fresh, got_b, feeds)))
-    # and it continues as the same prompt computed from nothing does, within the kernels' last bits
+    # and, the prompts being under 64 tokens (ggml's small-batch kernels, where a row's bits do not depend on
+    # how the prompt was cut into chunks: docs/batching.md), exactly what the same prompt computed from nothing
+    # gives; a wrong prefix would not
+    assert len(second) < 64
     ref = fresh.new_live()
     fresh.prefill(ref, second)
-    assert int(ref.last_logits.argmax()) == int(got_b.last_logits.argmax())
+    assert arrays.equal(ref.last_logits, got_b.last_logits)
 
 
 def test_nothing_is_shared_below_the_minimum_nor_with_itself(smol_path):
