@@ -233,14 +233,8 @@ class SequencePool:
         recurrent state cannot be cut back to a prefix. Returns the tokens shared (0: none)."""
         if live.token_ids:
             return 0
-        self._reap()
-        best, n_best = None, 0
-        for ref in self._seated.values():
-            other = ref()
-            if other is not None and other is not live:
-                n = _common_prefix(other.token_ids, ids)
-                if n > n_best:
-                    best, n_best = other, n
+        candidates = [(_common_prefix(other.token_ids, ids), other) for other in self.residents() if other is not live]
+        n_best, best = max(candidates, key=lambda c: c[0], default=(0, None))
         if best is None or n_best < min_tokens:
             return 0
         self.seat([live, best])  # a sequence for `live`, never by parking the one it shares with

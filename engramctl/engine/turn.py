@@ -166,7 +166,7 @@ class Turn:
         self._on_start, self._on_prompt, self._on_piece, self._on_finish = on_start, on_prompt, on_piece, on_finish
         self._prompt_uncaptured = False
         self._left, self._chunk, self._next = list(self.feed), [], None
-        self._may_share, self.shared_tokens = True, 0  # share_prefix: before the first chunk only
+        self.shared_tokens = 0  # the prompt's first tokens taken from another conversation's cells (share_prefix)
         self._reply: Reply | None = None
         self._finish: Finish | None = None
         self.done: TurnDone | None = None
@@ -186,10 +186,9 @@ class Turn:
         conversation that begins the same way (Engine.share_prefix), so only the rest is computed. The
         scheduler asks only when other turns run (a turn alone computes its whole prompt, as it always did);
         the last token is always computed, for the logits."""
-        if self._may_share and self._left and not self.live.token_ids:
+        if self._left and not self.live.token_ids:  # nothing fed yet, nothing shared yet
             n = self.engine.share_prefix(self.live, self._left[:-1])
             self._left, self.shared_tokens = self._left[n:], n
-        self._may_share = False
 
     def work(self, room: int | None = None) -> list[int]:
         """The tokens the next step feeds this turn's Live: a prompt chunk (at most `room` tokens where the
@@ -206,7 +205,6 @@ class Turn:
         """The step fed `work()`; the Live's last logits are the step's. Samples the next token (text pieces
         go to on_piece), or finishes the turn (`done`)."""
         if self._left:
-            self._may_share = False
             self._left = self._left[len(self._chunk) :]
             if not self._left:
                 self._prompt_in()

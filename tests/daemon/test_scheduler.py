@@ -214,7 +214,7 @@ def test_a_turn_alone_takes_whole_chunks(served_model, load_llama, monkeypatch):
     assert fed == [16, 16, 8, 1, 1]  # the prompt in whole chunks, one token, then settling the last one
 
 
-def test_under_load_a_prompt_starts_from_a_resident_conversation_alone_it_computes_all(monkeypatch):
+def test_under_load_a_prompt_starts_from_a_resident_conversation_alone_it_computes_all():
     """Shared prefixes (engine/llama_pool.py): on an attention-only model (the real SmolLM2 GGUF) a prompt
     admitted while another turn runs starts from the cells of a resident conversation that begins the same
     way, and computes only the rest; a turn that runs alone computes its whole prompt, as it always did."""
