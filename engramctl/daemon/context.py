@@ -128,6 +128,8 @@ class Daemon:
             why = f"the {self.engine.info.backend} backend runs one turn at a time; the others queue in arrival order"
         else:
             why = f"{n} conversations step together on the {self.engine.info.backend} backend"
+            layout = getattr(self.engine.backend, "kv_layout", None)
+            why += f", {layout}" if layout else ""
         return {"at_once": n, "running": self.worker.running, "waiting": self.worker.waiting, "why": why}
 
 

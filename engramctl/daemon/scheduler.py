@@ -179,8 +179,9 @@ class Scheduler:
 
     def schedule(self) -> list[tuple[TurnRequest, list[int]]]:
         """This step's tokens, within the step's budget (the engine's step_tokens: one llama_decode): each
-        generating turn's one token first, then prompt chunks in arrival order with what is left, so a long
-        prompt delays the others' next token by one chunk at most. A turn running alone takes whole chunks (it
+        generating turn's one token first, then prompt chunks in arrival order with what is left (at most
+        the engine's prompts_per_step of them), so a long prompt delays the others' next token by one chunk
+        at most. A turn running alone takes whole chunks (it
         computes what it computes alone); under load a prompt's first chunk may start from another resident
         conversation's cells (Turn.share_prefix); a prompt that finds no room waits for the next step. A turn cancelled
         in its prompt leaves here, before its next chunk."""
@@ -193,7 +194,7 @@ class Scheduler:
             else:
                 prompts.append(r)
         room = None if len(self.running) == 1 or self.budget is None else self.budget - len(work)
-        for r in prompts:
+        for r in prompts[: self.engine.prompts_per_step]:
             if room is not None and room <= 0:
                 break
             if len(self.running) > 1:  # under load; a turn alone computes its whole prompt, as always

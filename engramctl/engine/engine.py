@@ -45,6 +45,14 @@ class Engine:
         chunk = getattr(self.backend, "chunk_tokens", None)
         return None if chunk is None else max(1, int(chunk))
 
+    @property
+    def prompts_per_step(self) -> int | None:
+        """How many prompt chunks one step feeds at most (None: any that fit). One with a KV stream per
+        sequence: llama.cpp splits a step's tokens into ubatches of equal tokens per sequence, so prompts of
+        unequal lengths in one step run as several smaller, slower ubatches (llama_streams.py)."""
+        n = getattr(self.backend, "prompts_per_step", None)
+        return None if n is None else max(1, int(n))
+
     def prefill_chunk(self, live: Live, n_left: int, room: int | None = None) -> int:
         """How many of a prompt's `n_left` remaining tokens one step feeds: the backend's chunk, as its own
         prefill would cut them (a solo turn computes what it always did), or fewer when the step has only

@@ -97,7 +97,7 @@ class LlamaCppBackend:
             )
         threads = threads or n_cpu_threads()
         size = context_size(lib, self._model, layout, context_tokens, sequences, threads)
-        self.max_sequences, n_ctx = size.sequences, size.n_ctx
+        self.max_sequences, n_ctx = size.sequences, size.n_ctx  # n_ctx: tokens one conversation can hold
         cparams = context_params(lib, size, chunk_tokens, threads)
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -105,7 +105,13 @@ class LlamaCppBackend:
             raise UnsupportedModel(
                 f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}"
             )
-        self._pool = SequencePool(lib, self._ctx, n_ctx, self.max_sequences, size.kept_max, layout.has_kv)
+        self._pool = SequencePool(lib, self._ctx, size, layout.has_kv)
+        self.prompts_per_step = 1 if size.streams else None  # Engine.prompts_per_step
+        self.kv_layout = (  # for `engramctl ps` (daemon/context.py serving)
+            f"each in a KV stream of its own ({n_ctx} tokens)"
+            if size.streams
+            else f"sharing one KV cache ({n_ctx} tokens)"
+        )
         self.n_ctx = n_ctx
         swa = int(lib.llama_model_n_swa(self._model))
         self._shares_prefixes = self.max_sequences > 1 and layout.has_kv and not layout.has_recurrent and not swa
@@ -242,7 +248,7 @@ class LlamaCppBackend:
         if not self._shares_prefixes:
             return 0
         with self._lock:
-            return self._pool.share(live, ids, SHARE_MIN_TOKENS)
+            return self._pool.share(live, ids, SHARE_MIN_TOKENS, self.layout)
 
     def _alone(self, live: Live, ids: list[int]) -> None:
         self._pool.solo(live)
@@ -262,6 +268,8 @@ class LlamaCppBackend:
                 if len(take) < len(ids):
                     rest.append((live, ids[len(take) :]))
             self._pool.seat([live for live, _ in pieces])
+            if self._pool.streams:  # llama.cpp puts consecutive sequence ids in one ubatch (llama_streams.py)
+                pieces.sort(key=lambda piece: piece[0].cache.seq)
             self._decode(pieces, alone=False)
             pending = rest
 

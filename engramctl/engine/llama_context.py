@@ -1,8 +1,9 @@
 """The llama.cpp backend's one context: how big (tokens, sequences, kept states) and with which parameters.
 
 Chunks: n_batch = n_ubatch = chunk_tokens with flash attention measured ~1.2x faster at prefill than the
-library defaults (llama-cpp-notes.md). One context, unified KV: every sequence shares the KV cells
-(without it each would get n_ctx / n_seq_max).
+library defaults (llama-cpp-notes.md). KV: a stream per sequence for attention-only models (llama_streams.py:
+each conversation then holds n_ctx tokens of its own), else one unified cache whose cells every sequence
+shares (a conversation can grow to the whole context, kept states share the live one's cells).
 """
 
 from __future__ import annotations
@@ -35,40 +36,57 @@ SEQUENCES_LIMIT = 64  # what the setting accepts; llama.cpp's own limit on n_seq
 
 @dataclass(frozen=True)
 class ContextSize:
-    n_ctx: int  # tokens the KV cache holds, all sequences together
+    n_ctx: int  # tokens one conversation can hold: the whole KV cache, or with streams each stream's cells
     sequences: int  # conversations stepped together
     kept_max: int  # more sequences, each keeping a captured state resident
+    streams: bool = False  # a KV stream per sequence (llama_streams.py) instead of one unified cache
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.sequences + self.kept_max
+
+    @property
+    def cells(self) -> int:
+        """The context's n_ctx: every stream's cells."""
+        return self.n_ctx * self.n_seq_max if self.streams else self.n_ctx
 
 
 def context_size(
     lib, model, layout: llama_state.BlobLayout, context_tokens: int | None, sequences: int | None, threads: int
 ) -> ContextSize:
-    """The context's size: what was asked, within the model's trained length and the KV budget."""
+    """The context's size: what was asked, within the model's trained length and the KV budget (with a
+    stream per sequence, each conversation's share of it)."""
+    if sequences is not None and not 1 <= sequences <= SEQUENCES_LIMIT:
+        raise UsageError(f"sequences {sequences} is not between 1 and {SEQUENCES_LIMIT}.")
+    cell_bytes = _cell_bytes(layout)
+    sequences = sequences or default_sequences(cell_bytes, threads)
+    # attention-only, and no sliding window (its cells cannot be cut back to a prefix: llama_pool.py share)
+    streams = sequences > 1 and layout.has_kv and not layout.has_recurrent and not lib.llama_model_n_swa(model)
+    kept_max = (
+        0 if streams else KEPT_STATES_MAX if not cell_bytes else min(KEPT_STATES_MAX, KEPT_STATES_BYTES // cell_bytes)
+    )
     kv_per_token = 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers)  # f16 K and V
     n_ctx_train = int(lib.llama_model_n_ctx_train(model)) or DEFAULT_CONTEXT_TOKENS
     n_ctx = min(context_tokens or DEFAULT_CONTEXT_TOKENS, n_ctx_train)
     if kv_per_token:
-        n_ctx = max(min(n_ctx, KV_BUDGET_BYTES // kv_per_token // 256 * 256), min(2048, n_ctx))
-    if sequences is not None and not 1 <= sequences <= SEQUENCES_LIMIT:
-        raise UsageError(f"sequences {sequences} is not between 1 and {SEQUENCES_LIMIT}.")
-    cell_bytes = _cell_bytes(layout)
-    kept_max = KEPT_STATES_MAX if not cell_bytes else min(KEPT_STATES_MAX, KEPT_STATES_BYTES // cell_bytes)
-    return ContextSize(n_ctx, sequences or default_sequences(cell_bytes, threads), kept_max)
+        budget = KV_BUDGET_BYTES // (sequences if streams else 1)
+        n_ctx = max(min(n_ctx, budget // kv_per_token // 256 * 256), min(2048, n_ctx))
+    return ContextSize(n_ctx, sequences, kept_max, streams)
 
 
 def context_params(lib, size: ContextSize, chunk_tokens: int, threads: int):
     """llama_context_params for `size`."""
-    n_seq_max = size.sequences + size.kept_max
+    n_seq_max = size.n_seq_max
     if chunk_tokens < n_seq_max:  # llama.cpp aborts the process on it (a batch holds a token of every sequence)
         raise UsageError(
             f"chunk_tokens {chunk_tokens} is smaller than the context's {n_seq_max} sequences "
             f"({size.sequences} stepped together, {size.kept_max} kept states): give at least {n_seq_max}."
         )
     cparams = lib.llama_context_default_params()
-    cparams.n_ctx = size.n_ctx
+    cparams.n_ctx = size.cells
     cparams.n_batch = cparams.n_ubatch = chunk_tokens
     cparams.n_seq_max = n_seq_max
-    cparams.kv_unified = True  # one KV cache all sequences share cells of (else each gets n_ctx / n_seq_max)
+    cparams.kv_unified = not size.streams  # else each sequence gets a stream of n_ctx / n_seq_max cells
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
     cparams.no_perf = True

@@ -33,6 +33,11 @@ the chat template's opening) starts from that one's KV cells for the common part
 computed), as llama-server's slots reuse their previous prompt's. Only under load (the scheduler asks when
 other turns run: a turn alone computes its whole prompt, as it always did) and only on attention-only models.
 
+A stream per sequence (attention-only models, llama_streams.py): a sequence's cells are a stream of their
+own, from cell 0 in order, and a step reads only the streams of the sequences in it; so solo() only makes
+the Live resident (nothing to park or re-pack), a shared prefix is copied into the new stream, blobs are
+converted to and from the one-stream form, and no states are kept (kept_max 0).
+
 Kept states. keep() lets a kept sequence share what a packed Live holds (llama_memory_seq_cp: its KV
 cells and recurrent cell gain a sequence id; no byte moves), so restoring that state later - regenerating
 a reply, going back to an earlier turn, a client resending the history - copies nothing, however long
@@ -51,9 +56,12 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engramctl.engine import llama_state
 from engramctl.engine.backend import Live
+from engramctl.engine.llama_context import ContextSize
 from engramctl.engine.llama_lib import take_errors
 from engramctl.engine.llama_state import SEQ_ID, renumber
+from engramctl.engine.llama_streams import of_streams, one_stream
 from engramctl.errors import EngramError, SnapshotMismatch
 
 
@@ -78,18 +86,19 @@ class _Kept:
 
 
 class SequencePool:
-    def __init__(self, lib, ctx, n_ctx: int, sequences: int, kept_max: int, has_kv: bool):
-        self._lib, self._ctx, self.n_ctx, self.has_kv = lib, ctx, n_ctx, has_kv
-        self.sequences, self.kept_max = sequences, kept_max
-        self.n_seq = sequences + kept_max  # the context's n_seq_max: one recurrent cell each
+    def __init__(self, lib, ctx, size: ContextSize, has_kv: bool):
+        self._lib, self._ctx, self.n_ctx, self.has_kv = lib, ctx, size.n_ctx, has_kv
+        self.sequences, self.kept_max = size.sequences, size.kept_max
+        self.streams = size.streams  # a KV stream per sequence (llama_streams.py): no kept states then
+        self.n_seq = size.n_seq_max  # one recurrent cell each, or one KV stream each
         self._mem = lib.llama_get_memory(ctx)
         # seq -> the Live resident there, least recently stepped first; weak: a Live dropped without
         # release() is simply gone (its sequence is reclaimed on the next look)
         self._seated: collections.OrderedDict[int, weakref.ref] = collections.OrderedDict()
-        self._free_seqs = list(range(sequences - 1, -1, -1))  # pop() gives sequence 0 first
+        self._free_seqs = list(range(self.sequences - 1, -1, -1))  # pop() gives sequence 0 first
         self._packed: weakref.ref | None = None
         self._kept: collections.OrderedDict[int, _Kept] = collections.OrderedDict()  # serial -> kept, oldest first
-        self._free_kept = list(range(self.n_seq - 1, sequences - 1, -1))
+        self._free_kept = list(range(self.n_seq - 1, self.sequences - 1, -1))
         self.collected: collections.deque[int] = collections.deque()  # serials to drop (finalizers append)
         self.restores: collections.Counter = collections.Counter()  # "kept" | "blob": how a state was loaded
         self.shares = 0  # prompts that started from another conversation's cells (share)
@@ -109,7 +118,7 @@ class SequencePool:
         written = self._lib.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(blob), size, seq)
         if written != size:
             raise EngramError(f"llama.cpp wrote {written} of {size} state bytes: {take_errors()}")
-        return renumber(blob, self.has_kv)
+        return renumber(one_stream(blob) if self.streams else blob, self.has_kv)
 
     def last_position(self, seq: int = SEQ_ID) -> int:
         """Sequence `seq`'s last position; -1 when it holds nothing."""
@@ -156,7 +165,11 @@ class SequencePool:
     # -- residency -----------------------------------------------------------------------------------
     def solo(self, live: Live) -> None:
         """Make the context hold what a fresh process restoring `live`'s state would: `live` in sequence
-        0, alone but for kept states on its path."""
+        0, alone but for kept states on its path. With a stream per sequence its stream already is that (its
+        own cells from cell 0, and a step of it alone reads no other stream's): it only needs to be resident."""
+        if self.streams:
+            self.seat([live])
+            return
         parked = _cache(live)
         self._apply_collected()
         if self._is_packed(live) and parked.seq == SEQ_ID and len(self._seated) == 1:
@@ -226,11 +239,12 @@ class SequencePool:
                     self._packed = None  # cells placed after the packed Live's
             self._seated.move_to_end(parked.seq)
 
-    def share(self, live: Live, ids: Sequence[int], min_tokens: int) -> int:
+    def share(self, live: Live, ids: Sequence[int], min_tokens: int, layout: llama_state.BlobLayout) -> int:
         """Give `live` (which holds nothing) the longest prefix of `ids` that a resident conversation holds, if
         at least `min_tokens`: its KV cells gain `live`'s sequence id (llama_memory_seq_cp over positions
-        0..n-1), no byte moves and nothing is computed. Attention-only models only (the caller's check): a
-        recurrent state cannot be cut back to a prefix. Returns the tokens shared (0: none)."""
+        0..n-1), no byte moves and nothing is computed; with a stream per sequence they are copied into
+        `live`'s stream (~1 ms per 10 MB). Attention-only models only (the caller's check): a recurrent state
+        cannot be cut back to a prefix. Returns the tokens shared (0: none)."""
         if live.token_ids:
             return 0
         candidates = [(_common_prefix(other.token_ids, ids), other) for other in self.residents() if other is not live]
@@ -238,7 +252,12 @@ class SequencePool:
         if best is None or n_best < min_tokens:
             return 0
         self.seat([live, best])  # a sequence for `live`, never by parking the one it shares with
-        self._lib.llama_memory_seq_cp(self._mem, best.cache.seq, live.cache.seq, 0, n_best)
+        if self.streams:
+            n = len(best.token_ids)
+            src = best.cache.captured or llama_state.in_position_order(self.get_blob(best.cache.seq), layout, n)
+            self._load(llama_state.prefix(src, layout, n, n_best), n_best, live.cache.seq)
+        else:
+            self._lib.llama_memory_seq_cp(self._mem, best.cache.seq, live.cache.seq, 0, n_best)
         live.token_ids.extend(ids[:n_best])
         self.shares += 1
         return n_best
@@ -316,6 +335,7 @@ class SequencePool:
             self._clear(seq)
 
     def _load(self, blob: bytearray, n_tokens: int, seq: int) -> None:
+        blob = of_streams(blob, self.n_seq) if self.streams else blob
         n = len(blob)
         read = self._lib.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * n).from_buffer(blob), n, seq)
         if read != n:

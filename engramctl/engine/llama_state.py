@@ -274,6 +274,18 @@ def serialize(layers: list[LayerState] | tuple[LayerState, ...], layout: BlobLay
     return blob
 
 
+def prefix(blob: bytearray, layout: BlobLayout, n_tokens: int, n: int) -> bytearray:
+    """The state of the first `n` of an attention-only blob's `n_tokens` tokens: its first n cells, keys and
+    values (what the same tokens alone leave in the cache: a token's K and V depend on those before it only)."""
+    if layout.has_recurrent or not 0 < n <= n_tokens:
+        raise StateFormatError(f"no prefix of {n} tokens in a state of {n_tokens} (attention-only states only).")
+    cut = [
+        AttentionState(keys=lay.keys[:, :n], values=lay.values[:, :n]) if isinstance(lay, AttentionState) else lay
+        for lay in parse(blob, layout, n_tokens)
+    ]
+    return serialize(cut, layout, n)
+
+
 _CELL = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
 
 

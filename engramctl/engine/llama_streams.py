@@ -1,0 +1,70 @@
+"""A KV stream per sequence: the llama.cpp context layout for attention-only models, and its state blobs.
+
+With one unified KV cache every row of a step walks every resident conversation's cells (ggml-cpu's flash
+attention reads the mask of each cell up to the highest in use before it can skip it: docs/batching.md), so
+a prompt prefilled beside four resident conversations cost 1.14x what it costs alone, and a 4-row decode
+step 1.06x. With `kv_unified = false` (llama-server's layout with `-np N`) each sequence has a stream of
+its own cells and a row reads only those. Attention-only models get it; a model with recurrent layers keeps
+the unified cache (its attention is a few layers of many, and this commit's multi-stream hybrid path ran
+a decode step in seconds: docs/batching.md).
+
+What it changes around the context: each conversation holds at most the stream's cells (the context's
+n_ctx / n_seq_max); llama.cpp splits a step into ubatches of consecutive sequence ids (split_equal with
+`sequential`), so a step feeds its conversations in sequence order; no kept states (they share cells with
+the live conversation, which only one stream can); a shared prefix is copied into the new stream instead
+of its cells gaining a sequence id. And the blobs: llama_state_seq_get_data writes one entry per stream,
+every one but the sequence's own empty (a u32 cell count of 0), and set_data wants as many. The rest of
+engramctl (llama_state.parse, snapshots, a unified context loading them) knows the one-stream form, which
+is what a unified context writes: `one_stream` and `of_streams` convert, with nothing else to change (an
+attention-only blob has nothing after its KV part).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from engramctl.errors import StateFormatError
+
+_N_STREAM_AT = 8  # u32 magic | i32 seq_id | u32 n_stream (llama_state.py)
+
+
+def one_stream(blob: bytearray) -> bytearray:
+    """A sequence's blob from a context of several streams, as one stream writes it, in place (no copy of
+    the cells: a capture is on the path between two steps): the empty streams' entries (a cell count of 0
+    each) go."""
+    (n_stream,) = struct.unpack_from("<I", blob, _N_STREAM_AT)
+    if n_stream == 1:
+        return blob
+    at = _N_STREAM_AT + 4
+    for s in range(n_stream):
+        (cells,) = struct.unpack_from("<I", blob, at)
+        if cells:  # the sequence's own stream: its data runs to the empty entries of the streams after it
+            break
+        at += 4
+    else:  # no cells at all: the last entry stays, a count of 0
+        s, at = n_stream - 1, at - 4
+    end = len(blob) - 4 * (n_stream - 1 - s)
+    if any(blob[end:]):
+        raise StateFormatError("a llama.cpp state blob holds cells in more than one KV stream.")
+    del blob[end:]
+    # the header moves up to just before the stream's entry; dropping a bytearray's front copies nothing
+    at -= _N_STREAM_AT + 4
+    blob[at : at + _N_STREAM_AT] = blob[:_N_STREAM_AT]
+    struct.pack_into("<I", blob, at + _N_STREAM_AT, 1)
+    del blob[:at]
+    return blob
+
+
+def of_streams(blob: bytearray, n_stream: int) -> bytearray:
+    """A one-stream blob as set_data takes it into a context of `n_stream` streams, in a new bytearray (`blob`
+    may be a captured state's, never modified): the cells first (they go into the stream of the sequence it
+    is loaded into, whichever entry holds them), then the empty entries."""
+    (have,) = struct.unpack_from("<I", blob, _N_STREAM_AT)
+    if have == n_stream:
+        return blob
+    if have != 1:
+        raise StateFormatError(f"a llama.cpp state blob of {have} KV streams cannot load into {n_stream}.")
+    out = bytearray(len(blob) + 4 * (n_stream - 1))  # the empty entries: zeros
+    out[: len(blob)] = blob
+    struct.pack_into("<I", out, _N_STREAM_AT, n_stream)
+    return out
