@@ -166,8 +166,9 @@ class Settings:
     # recurrent states (one cell each, allocated with the context) would take over 1/8 of the available RAM
     sequences: int | None = setting(
         None,
-        "conversations the llama.cpp backend steps together in one batch; 1 serves turns one at a time, "
-        "each reply bitwise what it is alone (a batched one may differ in its last bits); transformers: always 1",
+        "conversations the llama.cpp backend steps together in one batch (on an attention-only model each "
+        "holds 1/N of the 512 MiB KV cache); 1 serves turns one at a time, each reply bitwise what it is alone "
+        "(a batched one may differ in its last bits); transformers: always 1",
         metavar="N",
         shown_default="2 per core, 4-16, fewer if their states would take over 1/8 of free RAM",
         bounds=(1, 64),
