@@ -113,8 +113,9 @@ class LlamaCppBackend:
             else f"sharing one KV cache ({n_ctx} tokens)"
         )
         self.n_ctx = n_ctx
-        swa = int(lib.llama_model_n_swa(self._model))
-        self._shares_prefixes = self.max_sequences > 1 and layout.has_kv and not layout.has_recurrent and not swa
+        # the stream layout's models are those whose state can be cut back to a prefix (attention only, no
+        # sliding window) with more than one conversation at a time: llama_context.context_size decides both
+        self._shares_prefixes = size.streams
         self._threadpool = ThreadPool.attach(lib, self._ctx, threads)  # one for the context's life, not one a token
         # The model is freed after the last of this backend and its tokenizer (which reads its vocabulary)
         # is gone; the context with the backend, always before the model (the finalizer holds it), and the

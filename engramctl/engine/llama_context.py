@@ -62,9 +62,9 @@ def context_size(
     sequences = sequences or default_sequences(cell_bytes, threads)
     # attention-only, and no sliding window (its cells cannot be cut back to a prefix: llama_pool.py share)
     streams = sequences > 1 and layout.has_kv and not layout.has_recurrent and not lib.llama_model_n_swa(model)
-    kept_max = (
-        0 if streams else KEPT_STATES_MAX if not cell_bytes else min(KEPT_STATES_MAX, KEPT_STATES_BYTES // cell_bytes)
-    )
+    kept_max = KEPT_STATES_MAX if not cell_bytes else min(KEPT_STATES_MAX, KEPT_STATES_BYTES // cell_bytes)
+    if streams:  # a kept state shares the live conversation's cells, which another stream cannot
+        kept_max = 0
     kv_per_token = 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers)  # f16 K and V
     n_ctx_train = int(lib.llama_model_n_ctx_train(model)) or DEFAULT_CONTEXT_TOKENS
     n_ctx = min(context_tokens or DEFAULT_CONTEXT_TOKENS, n_ctx_train)

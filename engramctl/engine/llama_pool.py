@@ -29,9 +29,10 @@ others' since it stepped in a batch (blob out, all sequences cleared, blob in at
 since; solo() of it parks the others only.
 
 Shared prefixes. A new conversation whose prompt begins as a resident one's does (a client's system prompt,
-the chat template's opening) starts from that one's KV cells for the common part (share: no copy, nothing
+the chat template's opening) starts from a copy of that one's KV cells for the common part (share: nothing
 computed), as llama-server's slots reuse their previous prompt's. Only under load (the scheduler asks when
-other turns run: a turn alone computes its whole prompt, as it always did) and only on attention-only models.
+other turns run: a turn alone computes its whole prompt, as it always did) and only on attention-only models,
+which have a stream per sequence (below).
 
 A stream per sequence (attention-only models, llama_streams.py): a sequence's cells are a stream of their
 own, from cell 0 in order, and a step reads only the streams of the sequences in it; so solo() only makes
@@ -241,10 +242,10 @@ class SequencePool:
 
     def share(self, live: Live, ids: Sequence[int], min_tokens: int, layout: llama_state.BlobLayout) -> int:
         """Give `live` (which holds nothing) the longest prefix of `ids` that a resident conversation holds, if
-        at least `min_tokens`: its KV cells gain `live`'s sequence id (llama_memory_seq_cp over positions
-        0..n-1), no byte moves and nothing is computed; with a stream per sequence they are copied into
-        `live`'s stream (~1 ms per 10 MB). Attention-only models only (the caller's check): a recurrent state
-        cannot be cut back to a prefix. Returns the tokens shared (0: none)."""
+        at least `min_tokens`: that one's KV cells for it are copied into `live`'s stream (~1 ms per 10 MB;
+        another stream's cells cannot gain its sequence id: a partial llama_memory_seq_cp across streams aborts)
+        and nothing is computed. Attention-only models with a stream per sequence only (the caller's check): a
+        recurrent state cannot be cut back to a prefix. Returns the tokens shared (0: none)."""
         if live.token_ids:
             return 0
         candidates = [(_common_prefix(other.token_ids, ids), other) for other in self.residents() if other is not live]
@@ -252,12 +253,9 @@ class SequencePool:
         if best is None or n_best < min_tokens:
             return 0
         self.seat([live, best])  # a sequence for `live`, never by parking the one it shares with
-        if self.streams:
-            n = len(best.token_ids)
-            src = best.cache.captured or llama_state.in_position_order(self.get_blob(best.cache.seq), layout, n)
-            self._load(llama_state.prefix(src, layout, n, n_best), n_best, live.cache.seq)
-        else:
-            self._lib.llama_memory_seq_cp(self._mem, best.cache.seq, live.cache.seq, 0, n_best)
+        n = len(best.token_ids)
+        src = best.cache.captured or llama_state.in_position_order(self.get_blob(best.cache.seq), layout, n)
+        self._load(llama_state.prefix(src, layout, n, n_best), n_best, live.cache.seq)
         live.token_ids.extend(ids[:n_best])
         self.shares += 1
         return n_best
