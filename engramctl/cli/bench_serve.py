@@ -178,6 +178,7 @@ def render(r: dict) -> str:
                 {
                     "clients": n,
                     "server": name,
+                    "at once": c.get("at_once", ""),
                     "rounds": len(c["rounds"]),
                     "wall s": _spread(c["wall_s"]),
                     "agg tok/s": _spread(c["aggregate_tok_s"]),

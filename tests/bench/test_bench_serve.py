@@ -20,8 +20,9 @@ def gguf(served_model):
 
 
 def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram_home):
-    args = ["bench", "serve", "--model", str(gguf), "--quick", "--client-runs", "2", "--no-llama-server", "--json"]
-    args += ["--threads", "1"]
+    args = ["bench", "serve", "--model", str(gguf), "--runs", "1", "--stream-tokens", "32", "--turns", "3"]
+    args += ["--turn-tokens", "16", "--clients", "1,5", "--client-tokens", "32", "--client-runs", "2"]
+    args += ["--no-llama-server", "--json", "--threads", "1"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -39,7 +40,11 @@ def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram
     assert turns[0]["cached_tokens"] == 0
     # a stock client resending its history after a restart: the daemon restores its snapshot
     assert turns[-1]["cached_tokens"] > turns[0]["prompt_tokens"]
-    assert set(out["concurrent"]) == {"1", "2"}
+    assert set(out["concurrent"]) == {"1", "5"}
+    # 5 clients are more than the daemon's default serves at once (1 thread: 4 or fewer): it was restarted with
+    # --sequences 5, as llama-server would get -np 5
+    default = out["concurrent"]["1"]["engramctl"]["at_once"]
+    assert 1 <= default < 5 and out["concurrent"]["5"]["engramctl"]["at_once"] == 5
     for n, by in out["concurrent"].items():
         ours = by["engramctl"]
         assert ours["errors"] == [] and len(ours["rounds"]) == 2
@@ -50,7 +55,7 @@ def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram
         # each round's conversations are new: the daemon found no more than the chat template's first tokens
         for r in ours["rounds"]:
             assert all(c < p / 2 for c, p in zip(r["cached_tokens"], r["prompt_tokens"])), r
-    assert [t["met"] for t in out["targets"]] == [None] * 6  # (a) x2, (b) x2, (c) 2 clients x2: no peer
+    assert [t["met"] for t in out["targets"]] == [None] * 6  # (a) x2, (b) x2, (c) 5 clients x2: no peer
 
 
 def test_targets_compare_ours_with_llama_servers():

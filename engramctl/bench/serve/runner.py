@@ -3,7 +3,9 @@
     result = run_serve(ServeConfig(gguf=..., threads=2, ...), say=print)   # one JSON-able dict
 
 The daemon (`engramctl serve`) and llama-server (built from the llama.cpp source that our llama-cpp-python
-vendors: llama_server.py) get the same file, the same threads and the same context length, and are driven
+vendors: llama_server.py) get the same file, the same threads and the same context length, and serve at least
+as many conversations at once as there are clients (llama-server `-np N`, the daemon `--sequences N` where its
+default serves fewer: the daemon is restarted with it), and are driven
 over loopback HTTP by a streaming client (client.py) through the workloads of workloads.py. When
 llama-server cannot be built, engramctl is measured alone and the report says why.
 """
@@ -69,6 +71,7 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
         with daemon, httpx.Client(timeout=600.0) as client:
             status = client.get(daemon.url + "/v1/status", headers=daemon.headers).json()
             ctx = int(status.get("context_length") or 8192)
+            at_once = int(status.get("serving", {}).get("at_once") or 1)
             peer = None
             if cfg.llama_server is not None:
                 say(f"starting llama-server (-c {ctx}, -t {cfg.threads}, -np 1)")
@@ -91,6 +94,11 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
             full_length = {**GREEDY, **ends}  # (c)'s replies all run to client_tokens
             for i, n in enumerate(cfg.clients):
                 say(f"(c) {n} client(s) at once, {cfg.client_tokens} tokens each, {cfg.client_runs} round(s)")
+                if n > at_once:  # llama-server gets -np n: the daemon gets the same, its `sequences` setting
+                    say(f"restarting engramctl serve with --sequences {n} (it served {at_once} at once)")
+                    daemon.env = {**daemon.env, "ENGRAM_SEQUENCES": str(n)}
+                    daemon.restart()
+                    at_once = n
                 peer = None
                 if cfg.llama_server is not None:
                     peer = Server.llama_server(
@@ -99,9 +107,13 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                     peer.start()
                 try:
                     both = [daemon] + ([peer] if peer else [])
-                    result["concurrent"][str(n)] = workloads.concurrent(
+                    by = workloads.concurrent(
                         client, both, n, cfg.client_tokens, cfg.seed, i * cfg.client_runs, full_length, cfg.client_runs
                     )
+                    by[daemon.name]["at_once"] = at_once
+                    if peer:
+                        by[peer.name]["at_once"] = n
+                    result["concurrent"][str(n)] = by
                 finally:
                     if peer:
                         peer.stop()
