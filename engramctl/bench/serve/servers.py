@@ -3,6 +3,7 @@
     daemon = Server.engramctl(gguf, threads=2, home=tmp)          # `engramctl serve`, its own ENGRAM_HOME
     peer = Server.llama_server(binary, gguf, threads=2, ctx=8192, slots=4)
     with daemon: ...  daemon.url, daemon.headers, daemon.rss_bytes(), daemon.cpu_s(); daemon.restart()
+    daemon.settle(client)                                          # its snapshot files written, untimed
 
 Both get the same GGUF, the same thread count and (the peer) the daemon's context length. The daemon runs
 exactly as a user starts it (`python -m engramctl serve`, the same settings a user would give through
@@ -27,6 +28,7 @@ import httpx
 from engramctl.errors import EngramError
 
 START_TIMEOUT_S = 300.0  # a 350M model loads in seconds; the first daemon start may convert nothing else
+SETTLE_TIMEOUT_S = 120.0  # a round of 8 turns owes 16 snapshot files, ~20 ms of writer CPU each
 
 
 def free_port() -> int:
@@ -125,6 +127,18 @@ class Server:
 
     def rss_bytes(self) -> int:
         return int(self._process().memory_info().rss)
+
+    def settle(self, client: httpx.Client, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+        """Wait, untimed, until the daemon has written the snapshot files it owes: its writer thread works on
+        after a reply ends, and that CPU would otherwise fall into the next measurement, the other server's
+        half the time (ABBA). llama-server writes nothing."""
+        if self.name != "engramctl":
+            return
+        deadline = time.monotonic() + timeout_s
+        while client.get(self.url + "/v1/status", headers=self.headers).json().get("pending_writes"):
+            if time.monotonic() > deadline:
+                raise EngramError(f"the daemon still had snapshot writes pending after {timeout_s:.0f} s")
+            time.sleep(0.05)
 
     def cpu_s(self) -> float:
         """CPU seconds the server process has used (all its threads)."""

@@ -86,6 +86,7 @@ def one_stream(
                     c0, t0 = s.cpu_s(), time.perf_counter()
                     per[s.name].append(stream_chat(client, s, messages, sampling, tokens, seed + run))
                     cpu[s.name].append((s.cpu_s() - c0) / (time.perf_counter() - t0))
+                    s.settle(client)
         out[mode] = {
             name: {
                 "ms_per_token": _stats([r.ms_per_token for r in replies]),
@@ -115,6 +116,7 @@ def multi_turn(client: httpx.Client, servers: Sequence[Server], turns: int, toke
         user = {"role": "user", "content": first_message(seed, "multi-turn") if i == 0 else user_message(i)}
         for s in abba(servers, i):
             reply = stream_chat(client, s, history[s.name] + [user], GREEDY, tokens, seed)
+            s.settle(client)
             history[s.name] += [user, {"role": "assistant", "content": reply.text}]
             rows.append(
                 {
@@ -193,6 +195,7 @@ def _clients_at_once(
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
+    s.settle(client)
     errors = [repr(r) for r in replies if not isinstance(r, Reply)]
     done = [r for r in replies if isinstance(r, Reply)]
     generated = sum(r.completion_tokens or len(r.chunk_times_s) for r in done)
