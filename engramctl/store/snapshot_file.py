@@ -55,37 +55,63 @@ def encode(tensors: dict[str, Array], metadata: dict[str, str]) -> bytes:
     return b"".join(encode_parts(tensors, metadata))
 
 
-def encode_parts(tensors: dict[str, Array], metadata: dict[str, str]) -> tuple[bytes, memoryview]:
-    """encode() as its two parts, the length-prefixed header and the tensor bytes, which write_atomic writes
-    one after the other: joining them copied every tensor byte once more into fresh memory, on the writer
-    thread, whose CPU a 2-core machine takes from the decode threads (~15 ms a 25 MB snapshot on this VM)."""
-    import ctypes
-
-    from safetensors import TensorSpec, serialize
-
+def encode_parts(tensors: dict[str, Array], metadata: dict[str, str]) -> list[bytes | memoryview]:
+    """encode() as the file's parts in order, which write_atomic writes one after the other: the length-prefixed
+    header, then each tensor's bytes as a view of the tensor's own memory. Nothing is copied: safetensors'
+    serialize built the file in fresh memory, a copy of every tensor byte and a page fault per 4 KiB of it: the
+    writer thread's CPU per 9.3 MB SmolLM2 snapshot went from 20-23 ms to 9 ms (scripts/bench_snapshot_path.py),
+    CPU a 2-core machine takes from its decode threads (and a preempted decode thread's partner spins at ggml's
+    next barrier meanwhile).
+    The layout is safetensors' own, so any safetensors tool reads the file: tensors with larger elements first
+    (each starts aligned to its element size), then by name, back to back; the data section 8-byte aligned."""
     meta = {**{k: str(v) for k, v in metadata.items()}, "format": FORMAT, "format_version": FORMAT_VERSION}
-    # Not safetensors.torch.save: it views each tensor through a ctypes POINTER type made for its byte size,
-    # which ctypes caches for good (~9 KB of RSS per size ever seen; a conversation's KV grows one size per
-    # token), so a long-running daemon grew without bound. serialize reads the tensors' memory as it is.
     cpu = {k: arrays.host_contiguous(t) for k, t in tensors.items()}
-    empty = ctypes.create_string_buffer(1)  # a valid address for a tensor of no elements
-    specs = {
-        k: TensorSpec(
-            dtype=arrays.dtype_name(t),
-            shape=list(arrays.shape(t)),
-            data_ptr=arrays.data_ptr(t) if arrays.nbytes(t) else ctypes.addressof(empty),
-            data_len=arrays.nbytes(t),
-        )
-        for k, t in cpu.items()
-    }
-    raw = bytes(serialize(specs, metadata=meta))  # `cpu` and `empty` hold the memory it reads until here
-    (n,) = struct.unpack("<Q", raw[:_HEADER_LEN_BYTES])
-    header = json.loads(raw[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + n])
-    data = memoryview(raw)[_HEADER_LEN_BYTES + n :]
-    header["__metadata__"]["checksum"] = _checksum(header, data)
+    header: dict = {}
+    views: list[memoryview] = []
+    at = 0
+    for name in sorted(cpu, key=lambda k: (-_DTYPE_BYTES[_dtype_code(cpu[k])], k)):
+        t = cpu[name]
+        view = arrays.byte_view(t)
+        shape = list(arrays.shape(tensors[name]))  # numpy's ascontiguousarray makes a 0-d array 1-d
+        header[name] = {"dtype": _dtype_code(t), "shape": shape, "data_offsets": [at, at + view.nbytes]}
+        views.append(view)
+        at += view.nbytes
+    header["__metadata__"] = meta
+    h = _HASHES[WRITE_HASH](_canonical(header))
+    for view in views:  # the checksum of the data section, which is these views back to back
+        h.update(view)
+    meta["checksum"] = f"{WRITE_HASH}:{h.hexdigest()}"
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # safetensors aligns the data section to 8 bytes
-    return struct.pack("<Q", len(head)) + head, data  # `data` is a view of `raw`: no copy of the tensor bytes
+    return [struct.pack("<Q", len(head)) + head, *views]
+
+
+def _dtype_code(t: Array) -> str:
+    name = arrays.dtype_name(t)
+    code = _SAFETENSORS_DTYPE.get(name)
+    if code is None:
+        raise ValueError(f"a tensor of dtype {name} has no safetensors form")
+    return code
+
+
+# numpy / torch dtype names (arrays.dtype_name) -> safetensors' names
+_SAFETENSORS_DTYPE = {
+    "bool": "BOOL",
+    "uint8": "U8",
+    "int8": "I8",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int16": "I16",
+    "uint16": "U16",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int32": "I32",
+    "uint32": "U32",
+    "float32": "F32",
+    "int64": "I64",
+    "uint64": "U64",
+    "float64": "F64",
+}
 
 
 # safetensors' dtype names -> bytes per element (the ones safetensors.torch loads)

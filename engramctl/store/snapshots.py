@@ -125,11 +125,11 @@ class Snapshots:
         if payload is None:
             return  # deleted before it was written
         try:
-            head, data = snapshot_file.encode_parts(*payload)  # written in turn: no joined copy of the tensors
+            parts = snapshot_file.encode_parts(*payload)  # the header, then views of the tensors: nothing copied
         except Exception as e:
             return self._abandon(sid, f"could not encode it ({e})")
         crash_point("write.encoded")
-        need = len(head) + len(data)
+        need = sum(memoryview(part).nbytes for part in parts)
         with c.lock:
             if sid not in c.pending:
                 return
@@ -142,7 +142,7 @@ class Snapshots:
                 )
             c.disk_reserved += need
         try:
-            c.files.write(sid, (head, data))
+            c.files.write(sid, parts)
         except OSError as e:
             with c.lock:
                 c.disk_reserved -= need
@@ -153,7 +153,7 @@ class Snapshots:
             if sid not in c.pending or c.index.snapshot(sid) is None:
                 c.files.unlink(sid)  # deleted while being written
                 return
-            c.index.update_snapshot(sid, durable=1, nbytes=need, checksum=checksum_of(head))
+            c.index.update_snapshot(sid, durable=1, nbytes=need, checksum=checksum_of(parts[0]))
             del c.pending[sid]
             c.placement.release(sid)
             crash_point("write.indexed")
