@@ -157,17 +157,6 @@ def host_bytes(a: Array) -> memoryview:
     return memoryview(a.reshape(-1).view(torch.uint8).numpy())
 
 
-def byte_view(a: Array) -> memoryview:
-    """The bytes of `a` (contiguous, on the CPU: host_contiguous) as a flat memoryview of its own memory, no copy."""
-    if is_numpy(a):
-        import numpy as np
-
-        return memoryview(a.reshape(-1).view(np.uint8))
-    import torch
-
-    return memoryview(a.reshape(-1).view(torch.uint8).numpy())  # any dtype, bfloat16 too, as bytes
-
-
 def data_ptr(a: Array) -> int:
     return int(a.ctypes.data) if is_numpy(a) else a.data_ptr()
 

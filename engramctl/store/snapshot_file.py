@@ -65,15 +65,13 @@ def encode_parts(tensors: dict[str, Array], metadata: dict[str, str]) -> list[by
     The layout is safetensors' own, so any safetensors tool reads the file: tensors with larger elements first
     (each starts aligned to its element size), then by name, back to back; the data section 8-byte aligned."""
     meta = {**{k: str(v) for k, v in metadata.items()}, "format": FORMAT, "format_version": FORMAT_VERSION}
-    cpu = {k: arrays.host_contiguous(t) for k, t in tensors.items()}
     header: dict = {}
     views: list[memoryview] = []
     at = 0
-    for name in sorted(cpu, key=lambda k: (-_DTYPE_BYTES[_dtype_code(cpu[k])], k)):
-        t = cpu[name]
-        view = arrays.byte_view(t)
-        shape = list(arrays.shape(tensors[name]))  # numpy's ascontiguousarray makes a 0-d array 1-d
-        header[name] = {"dtype": _dtype_code(t), "shape": shape, "data_offsets": [at, at + view.nbytes]}
+    for name in sorted(tensors, key=lambda k: (-_DTYPE_BYTES[_dtype_code(tensors[k])], k)):
+        t = tensors[name]
+        view = arrays.host_bytes(t)  # a view of the tensor's memory when it is contiguous on the CPU (states are)
+        header[name] = {"dtype": _dtype_code(t), "shape": list(arrays.shape(t)), "data_offsets": [at, at + view.nbytes]}
         views.append(view)
         at += view.nbytes
     header["__metadata__"] = meta
