@@ -23,14 +23,11 @@ import threading
 import time
 
 
-def _threads() -> dict[str, tuple[str, float, int]]:
-    """tid -> (name, CPU seconds, minor faults) of this process's threads."""
-    out, tick = {}, os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir("/proc/self/task"):
-        stat = open(f"/proc/self/task/{tid}/stat").read()
-        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        out[tid] = (name, (int(fields[11]) + int(fields[12])) / tick, int(fields[7]))
-    return out
+def _cpu_s_and_faults(tid: int) -> tuple[float, int]:
+    """A thread's CPU seconds and minor page faults so far (/proc/self/task/<tid>/stat)."""
+    stat = open(f"/proc/self/task/{tid}/stat").read()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 def main() -> None:
@@ -55,7 +52,8 @@ def main() -> None:
     engine.step([(live, [100 + (7 * k + 13 * i) % 3000 for k in range(args.tokens)]) for i, live in enumerate(lives)])
     store.flush()
     capture_ms, commit_ms = [], []
-    before = _threads()
+    writer = next(t.native_id for t in threading.enumerate() if t.name == "engram-writer")
+    cpu0, faults0 = _cpu_s_and_faults(writer)
     for _ in range(args.rounds):
         for i, live in enumerate(lives):
             c0 = time.thread_time()
@@ -66,10 +64,8 @@ def main() -> None:
             commit_ms.append((time.thread_time() - c1) * 1000)
         engine.step([(live, [5]) for live in lives])
     store.flush()
-    after = _threads()  # the writer thread is still alive: it ends with the store
+    cpu1, faults1 = _cpu_s_and_faults(writer)  # the writer thread is still alive: it ends with the store
     n = len(capture_ms)
-    tids = {str(t.native_id) for t in threading.enumerate() if t.name == "engram-writer"}
-    writer = [(after[t][1] - before[t][1], after[t][2] - before[t][2]) for t in tids if t in before and t in after]
     store.close()
     result = {
         "gguf": os.path.basename(gguf),
@@ -77,8 +73,8 @@ def main() -> None:
         "state_bytes": sum(t.nbytes for layer in state.layers for t in layer.tensors().values()),
         "capture_cpu_ms_median": round(statistics.median(capture_ms), 2),
         "commit_cpu_ms_median": round(statistics.median(commit_ms), 2),
-        "writer_cpu_ms_per_snapshot": round(sum(c for c, _ in writer) * 1000 / n, 2) if writer else None,
-        "writer_minor_faults_per_snapshot": round(sum(f for _, f in writer) / n) if writer else None,
+        "writer_cpu_ms_per_snapshot": round((cpu1 - cpu0) * 1000 / n, 2),
+        "writer_minor_faults_per_snapshot": round((faults1 - faults0) / n),
     }
     print(json.dumps(result) if args.json else "\n".join(f"{k:34} {v}" for k, v in result.items()))
 

@@ -68,10 +68,11 @@ def encode_parts(tensors: dict[str, Array], metadata: dict[str, str]) -> list[by
     header: dict = {}
     views: list[memoryview] = []
     at = 0
-    for name in sorted(tensors, key=lambda k: (-_DTYPE_BYTES[_dtype_code(tensors[k])], k)):
+    codes = {name: _dtype_code(t) for name, t in tensors.items()}
+    for name in sorted(tensors, key=lambda k: (-_DTYPE_BYTES[codes[k]], k)):
         t = tensors[name]
         view = arrays.host_bytes(t)  # a view of the tensor's memory when it is contiguous on the CPU (states are)
-        header[name] = {"dtype": _dtype_code(t), "shape": list(arrays.shape(t)), "data_offsets": [at, at + view.nbytes]}
+        header[name] = {"dtype": codes[name], "shape": list(arrays.shape(t)), "data_offsets": [at, at + view.nbytes]}
         views.append(view)
         at += view.nbytes
     header["__metadata__"] = meta

@@ -28,7 +28,7 @@ import httpx
 from engramctl.errors import EngramError
 
 START_TIMEOUT_S = 300.0  # a 350M model loads in seconds; the first daemon start may convert nothing else
-SETTLE_TIMEOUT_S = 120.0  # a round of 8 turns owes 16 snapshot files, ~20 ms of writer CPU each
+SETTLE_TIMEOUT_S = 120.0  # a round of 8 turns owes 16 snapshot files (~9 ms of writer CPU each on SmolLM2)
 
 
 def free_port() -> int:
