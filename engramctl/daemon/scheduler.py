@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from engramctl.engine.engine import Engine
@@ -38,6 +39,13 @@ if TYPE_CHECKING:
     from engramctl.daemon.worker import Job
 
 log = logging.getLogger("engramctl.daemon")
+
+# A burst's requests reach the worker milliseconds apart, the first one alone: a turn alone computes its whole
+# prompt (share_prefix is for turns under load), so a long prompt that could start from a resident
+# conversation's cells waits a little for company first: at most this share of its own compute, and this long.
+COMPANY_WAIT_SHARE = 0.005
+COMPANY_WAIT_MAX_S = 0.02
+RATE_MIN_TOKENS = 32  # a step this big is mostly prompt: its seconds per token estimate a prompt's compute
 
 
 class TurnRequest:
@@ -116,6 +124,8 @@ class Scheduler:
         self.running: list[TurnRequest] = []
         self.budget = engine.step_tokens  # tokens one step feeds in all (schedule)
         self.steps = 0
+        self.prompt_s_per_token: float | None = None  # measured on the last step of RATE_MIN_TOKENS or more
+        self._waited: TurnRequest | None = None  # the lone turn company_wait_s was asked for
 
     @property
     def busy(self) -> bool:
@@ -129,6 +139,7 @@ class Scheduler:
         self.admit()
         work = self.schedule()
         if work:
+            t0 = time.perf_counter()
             try:
                 self.engine.step([(r.turn.live, tokens) for r, tokens in work])
             except BaseException as e:  # noqa: BLE001 - the turns of a failed step cannot go on
@@ -137,12 +148,30 @@ class Scheduler:
                 for r, _ in work:
                     self._drop(r, e)
                 return
+            fed = sum(len(tokens) for _, tokens in work)
+            if fed >= RATE_MIN_TOKENS:
+                self.prompt_s_per_token = (time.perf_counter() - t0) / fed
             self.postprocess(work)
         self.steps += 1
 
-    def admit(self) -> None:
+    def company_wait_s(self) -> float:
+        """How long the worker may wait for another turn before stepping one that would run alone, once per
+        such turn: > 0 only for a lone turn whose prompt could start from a resident conversation's cells
+        (COMPANY_WAIT_SHARE of its prompt's compute at the last measured rate, at most COMPANY_WAIT_MAX_S)."""
+        if len(self.running) != 1 or self.waiting or self.max_sequences < 2 or self.prompt_s_per_token is None:
+            return 0.0
+        r = self.running[0]
+        if r is self._waited or not r.turn.prefilling:
+            return 0.0
+        self._waited = r
+        if not r.turn.shareable():
+            return 0.0
+        return min(COMPANY_WAIT_MAX_S, COMPANY_WAIT_SHARE * r.turn.prompt_left * self.prompt_s_per_token)
+
+    def admit(self) -> int:
         """Waiting turns join in arrival order while there is room; a session's turn waits for its
-        previous one (it continues that one's state)."""
+        previous one (it continues that one's state). Returns how many started."""
+        started = 0
         skipped: list["Job"] = []
         while self.waiting and len(self.running) < self.max_sequences:
             job = self.waiting.popleft()
@@ -164,7 +193,9 @@ class Scheduler:
                 continue
             out.job = job
             self.start(out)
+            started += 1
         self.waiting.extendleft(reversed(skipped))
+        return started
 
     def start(self, r: TurnRequest) -> None:
         """`r` starts running (its first token may be sampled at once, with nothing to feed)."""

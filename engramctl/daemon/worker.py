@@ -169,8 +169,12 @@ class Worker:
         stopping = False
         while True:
             busy = self.scheduler is not None and self.scheduler.busy
+            wait = self.scheduler.company_wait_s() if busy and not stopping else 0.0
             try:
-                job = self._queue.get(block=not busy and not stopping, timeout=None)
+                if wait:
+                    job = self._queue.get(timeout=wait)
+                else:
+                    job = self._queue.get(block=not busy and not stopping, timeout=None)
             except queue.Empty:
                 job = None if stopping else False
             if job is None:  # begin_shutdown: the turns end at their next token, the waiting ones are refused
@@ -187,6 +191,10 @@ class Worker:
                     self._run_job(job)
                 continue  # take what else is queued before the next step
             if self.scheduler is not None and self.scheduler.busy:
+                # Planning a turn takes milliseconds, in which more of a burst arrives: those join this step
+                # (the queue is read again, Scheduler.company_wait_s) rather than the next, seconds of prompt later.
+                if self.scheduler.admit():
+                    continue
                 self.scheduler.step()
 
     def _stop_turns(self) -> None:

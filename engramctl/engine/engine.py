@@ -70,6 +70,11 @@ class Engine:
         share = getattr(self.backend, "share_prefix", None)
         return 0 if share is None else int(share(live, token_ids))
 
+    def shareable_prefix(self, live: Live, token_ids: Sequence[int]) -> int:
+        """The tokens share_prefix would give `live` now, nothing shared (0 where the backend cannot)."""
+        shareable = getattr(self.backend, "shareable_prefix", None)
+        return 0 if shareable is None else int(shareable(live, token_ids))
+
     def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[Array]:
         """Feed each Live its tokens (a prefill chunk, or one token) and return each one's last logits, in
         order: in one forward pass where the backend batches (`backend.step`), else one Live after another

@@ -251,6 +251,13 @@ class LlamaCppBackend:
         with self._lock:
             return self._pool.share(live, ids, SHARE_MIN_TOKENS, self.layout)
 
+    def shareable_prefix(self, live: Live, ids: Sequence[int]) -> int:
+        """The tokens share_prefix would give `live` now, nothing shared."""
+        if not self._shares_prefixes:
+            return 0
+        with self._lock:
+            return self._pool.shareable(live, ids, SHARE_MIN_TOKENS)
+
     def _alone(self, live: Live, ids: list[int]) -> None:
         self._pool.solo(live)
         for start in range(0, len(ids), self.chunk_tokens):

@@ -246,10 +246,7 @@ class SequencePool:
         another stream's cells cannot gain its sequence id: a partial llama_memory_seq_cp across streams aborts)
         and nothing is computed. Attention-only models with a stream per sequence only (the caller's check): a
         recurrent state cannot be cut back to a prefix. Returns the tokens shared (0: none)."""
-        if live.token_ids:
-            return 0
-        candidates = [(_common_prefix(other.token_ids, ids), other) for other in self.residents() if other is not live]
-        n_best, best = max(candidates, key=lambda c: c[0], default=(0, None))
+        n_best, best = self._best_prefix(live, ids)
         if best is None or n_best < min_tokens:
             return 0
         self.seat([live, best])  # a sequence for `live`, never by parking the one it shares with
@@ -259,6 +256,18 @@ class SequencePool:
         live.token_ids.extend(ids[:n_best])
         self.shares += 1
         return n_best
+
+    def shareable(self, live: Live, ids: Sequence[int], min_tokens: int) -> int:
+        """The tokens `share` would give `live` now (0: none), nothing moved."""
+        n_best, best = self._best_prefix(live, ids)
+        return n_best if best is not None and n_best >= min_tokens else 0
+
+    def _best_prefix(self, live: Live, ids: Sequence[int]) -> tuple[int, Live | None]:
+        """The resident conversation sharing the longest prefix with `ids`, and that prefix's length."""
+        if live.token_ids:
+            return 0, None
+        candidates = [(_common_prefix(other.token_ids, ids), other) for other in self.residents() if other is not live]
+        return max(candidates, key=lambda c: c[0], default=(0, None))
 
     def stepped(self, lives: Sequence[Live], alone: bool) -> None:
         """`lives` consumed tokens, so they moved past any kept state; unless one ran `alone` (after

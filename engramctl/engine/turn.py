@@ -190,6 +190,17 @@ class Turn:
             n = self.engine.share_prefix(self.live, self._left[:-1])
             self._left, self.shared_tokens = self._left[n:], n
 
+    def shareable(self) -> int:
+        """The prompt tokens share_prefix would take from another conversation now (0: none)."""
+        if self._left and not self.live.token_ids:
+            return self.engine.shareable_prefix(self.live, self._left[:-1])
+        return 0
+
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens not fed yet."""
+        return len(self._left)
+
     def work(self, room: int | None = None) -> list[int]:
         """The tokens the next step feeds this turn's Live: a prompt chunk (at most `room` tokens where the
         step has only that much left: Engine.prefill_chunk), the token just sampled, or (to settle) the

