@@ -28,6 +28,7 @@ import collections
 import logging
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from engramctl.engine.engine import Engine
@@ -125,7 +126,8 @@ class Scheduler:
         self.budget = engine.step_tokens  # tokens one step feeds in all (schedule)
         self.steps = 0
         self.prompt_s_per_token: float | None = None  # measured on the last step of RATE_MIN_TOKENS or more
-        self._waited: TurnRequest | None = None  # the lone turn company_wait_s was asked for
+        self._waited: weakref.ref[TurnRequest] | None = None  # the lone turn company_wait_s was asked for (a
+        # weak reference: a finished turn's Live must not stay alive, and resident, through it)
 
     @property
     def busy(self) -> bool:
@@ -161,9 +163,9 @@ class Scheduler:
         if len(self.running) != 1 or self.waiting or self.max_sequences < 2 or self.prompt_s_per_token is None:
             return 0.0
         r = self.running[0]
-        if r is self._waited or not r.turn.prefilling:
+        if (self._waited is not None and self._waited() is r) or not r.turn.prefilling:
             return 0.0
-        self._waited = r
+        self._waited = weakref.ref(r)
         if not r.turn.shareable():
             return 0.0
         return min(COMPANY_WAIT_MAX_S, COMPANY_WAIT_SHARE * r.turn.prompt_left * self.prompt_s_per_token)
