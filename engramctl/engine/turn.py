@@ -186,15 +186,20 @@ class Turn:
         conversation that begins the same way (Engine.share_prefix), so only the rest is computed. The
         scheduler asks only when other turns run (a turn alone computes its whole prompt, as it always did);
         the last token is always computed, for the logits."""
-        if self._left and not self.live.token_ids:  # nothing fed yet, nothing shared yet
-            n = self.engine.share_prefix(self.live, self._left[:-1])
+        ids = self._may_share()
+        if ids:
+            n = self.engine.share_prefix(self.live, ids)
             self._left, self.shared_tokens = self._left[n:], n
 
     def shareable(self) -> int:
         """The prompt tokens share_prefix would take from another conversation now (0: none)."""
-        if self._left and not self.live.token_ids:
-            return self.engine.shareable_prefix(self.live, self._left[:-1])
-        return 0
+        ids = self._may_share()
+        return self.engine.shareable_prefix(self.live, ids) if ids else 0
+
+    def _may_share(self) -> list[int]:
+        """The prompt tokens another conversation's cells may stand in for: while nothing is fed (nor shared)
+        yet, all but the last, which is computed for its logits."""
+        return self._left[:-1] if self._left and not self.live.token_ids else []
 
     @property
     def prompt_left(self) -> int:
