@@ -60,6 +60,23 @@ def test_a_prompt_starts_from_the_cells_of_a_resident_conversation_and_its_state
     assert arrays.equal(ref.last_logits, got_b.last_logits)
 
 
+def test_of_two_sources_sharing_as_much_the_captured_one_gives_its_cells_without_a_copy(smol_path, monkeypatch):
+    smol = _load(smol_path, sequences=3)
+    first, second, third = (_prompt(smol, q) for q in ("What is a NAS?", "Why use ZFS snapshots?", "How big is 1 TB?"))
+    common = _common(first, third)
+    assert common == _common(second, third) >= SHARE_MIN_TOKENS
+    a, b = smol.new_live(), smol.new_live()
+    smol.step([(a, first), (b, second)])
+    smol.step([(a, [int(a.last_logits.argmax())])])  # b is now the least recently stepped
+    kept = smol.capture(a)  # a's blob is at hand until a steps again; b's cells would have to be copied out first
+    copies = []
+    real = smol._pool.get_blob
+    monkeypatch.setattr(smol._pool, "get_blob", lambda *args: copies.append(args) or real(*args))
+    c = smol.new_live()
+    assert smol.share_prefix(c, third[:-1]) == common and copies == [] and kept.n_tokens == len(first) + 1
+    assert c.token_ids == third[:common]
+
+
 def test_nothing_is_shared_below_the_minimum_nor_with_itself(smol_path):
     smol = _load(smol_path, sequences=2)
     first = _prompt(smol, "What is a NAS?")
