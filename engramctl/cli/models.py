@@ -31,7 +31,6 @@ GGUF_KINDS = {
     **dict.fromkeys(("granitehybrid", "nemotron_h", "falcon-h1", "jamba", "bamba", "lfm2", "qwen3next"), "hybrid"),
     "llama": "transformer",
 }
-_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
 def families() -> list[dict]:
@@ -98,8 +97,10 @@ def _safetensors_type(model_dir: Path) -> str | None:
             return None
         dtypes = Counter(v.get("dtype") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict))
         if dtypes:
+            from engramctl.store.arrays import SAFETENSORS_DTYPE
+
             top = dtypes.most_common(1)[0][0]
-            return _SAFETENSORS_DTYPES.get(top, str(top).lower())
+            return next((name for name, code in SAFETENSORS_DTYPE.items() if code == top), str(top).lower())
     return None
 
 

@@ -128,8 +128,7 @@ class Daemon:
             why = f"the {self.engine.info.backend} backend runs one turn at a time; the others queue in arrival order"
         else:
             why = f"{n} conversations step together on the {self.engine.info.backend} backend"
-            layout = getattr(self.engine.backend, "kv_layout", None)
-            why += f", {layout}" if layout else ""
+            why += f", {self.engine.kv_layout}" if self.engine.kv_layout else ""
         return {"at_once": n, "running": self.worker.running, "waiting": self.worker.waiting, "why": why}
 
 

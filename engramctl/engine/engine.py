@@ -53,6 +53,11 @@ class Engine:
         n = getattr(self.backend, "prompts_per_step", None)
         return None if n is None else max(1, int(n))
 
+    @property
+    def kv_layout(self) -> str | None:
+        """How the backend lays out its conversations' KV cells, in words for `engramctl ps` (None: nothing to say)."""
+        return getattr(self.backend, "kv_layout", None)
+
     def prefill_chunk(self, live: Live, n_left: int, room: int | None = None) -> int:
         """How many of a prompt's `n_left` remaining tokens one step feeds: the backend's chunk, as its own
         prefill would cut them (a solo turn computes what it always did), or fewer when the step has only

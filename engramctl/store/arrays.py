@@ -26,6 +26,24 @@ NUMPY, TORCH = "numpy", "torch"
 # tensors, and so is a file without the key (the transformers backend wrote those)
 KIND_OF_BACKEND = {"llama.cpp": NUMPY}
 BACKEND_KEY = "backend"
+# numpy / torch dtype names (arrays.dtype_name) -> safetensors' names
+SAFETENSORS_DTYPE = {
+    "bool": "BOOL",
+    "uint8": "U8",
+    "int8": "I8",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int16": "I16",
+    "uint16": "U16",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int32": "I32",
+    "uint32": "U32",
+    "float32": "F32",
+    "int64": "I64",
+    "uint64": "U64",
+    "float64": "F64",
+}
 # safetensors dtype names numpy has a form of: a file holding any other (BF16) decodes into torch tensors
 NUMPY_SAFETENSORS_DTYPES = frozenset({"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8", "BOOL"})
 

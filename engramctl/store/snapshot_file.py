@@ -87,30 +87,10 @@ def encode_parts(tensors: dict[str, Array], metadata: dict[str, str]) -> list[by
 
 def _dtype_code(t: Array) -> str:
     name = arrays.dtype_name(t)
-    code = _SAFETENSORS_DTYPE.get(name)
+    code = arrays.SAFETENSORS_DTYPE.get(name)
     if code is None:
         raise ValueError(f"a tensor of dtype {name} has no safetensors form")
     return code
-
-
-# numpy / torch dtype names (arrays.dtype_name) -> safetensors' names
-_SAFETENSORS_DTYPE = {
-    "bool": "BOOL",
-    "uint8": "U8",
-    "int8": "I8",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "int16": "I16",
-    "uint16": "U16",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int32": "I32",
-    "uint32": "U32",
-    "float32": "F32",
-    "int64": "I64",
-    "uint64": "U64",
-    "float64": "F64",
-}
 
 
 # safetensors' dtype names -> bytes per element (the ones safetensors.torch loads)
