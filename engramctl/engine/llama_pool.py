@@ -269,10 +269,9 @@ class SequencePool:
         candidates = [(_common_prefix(other.token_ids, ids), other) for other in self.residents() if other is not live]
         # of those sharing as much, one whose captured blob share can cut the prefix from (no copy of its cells
         # first: ~9 MB a time on SmolLM2), else the one holding fewest cells to copy
-        best = max(
-            candidates, key=lambda c: (c[0], c[1].cache.captured is not None, -len(c[1].token_ids)), default=None
+        return max(
+            candidates, key=lambda c: (c[0], c[1].cache.captured is not None, -len(c[1].token_ids)), default=(0, None)
         )
-        return (0, None) if best is None else best
 
     def stepped(self, lives: Sequence[Live], alone: bool) -> None:
         """`lives` consumed tokens, so they moved past any kept state; unless one ran `alone` (after

@@ -213,11 +213,10 @@ def test_tiers_show_how_many_conversations_the_daemon_serves_as_ps_does(cli, tin
     assert data["serving"]["at_once"] == n == ps["serving"]["at_once"]
     assert (n == 1) == (backend == "transformers")  # llama.cpp steps several conversations together
     assert data["serving"]["why"] == ps["serving"]["why"]
-    assert (
-        (engine.kv_layout is None)
-        if n == 1
-        else ("KV" in engine.kv_layout and engine.kv_layout in ps["serving"]["why"])
-    )
+    if n == 1:
+        assert engine.kv_layout is None
+    else:  # how its conversations share the KV cache, in the words ps and tiers show
+        assert "KV" in engine.kv_layout and engine.kv_layout in ps["serving"]["why"]
     at_once = "one turn at a time" if n == 1 else f"{n} conversations at once"
     assert f"SERVES  {at_once} (0 running, 0 waiting)" in human
 
