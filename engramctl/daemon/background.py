@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,15 @@ from engramctl.daemon.runner import check_host
 from engramctl.errors import EngramError
 from engramctl.settings import Settings, settings_env
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory lock
+    fcntl = None  # type: ignore[assignment]
+
 log = logging.getLogger("engramctl.daemon")
 
 LOG_ROTATE_BYTES = 16 * 2**20
+START_LOCK_FILE = "start.lock"
 # What daemon_status() takes from /v1/status.
 _STATUS_KEYS = """uptime_s rss_bytes weights_bytes backend weight_type n_params sessions queue turns hot pending_writes
 family context_length started notices serving""".split()
@@ -51,14 +59,48 @@ def start_background(settings: Settings, wait: bool = True, timeout: float = 600
     """Start the daemon as a detached process (own session, output to log_file(settings)) unless one
     already runs for this data directory. With wait, return once it answers /health (raising
     EngramError with the log's last lines if it exits first). Returns daemon_status(), plus
-    "already_running": True when nothing was started."""
-    current = daemon_status(settings)
+    "already_running": True when nothing was started. Several commands starting it at once (chats
+    autostarting side by side) start one daemon and all wait for it."""
+    check_host(settings)
+    settings.paths.ensure()
+    with _start_lock(settings):  # released once the child holds the run lock or has exited
+        current = daemon_status(settings)
+        if current is None:
+            proc, offset = _spawn(settings)
+            locked_by = time.monotonic() + 60  # the child takes the lock before it loads anything
+            while proc.poll() is None and running_pid(settings) is None and time.monotonic() < locked_by:
+                time.sleep(0.02)
     if current is not None:
         if current.get("ready") or not wait:
             return {**current, "already_running": True}
         return {**_wait_ready(settings, None, timeout, 0), "already_running": True}
-    check_host(settings)
-    settings.paths.ensure()
+    if not wait:
+        return {
+            "pid": proc.pid,
+            "ready": False,
+            "state": "starting",
+            "log_file": str(log_file(settings)),
+            "already_running": False,
+        }
+    return {**_wait_ready(settings, proc, timeout, offset), "already_running": False}
+
+
+@contextmanager
+def _start_lock(settings: Settings) -> Iterator[None]:
+    """Held from "is a daemon running?" until the daemon started holds its own lock, so that two
+    commands cannot both see none and both start one."""
+    fd = os.open(settings.paths.run_dir / START_LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _spawn(settings: Settings) -> tuple[subprocess.Popen, int]:
+    """`python -m engramctl.daemon` detached, its output appended to the log; returns the process
+    and the log offset its output starts at."""
     logfile = log_file(settings)
     _rotate(logfile)
     env = {**os.environ, **_settings_env(settings)}
@@ -79,21 +121,15 @@ def start_background(settings: Settings, wait: bool = True, timeout: float = 600
             start_new_session=True,
             close_fds=True,
         )
-    if not wait:
-        return {
-            "pid": proc.pid,
-            "ready": False,
-            "state": "starting",
-            "log_file": str(logfile),
-            "already_running": False,
-        }
-    return {**_wait_ready(settings, proc, timeout, offset), "already_running": False}
+    return proc, offset
 
 
 def _wait_ready(settings: Settings, proc: subprocess.Popen | None, timeout: float, log_offset: int) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
+            if running_pid(settings) is not None:  # another daemon (`engramctl serve`?) took the lock first
+                return _wait_ready(settings, None, deadline - time.monotonic(), log_offset)
             raise EngramError(
                 f"the daemon exited during startup (exit code {proc.returncode}): {_log_tail(settings, log_offset)}",
                 hint=f"full log: {log_file(settings)}",
@@ -101,6 +137,11 @@ def _wait_ready(settings: Settings, proc: subprocess.Popen | None, timeout: floa
         status = daemon_status(settings, timeout=1.0)
         if status is not None and status.get("ready"):
             return status
+        if status is None and proc is None:  # the daemon we waited for has gone
+            raise EngramError(
+                f"the daemon exited during startup: {_log_tail(settings, log_offset)}",
+                hint=f"full log: {log_file(settings)}",
+            )
         if time.monotonic() > deadline:
             raise EngramError(
                 f"the daemon did not become ready within {timeout:.0f} s.", hint=f"see its log: {log_file(settings)}"
