@@ -148,6 +148,12 @@ class ChatSession:
             self.out.event({"event": "done", **self.last})
         elif pieces and not "".join(pieces).endswith("\n"):
             self.out.write("\n")
+        if self.last["finish_reason"] == "cancelled":  # not by us: the daemon was stopped mid-reply
+            raise EngramError(
+                "the daemon ended this reply before it finished (it was being stopped); the session keeps "
+                "what was generated so far.",
+                hint=f"engramctl chat --session {self.session}",
+            )
         return self.last
 
     def _after_interrupt(self, last: dict) -> None:
@@ -181,8 +187,9 @@ class ChatSession:
         return {
             "session": ext.get("session", self.session),
             "text": "".join(pieces),
-            "finish_reason": done.get("finish_reason")
-            or ext.get("finish_reason")
+            # the daemon's own word first: OpenAI's finish_reason has no "cancelled" and says "length"
+            "finish_reason": ext.get("finish_reason")
+            or done.get("finish_reason")
             or ("cancelled" if not done else None),
             "snapshot_id": ext.get("snapshot_id"),
             "resumed": bool(ext.get("resumed")),

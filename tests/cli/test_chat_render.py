@@ -12,7 +12,7 @@ import pytest
 from engramctl.cli import repl as repl_mod
 from engramctl.cli.chat import ChatSession, describe_origin
 from engramctl.cli.output import HUMAN, JSON, Output
-from engramctl.errors import NotFound
+from engramctl.errors import EngramError, NotFound
 
 
 class FakeLink:
@@ -130,6 +130,29 @@ def test_stats_after_ctrl_c_show_the_state_the_session_kept():
     assert code == 0 and "reply stopped" in e
     assert "tokens in state  12" in e and "snapshot         efefefefefef  3.0 KiB" in e
     assert chat.last["completion_tokens"] == 2 and chat.last["finish_reason"] == "cancelled"
+
+
+def test_a_reply_the_daemon_cut_short_is_an_error_not_a_finish():
+    """`daemon stop` mid-reply: the wire's finish_reason says "length" (OpenAI's has no "cancelled"); the
+    daemon's own word says "cancelled". The NDJSON done event carries it and the command fails."""
+
+    class Stopped(FakeLink):
+        def stream(self, session, messages, sampling):
+            yield {"type": "start", "engram": {"session": session, "prompt_tokens": 10}}
+            yield {"type": "token", "text": "The"}
+            yield {
+                "type": "done",
+                "finish_reason": "length",
+                "usage": {"prompt_tokens": 10, "completion_tokens": 1},
+                "engram": {"snapshot_id": "ab" * 16, "finish_reason": "cancelled"},
+            }
+
+    out, o, e = outputs(JSON)
+    with pytest.raises(EngramError, match="ended this reply before it finished") as err:
+        ChatSession(Stopped(), out, "s", events=True).send("hi")
+    assert err.value.exit_code == 1 and err.value.hint == "engramctl chat --session s"
+    done = [json.loads(line) for line in o.getvalue().splitlines()][-1]
+    assert done["event"] == "done" and done["finish_reason"] == "cancelled" and done["text"] == "The"
 
 
 @pytest.mark.parametrize(
