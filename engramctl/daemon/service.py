@@ -62,6 +62,16 @@ def new_turn_messages(request: list[dict], transcript: list[dict]) -> list[dict]
     return request
 
 
+def unanswered(transcript: list[dict]) -> list[dict]:
+    """The transcript's last user messages when no reply follows them: a turn that never finished (the
+    daemon was killed mid-reply, or the session was branched while the turn ran)."""
+    stored = [plain(m) for m in transcript]
+    n = len(stored)
+    while n and stored[n - 1]["role"] == "user":
+        n -= 1
+    return stored[n:]
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     messages: list[dict]  # plain role/content dicts
@@ -123,10 +133,15 @@ class ConversationService:
         validate_session_name(name)
         transcript, head = base if base is not None else self._transcript_and_head(name)
         new = new_turn_messages(messages, transcript)
-        if not new:
+        asked = unanswered(transcript) if base is None else []
+        if asked and [plain(m) for m in new] in ([], asked):  # asked again: this turn answers them, from the state that holds them
+            new = []
+        elif not new:
             raise UsageError(
                 f"every message in the request is already in session {name!r}'s transcript; send the new message(s)."
             )
+        elif asked and head is not None:  # something else: they stay, read again from the state before them
+            head = self._before_unanswered(head, len(transcript))
         conversation = [plain(m) for m in transcript] + new
         live, origin = self.states.for_session(name, head, transcript, follow_head=base is None)
         budget = self.default_max_tokens
@@ -234,6 +249,15 @@ class ConversationService:
     def invalidate(self, session: str | None = None) -> None:
         """Forget the hot state (of `session`, or whichever). Any thread: the worker releases it later."""
         self.states.drop(session)
+
+    def _before_unanswered(self, head: str, n_messages: int) -> str | None:
+        """The state to continue from instead of `head` when it holds the unanswered messages' prompt
+        (the generation prompt at its end would make the template re-read everything): its parent."""
+        try:
+            rec = self.store.snapshots.info(head)
+        except NotFound:
+            return head
+        return rec.parent if rec.n_messages == n_messages else head
 
     def _transcript_and_head(self, name: str) -> tuple[list[dict], str | None]:
         try:

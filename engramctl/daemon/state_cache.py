@@ -4,7 +4,9 @@ keeps, restores and releases a Live (daemon/scheduler.py steps the turns that us
 Which state continues a prompt:
 - a session's turn: its hot Live if it is that session's head, else the head snapshot (the hottest tier
   that has it), else (no head, corrupt, another model) a fresh state: the turn then feeds the whole
-  conversation from the transcript. Slower, never lost.
+  conversation from the transcript. Slower, never lost. A head that awaits a reply which never came (the
+  daemon killed mid-reply, a branch taken mid-turn) continues only a turn that asks that message again;
+  another message continues from the head's parent (service.py `turn_from`).
 - an anonymous turn (a stock OpenAI client resending its history): the hot Live or the longest stored
   snapshot whose token ids are an exact prefix of the request's; the turn feeds only the rest.
 - a restore: the snapshot itself (an unusable one is an error there, not a fallback); `restore` loads it

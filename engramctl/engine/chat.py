@@ -24,7 +24,7 @@ def plan_turn(
     full = tokenizer.render(messages, add_generation_prompt=True)
     if not consumed_text:
         return full, False
-    if prefix_stable and full.startswith(consumed_text) and len(full) > len(consumed_text):
+    if prefix_stable and full.startswith(consumed_text):  # "" when the state awaits exactly this reply
         return full[len(consumed_text) :], False
     return full, True
 
