@@ -4,8 +4,8 @@
 
 Arguments are validated first (agent/arguments.py validate_arguments): bad ones raise ToolArgumentError and nothing
 is touched. Tools that change state (checkpoint, branch, restore, delete_checkpoint, chat) run as jobs
-on the daemon's single worker thread, between the scheduler's steps: a checkpoint taken while a reply is
-being generated pins the session's head as recorded at that moment (the reply is not in it yet), a restore
+on the daemon's single worker thread, between the scheduler's steps: a checkpoint (or a branch of a session)
+asked for while a reply is being generated waits for that reply and takes the state after it, a restore
 is refused (409 session_busy) while a turn of that session runs or waits, and the conversation service's
 in-memory "hot" state is only ever touched from that thread. Read-only tools answer at once.
 
@@ -89,12 +89,18 @@ class Dispatcher:
             return run(args, None)
         turn = tool.name == "chat"  # a turn: the scheduler runs it with the others
         job = self.daemon.worker.submit(
-            lambda job: run(args, job),
-            name=f"tool {tool.name}",
-            turn=turn,
-            session=args.get("session") if turn else None,
+            lambda job: run(args, job), name=f"tool {tool.name}", turn=turn, session=self._after(tool.name, args)
         )
         return await wait_job(job, request)
+
+    def _after(self, tool: str, args: dict) -> str | None:
+        """The session whose turns running or queued now the call comes after: a chat continues its
+        session's; a checkpoint or a branch of a session takes its head once their replies are in it."""
+        if tool in ("chat", "checkpoint"):
+            return args.get("session")
+        if tool == "branch" and self.store.sessions.has(args.get("source") or ""):
+            return args["source"]
+        return None
 
     # -- lookups ---------------------------------------------------------------------------------------
     def _pool(self, session: str) -> tuple[dict[str, Any], set[str]]:

@@ -65,8 +65,10 @@ class TurnRequest:
         on_finish: Callable[[Finish], None] | None = None,
         on_start: Callable[[Prompt], None] | None = None,
         session: str | None = None,
+        needs: Callable[[], str | None] | None = None,
     ):
         self.turn, self.cancel, self.session = turn, cancel, session
+        self.needs = needs or (lambda: None)  # the snapshot its next record continues from (a delete waits)
         self.on_prompt, self.on_piece, self.on_done, self.on_fail = on_prompt, on_piece, on_done, on_fail
         self.on_start = on_start  # the prompt is in the state: the stream's first chunk, before the first token
         self.on_finish = on_finish  # generation stopped: the stream's last choice goes before the state is recorded
@@ -171,14 +173,23 @@ class Scheduler:
         return min(COMPANY_WAIT_MAX_S, COMPANY_WAIT_SHARE * r.turn.prompt_left * self.prompt_s_per_token)
 
     def admit(self) -> int:
-        """Waiting turns join in arrival order while there is room; a session's turn waits for its
-        previous one (it continues that one's state). Returns how many started."""
+        """Waiting jobs start in arrival order: a turn while there is room, after its session's previous turn
+        (it continues that one's state); a job that reads a session's head (a checkpoint, a branch) right
+        after the turns of that session queued before it, needing no room. Returns how many turns started."""
         started = 0
-        skipped: list["Job"] = []
-        while self.waiting and len(self.running) < self.max_sequences:
+        kept: collections.deque["Job"] = collections.deque()
+        held = {r.session for r in self.running if r.session is not None}  # sessions whose next job waits
+        reads = sum(not job.turn for job in self.waiting)  # jobs that need no room
+        while self.waiting:
+            full = len(self.running) >= self.max_sequences
+            if full and not reads:
+                break
             job = self.waiting.popleft()
-            if job.session is not None and any(r.session == job.session for r in self.running):
-                skipped.append(job)
+            reads -= not job.turn
+            if (job.session is not None and job.session in held) or (job.turn and full):
+                kept.append(job)
+                if job.session is not None:
+                    held.add(job.session)
                 continue
             if job.cancelled:
                 job.finish(error=Cancelled("the request was cancelled before it started."))
@@ -190,14 +201,18 @@ class Scheduler:
                     log.exception("%s failed", job.name)
                 job.finish(error=e)
                 continue
-            if not isinstance(out, TurnRequest):  # a job that turned out to generate nothing
+            if not isinstance(out, TurnRequest):  # a job that turned out to generate nothing, or reads a head
                 job.finish(out)
                 continue
             out.job = job
             self.start(out)
             started += 1
-        self.waiting.extendleft(reversed(skipped))
+        self.waiting.extendleft(reversed(kept))
         return started
+
+    def holds(self, session: str) -> bool:
+        """Does a turn of `session` run or wait here (a job reading its head must come after it)?"""
+        return any(r.session == session for r in self.running) or any(j.session == session for j in self.waiting)
 
     def start(self, r: TurnRequest) -> None:
         """`r` starts running (its first token may be sampled at once, with nothing to feed)."""

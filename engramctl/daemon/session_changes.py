@@ -5,7 +5,8 @@ a reset done between two of its steps would be undone by it a moment later: the 
 holding that one turn, the session reset starts with the old question. What a user means by "delete it" or "start
 over" is the conversation as they see it, so the change is refused with a 409 that names the session
 (SessionBusy) while a turn of it runs or waits to run (a restore alone, which moves the head at once, too:
-engram_api/restore.py); it is retried once the reply has finished or been cancelled. The check and the change run
+engram_api/restore.py), and so is deleting the snapshot a running turn will record onto (`delete_snapshot`); it
+is retried once the reply has finished or been cancelled. The check and the change run
 as one job on the worker, between two steps, where no turn can start or end in between.
 """
 
@@ -31,6 +32,20 @@ def ensure_idle(d: Daemon, session: str, change: str) -> None:
             f"session {session!r} has a turn {state}; it cannot be {change} until that turn ends.",
             hint="wait for the reply to finish (or cancel it), then retry",
         )
+
+
+def delete_snapshot(d: Daemon, snapshot_id: str, force: bool) -> None:
+    """Delete one snapshot, refused (SessionBusy) while a running turn records onto it: the one it continued
+    from until its prompt is recorded, its prompt snapshot after that (a session's head, which a forced
+    delete would take from under it). Worker thread."""
+    for r in d.scheduler.running:
+        if r.needs() == snapshot_id:
+            raise SessionBusy(
+                f"snapshot {snapshot_id} is the state session {r.session!r}'s running turn continues from; it "
+                "cannot be deleted until that turn ends.",
+                hint="wait for the reply to finish (or cancel it), then retry",
+            )
+    d.store.snapshots.delete(snapshot_id, force=force)
 
 
 def restore_check(d: Daemon) -> Callable[[str], None]:

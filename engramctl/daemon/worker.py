@@ -110,7 +110,9 @@ class Worker:
     ) -> Job:
         """Queue `fn`; call from the event loop. Raises QueueFull or ShuttingDown instead of waiting.
         turn=True: `fn` plans a turn (it returns a scheduler.TurnRequest), run by the scheduler with the
-        others; `session` names the session it continues."""
+        others; `session` names the session it continues. A job that is not a turn but names a `session`
+        (a checkpoint, a branch of it) runs after that session's turns running or queued now: it sees their
+        replies."""
         job = Job(fn, name, asyncio.get_running_loop(), turn=turn, session=session)
         with self._lock:
             if not self._accepting:
@@ -185,7 +187,7 @@ class Worker:
             elif job is not False:
                 with self._lock:
                     self._waiting -= 1
-                if job.turn and self.scheduler is not None and not stopping:
+                if self.scheduler is not None and not stopping and (job.turn or self._after_turns(job)):
                     self.scheduler.add(job)
                 else:
                     self._run_job(job)
@@ -196,6 +198,10 @@ class Worker:
                 if self.scheduler.admit():
                     continue
                 self.scheduler.step()
+
+    def _after_turns(self, job: Job) -> bool:
+        """A job that reads a session's head waits for that session's turns (run by the scheduler after them)."""
+        return job.session is not None and self.scheduler is not None and self.scheduler.holds(job.session)
 
     def _stop_turns(self) -> None:
         s = self.scheduler

@@ -7,6 +7,7 @@ turn runs, and once it has ended (here: cancelled by the client going away) the 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -152,3 +153,59 @@ def test_a_restore_alone_waits_for_the_running_turn_with_a_409_naming_the_sessio
         assert restore(h, "back", first, True).status_code == 200
         time.sleep(0.5)  # nothing records over it afterwards
         assert h.get("/v1/sessions/back").json()["head"] == first
+
+
+def _checkpoint(h: httpx.Client) -> str:
+    r = h.post("/v1/agent/call", json={"tool": "checkpoint", "arguments": {"session": "held", "label": "mid"}})
+    assert r.status_code == 200, r.text
+    return r.json()["result"]["snapshot_id"]
+
+
+def _agent_branch(h: httpx.Client) -> str:
+    r = h.post("/v1/agent/call", json={"tool": "branch", "arguments": {"source": "held", "new_session": "held-b"}})
+    assert r.status_code == 200, r.text
+    return r.json()["result"]["snapshot_id"]
+
+
+def _engram_save(h: httpx.Client) -> str:
+    r = h.post("/save_snapshot", json={"conversation_id": "held"})
+    assert r.status_code == 200 and r.json()["success"], r.text
+    return r.json()["snapshot_id"]
+
+
+def _cli_branch(h: httpx.Client) -> str:  # what `engramctl snapshots branch held held-c` sends
+    r = h.post("/branch_snapshot", json={"source": "held", "new_session": "held-c"})
+    assert r.status_code == 200, r.text
+    return h.get("/v1/sessions/held-c").json()["head"]
+
+
+@pytest.mark.parametrize("take", [_checkpoint, _agent_branch, _engram_save, _cli_branch])
+def test_a_checkpoint_or_branch_asked_for_mid_reply_takes_the_state_after_the_reply(daemon, take):
+    oai, h = _clients(daemon)
+    with h, ThreadPoolExecutor(1) as pool:
+        stream = _long_stream(daemon, oai, "held")
+        taken = pool.submit(take, h)
+        time.sleep(0.5)
+        assert not taken.done()  # it waits for the reply being generated
+        stream.close()  # the reply ends (cancelled by its client), recorded
+        sid = taken.result(timeout=60)
+        head = h.get("/v1/sessions/held").json()
+        info = h.post("/get_snapshot_info", json={"snapshot_id": sid}).json()
+        assert info["id"] == head["head"] and info["n_messages"] == 2  # the question and its reply, not it alone
+        assert head["messages"][-1]["finish_reason"] == "cancelled"
+
+
+def test_a_forced_delete_of_a_running_sessions_head_is_refused_naming_the_session(daemon):
+    oai, h = _clients(daemon)
+    with h:
+        _turn(oai, "kept", "Hello.", max_tokens=3)
+        stream = _long_stream(daemon, oai, "kept")
+        head = h.get("/v1/sessions/kept").json()["head"]
+        r = h.post("/delete_snapshot", json={"snapshot_id": head, "force": True})
+        _busy(r, "kept", "cannot be deleted until that turn ends")
+        stream.close()
+        messages = _wait_recorded(h, "kept", 4)  # the turn recorded its reply: its snapshot was not lost
+        assert messages[-1]["finish_reason"] == "cancelled"
+        after = h.get("/v1/sessions/kept").json()["head"]
+        assert h.post("/get_snapshot_info", json={"snapshot_id": after}).json()["n_messages"] == 4
+        assert h.post("/delete_snapshot", json={"snapshot_id": after, "force": True}).status_code == 200

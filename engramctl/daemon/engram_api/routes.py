@@ -64,7 +64,7 @@ async def save_snapshot(body: SaveSnapshotRequest, request: Request):
             snapshot_id=body.snapshot_id,
         )
 
-    job = d.worker.submit(run, name="save_snapshot")
+    job = d.worker.submit(run, name="save_snapshot", session=name)  # after a reply being generated: its state
     sid, branch = await job_result(job, request)
     await run_in_threadpool(d.store.snapshots.wait_durable, sid, SAVE_DURABLE_S)  # saved means on disk (their contract)
     snap = naming.snapshot(d.store, sid)
@@ -208,13 +208,17 @@ async def delete_snapshot(body: DeleteSnapshotRequest, request: Request):
         )
     if body.snapshot_id is not None:
         sid = d.store.resolve(body.snapshot_id)
-        d.store.snapshots.delete(sid, force=bool(body.force))
+        job = d.worker.submit(lambda job: session_changes.delete_snapshot(d, sid, bool(body.force)), name="delete")
+        await job_result(job, request)
         ours = is_id_prefix(body.snapshot_id.strip().lower()) and not body.given("conversation_id", *ENGRAM_FIELDS)
         if ours:
             return answers.ok(snapshot_id=sid)
         return answers.ok(snapshot_id=sid, message="Snapshot deleted successfully")
     sid = naming.turn_snapshot(d.store, body)
-    d.store.snapshots.delete(sid, force=True if body.force is None else body.force)
+    force = True if body.force is None else body.force
+    await job_result(
+        d.worker.submit(lambda job: session_changes.delete_snapshot(d, sid, force), name="delete"), request
+    )
     return answers.ok(
         snapshot_id=sid,
         message="Snapshot deleted successfully",
@@ -243,7 +247,9 @@ async def branch_snapshot(body: BranchSnapshotRequest, request: Request):
         source = d.store.resolve(body.source)  # a name the Engram routes gave a snapshot (custom id, <conv>-t<N>)
     else:
         source = body.source_ref
-    info = d.store.sessions.branch(source, body.new_session)
+    after = source if d.store.sessions.has(source) else None  # a session's reply being generated goes in first
+    job = d.worker.submit(lambda job: d.store.sessions.branch(source, body.new_session), name="branch", session=after)
+    info = await job_result(job, request)
     return answers.session(Session.from_info(info), source=source)
 
 
