@@ -255,6 +255,17 @@ def test_restore_and_generate_is_greedy_by_default_and_reproducible(h, tok, refe
     assert usage["prompt_tokens_details"]["cached_tokens"] == len(fill)  # the restored state: nothing recomputed
 
 
+def test_a_restore_with_a_continuation_message_is_greedy_by_default_too(h):
+    chat(h, "gentext", "My favorite color is blue.")
+    post(h, "/save_snapshot", {"conversation_id": "gentext", "turn_number": 1})
+    body = {"conversation_id": "gentext", "turn_number": 1, "continuation": "What is it?", "max_tokens": 8}
+    replies = {h.post("/restore_snapshot", json=body).json()["choices"][0]["message"]["content"] for _ in range(3)}
+    assert len(replies) == 1  # the tiny model's flat logits would make sampled replies differ
+    forced = {**body, "temperature": 1.5, "seed": 7}
+    a, b = (h.post("/restore_snapshot", json=forced).json()["choices"][0]["message"]["content"] for _ in range(2))
+    assert a == b and a not in replies  # sampling as asked: seeded, and not the greedy reply
+
+
 def test_restore_and_generate_honours_sampling_parameters(h, tok, reference_backend):
     chat(h, "sampled", "Tell me a story.")
     fill = post(h, "/get_snapshot_info", {"conversation_id": "sampled", "turn_number": 1})["metadata"]["fill_ids"]

@@ -85,7 +85,7 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
     restore-and-generate answer."""
     d = daemon_of(request)  # body.model: any name means the served model (routes_openai)
     continuation, ids = body.continuation_message(), body.continuation_ids
-    params = body.token_params() if ids is not None else body.params()
+    params = body.params()
     ref, session, conversation = body.snapshot_id, body.session_name, body.conversation
     if body.branch_name is not None:  # the branch's own session, at its head: a turn continues the branch
         session = naming.branch_session(d.store, body)

@@ -162,9 +162,10 @@ class RestoreSnapshotRequest(_Selectors, Sampling):
             return {"role": "user", "content": self.continuation}
         return self.continuation.plain()
 
-    def token_params(self) -> SamplingParams:
-        """Sampling for a restore-and-generate with continuation_ids: as asked, else greedy (temperature 0,
-        reproducible); max_new_tokens is max_tokens."""
+    def params(self) -> SamplingParams:
+        """Sampling for a restore that generates (continuation_ids or a continuation message): as asked, else
+        greedy (temperature 0: a restore continues reproducibly, as the Engram server's does); max_new_tokens
+        is max_tokens."""
         options = {name: getattr(self, name) for name in OPTIONS}
         if options["temperature"] is None:
             options["temperature"] = 0.0
