@@ -65,8 +65,8 @@ class NameTable:
 
     def turns(self, session: str) -> dict[int, str]:
         """turn number -> snapshot id, for every turn of the session that has one (see the module doc)."""
-        head = self._sessions.get(session).head
-        with self._core.lock:
+        with self._core.lock:  # the head read under the lock: a delete between would leave it dangling
+            head = self._sessions.get(session).head
             line = [r.id for r in self._core.index.ancestry(head)] if head else []
             owned = [r.id for r in self._core.index.snapshots(session)]
             saved = self._core.index.rows(

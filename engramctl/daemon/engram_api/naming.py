@@ -93,7 +93,11 @@ def names_of(store: Store, snaps: list[Snapshot]) -> tuple[dict[str, int], dict[
     turns: dict[str, int] = {}
     names: dict[str, str] = {}
     for session in sorted({s.session for s in snaps}):
-        for n, sid in store.names.turns(session).items():
+        try:
+            session_turns = store.names.turns(session)
+        except NotFound:  # deleted since the snapshots were listed
+            continue
+        for n, sid in session_turns.items():
             if sid not in turns:
                 turns[sid], names[sid] = n, f"{session}-t{n}"
     names.update(store.names.custom_ids([s.id for s in snaps]))

@@ -12,7 +12,7 @@ terms (answers.py)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Callable
 
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
@@ -36,7 +36,7 @@ from engramctl.daemon.engram_api.schemas import (
 from engramctl.daemon.streaming import Completion, answer_turn, job_result
 from engramctl.daemon.turn_json import engram_json, finish_reason, usage_json
 from engramctl.daemon.turn_result import TurnResult
-from engramctl.errors import UsageError
+from engramctl.errors import NotFound, UsageError
 from engramctl.protocol import Restored, Session, Snapshot
 from engramctl.store.names import is_id_prefix, is_snapshot_id, named_session
 
@@ -138,6 +138,7 @@ async def list_snapshots(request: Request, body: ListSnapshotsRequest | None = N
 
 
 def _list(request: Request, body: ListSnapshotsRequest) -> dict:
+    """The listing, read a piece at a time: what another request deletes meanwhile is left out, not a 404."""
     d = daemon_of(request)
     name = body.session_name
     if not body.engram:
@@ -149,21 +150,33 @@ def _list(request: Request, body: ListSnapshotsRequest) -> dict:
     conversation = body.conversation
     if not d.store.sessions.has(name):
         return answers.snapshots([])
-    turns = d.store.names.turns(name)
+    turns = _unless_gone(d.store.names.turns, name) or {}
     custom = d.store.names.custom_ids(turns.values())
-    items = [
-        answers.item(
-            naming.snapshot(d.store, sid),
-            answers.Meta(conversation, n, None, custom.get(sid) or f"{conversation}-t{n}"),
-        )
-        for n, sid in turns.items()
-    ]
-    for branch, branch_session in d.store.names.branches(name).items():
-        head = d.store.sessions.get(branch_session).head
-        if head is not None:
-            meta = naming.meta(d.store, head, conversation, scope=branch_session, branch=branch)
-            items.append(answers.item(naming.snapshot(d.store, head), meta))
-    return answers.snapshots(items)
+    items = [_unless_gone(_turn_item, d.store, conversation, n, sid, custom) for n, sid in turns.items()]
+    branches = d.store.names.branches(name).items()
+    items += [_unless_gone(_branch_item, d.store, conversation, branch, session) for branch, session in branches]
+    return answers.snapshots([i for i in items if i is not None])
+
+
+def _turn_item(store, conversation: str | None, n: int, sid: str, custom: dict[str, str]) -> dict:
+    return answers.item(
+        naming.snapshot(store, sid), answers.Meta(conversation, n, None, custom.get(sid) or f"{conversation}-t{n}")
+    )
+
+
+def _branch_item(store, conversation: str | None, branch: str, branch_session: str) -> dict | None:
+    head = store.sessions.get(branch_session).head
+    if head is None:
+        return None
+    meta = naming.meta(store, head, conversation, scope=branch_session, branch=branch)
+    return answers.item(naming.snapshot(store, head), meta)
+
+
+def _unless_gone(read: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return read(*args)
+    except NotFound:
+        return None
 
 
 @router.post("/get_snapshot_info")
