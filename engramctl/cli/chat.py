@@ -312,7 +312,7 @@ def chat(
 
     out = common.output(json_, quiet)
     st = common.settings(model=model)
-    name = session or default_session_name()
+    name = default_session_name() if session is None else session
     from engramctl.store.names import validate_session_name  # no torch: names.py is stdlib only
 
     validate_session_name(name)
@@ -323,6 +323,8 @@ def chat(
         text = sys.stdin.read().rstrip("\n")
         if not text.strip():
             raise UsageError("nothing to send: stdin was empty.", hint='engramctl chat -s NAME "your message"')
+    elif text is not None and not text.strip():
+        raise UsageError("nothing to send: the message is empty.", hint='engramctl chat -s NAME "your message"')
     given = {
         "temperature": temperature,
         "top_p": top_p,

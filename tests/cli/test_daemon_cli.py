@@ -137,6 +137,8 @@ def test_one_shot_modes(cli, live):
 
     assert "stdin was empty" in chat(cli, "-s", "shot", input="", code=2).stderr
     assert "Invalid session name" in chat(cli, "-s", "../x", "hi", code=2).stderr
+    assert "Invalid session name" in chat(cli, "-s", "", "hi", code=2).stderr  # not a new chat-<time> session
+    assert "the message is empty" in chat(cli, "-s", "shot", "   ", code=2).stderr
 
 
 def _transcript(live, session: str) -> list[dict]:
