@@ -101,4 +101,4 @@ async def completions(body: CompletionBody, request: Request):
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     logprobs = None if body.logprobs is None else LogprobText(d.engine.tokenizer)
     completion = TextCompletion(d.model_id, d.engine.info.fingerprint, echo, logprobs)
-    return await answer_turn(job, request, completion, body.stream, include_usage)
+    return await answer_turn(job, request, completion, body.stream, include_usage, trailer=False)

@@ -64,4 +64,4 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     logprobs = LogprobText(d.engine.tokenizer) if body.logprobs else None
     completion = Completion(d.model_id, d.engine.info.fingerprint, logprobs)
-    return await answer_turn(job, request, completion, body.stream, include_usage)
+    return await answer_turn(job, request, completion, body.stream, include_usage, trailer=chat.session is not None)

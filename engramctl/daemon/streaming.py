@@ -8,10 +8,12 @@ stopped), then `done` (the recorded TurnResult, or a route's own JSON) or `error
     {"choices": [{"delta": {"role": "assistant", ...}}], "engram": {origin}}    at `start`
     {"choices": [{"delta": {"content": ...}}]} ...                               each `piece`
     {"choices": [{"delta": {}, "finish_reason": ...}]}                          at `finish`, at once
-    {"choices": [], "engram": {...snapshot_id}, "usage": {...}?}                 at `done`, once recorded
+    {"choices": [], "engram": {...snapshot_id}, "usage": {...}?}                 at `done`, once recorded (*)
     [DONE]
 
-so a client sees the reply end as soon as generation stops, while the reply state is settled, captured
+(*) only for a request that names a session or asks for usage (answer_turn's `trailer`).
+
+A client sees the reply end as soon as generation stops, while the reply state is settled, captured
 and committed; the `engram` object (turn_json.py) with the snapshot id follows in the trailing chunk.
 A streamed answer starts only once `start` has arrived, so everything that can be refused (unknown
 session, prompt too long, queue full) still gets its own HTTP status instead of a 200 that fails half-way.
@@ -179,8 +181,13 @@ async def first_event(job: Job, request: Request) -> tuple[str, Any]:
     return kind, value
 
 
-async def answer_turn(job: Job, request: Request, completion: Completion, stream: bool, include_usage: bool):
-    """The HTTP answer to a generating job: a JSON completion, or an SSE stream once it has started."""
+async def answer_turn(
+    job: Job, request: Request, completion: Completion, stream: bool, include_usage: bool, trailer: bool = True
+):
+    """The HTTP answer to a generating job: a JSON completion, or an SSE stream once it has started. A stream
+    ends with the chunk without choices (the usage, the `engram` object with the snapshot id) only when the
+    request asks for usage or for `trailer`: the common client loop `chunk.choices[0].delta` of a stock
+    client, which OpenAI sends such a chunk only with include_usage, fails on it."""
     if not stream:
         result = await job_result(job, request)
         if isinstance(result, TurnResult):
@@ -190,11 +197,15 @@ async def answer_turn(job: Job, request: Request, completion: Completion, stream
     if kind == "done":  # a job that generated nothing (restore without a continuation)
         return JSONResponse(value if not isinstance(value, TurnResult) else completion.response(value))
     return StreamingResponse(
-        _events(job, completion, value, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+        _events(job, completion, value, include_usage, trailer or include_usage),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
-async def _events(job: Job, completion: Completion, start: TurnResult, include_usage: bool) -> AsyncIterator[str]:
+async def _events(
+    job: Job, completion: Completion, start: TurnResult, include_usage: bool, trailer: bool
+) -> AsyncIterator[str]:
     try:
         yield sse(completion.chunk({"role": "assistant", "content": ""}, engram=engram_json(start)))
         sent = 0  # logprob entries the chunks carried so far
@@ -212,7 +223,8 @@ async def _events(job: Job, completion: Completion, start: TurnResult, include_u
                 yield sse(completion.chunk({}, finish_reason(r), entries=rest))
             if kind == "done":
                 usage = usage_json(value) if include_usage else None
-                yield sse(completion.usage_chunk(usage, engram=engram_json(value)))
+                if trailer:
+                    yield sse(completion.usage_chunk(usage, engram=engram_json(value)))
                 yield "data: [DONE]\n\n"
                 return
             elif kind == "error":
