@@ -186,7 +186,14 @@ async def chat_with_tools(body, request: Request):
     if not body.stream:
         return JSONResponse(response)
     return StreamingResponse(
-        _replay(completion, response, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+        _replay(
+            completion,
+            response,
+            include_usage,
+            trailer=chat.session is not None or "tool_results" in response["engram"],
+        ),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
@@ -209,8 +216,10 @@ async def _execute(d, parsed, tools, session: str | None) -> tuple[list[dict], l
     return results, messages
 
 
-async def _replay(completion: Completion, response: dict, include_usage: bool):
-    """A finished completion as SSE chunks (a reply that may hold tool calls is parsed whole first)."""
+async def _replay(completion: Completion, response: dict, include_usage: bool, trailer: bool):
+    """A finished completion as SSE chunks (a reply that may hold tool calls is parsed whole first), ending as
+    streaming.py's: the finish, then (for a session, usage asked for, or tools the daemon ran: their results)
+    the chunk without choices with the `engram` object."""
     choice = response["choices"][0]
     message, reason = choice["message"], choice["finish_reason"]
     yield sse(completion.chunk({"role": "assistant", "content": ""}))
@@ -219,7 +228,7 @@ async def _replay(completion: Completion, response: dict, include_usage: bool):
     if message.get("tool_calls"):
         deltas = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
         yield sse(completion.chunk({"tool_calls": deltas}))
-    # the stream's end as streaming.py's: the finish, then the engram object (with the usage if asked for)
     yield sse(completion.chunk({}, reason))
-    yield sse(completion.usage_chunk(response["usage"] if include_usage else None, engram=response["engram"]))
+    if trailer or include_usage:
+        yield sse(completion.usage_chunk(response["usage"] if include_usage else None, engram=response["engram"]))
     yield "data: [DONE]\n\n"
