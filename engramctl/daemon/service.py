@@ -19,6 +19,7 @@ as every turn here does. A request run outside the daemon (the benchmark) runs i
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
 import threading
@@ -102,6 +103,7 @@ class ConversationService:
         self.states = StateCache(engine, store, reuse=reuse, keep=keep)  # `keep` hot states
         self.recorder = Recorder(engine, store)
         self.turns = 0
+        self.in_flight: collections.Counter[str] = collections.Counter()  # session -> turns planned, not ended
 
     @property
     def hot(self) -> Hot | None:
@@ -188,9 +190,25 @@ class ConversationService:
         turn = self.plan_turn(
             live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params, default_max_tokens=budget)
         )
-        session = source if source and source.startswith(AUTO_PREFIX) else f"{AUTO_PREFIX}{secrets.token_hex(8)}"
+        session = source if self._continues(source, origin, conversation) else f"{AUTO_PREFIX}{secrets.token_hex(8)}"
         record = TurnRecord(session, origin.parent, [], replace_transcript=conversation)
         return self.run_turn(turn, session, origin, record, emit, cancel, t0)
+
+    def _continues(self, source: str | None, origin: Origin, conversation: list[dict]) -> bool:
+        """Does an anonymous turn record into the auto session whose state it continues? Only when it goes on
+        from where that session stands (from its head, or with messages that extend its transcript: a resent
+        reply may tokenize otherwise) and no other turn of it is in flight. A fork (a regenerate, an edited
+        message, another client whose conversation began alike) or two at once each get a session of their
+        own, so no transcript mixes two conversations and no client's snapshots age out under another's."""
+        if not source or not source.startswith(AUTO_PREFIX) or self.in_flight[source]:
+            return False
+        try:
+            if self.store.sessions.get(source).head == origin.parent:
+                return True
+            stored = [plain(m) for m in self.store.transcripts.of_session(source)]
+        except NotFound:
+            return False
+        return len(conversation) > len(stored) and [plain(m) for m in conversation[: len(stored)]] == stored
 
     def plan_turn(self, live: Live, origin: Origin, make: Callable[[], Turn]) -> Turn:
         """Plan the turn, then take its Live from the hot state (the turn changes it). A refused turn
@@ -230,11 +248,25 @@ class ConversationService:
             emit("finish", result[-1])  # the stream's last choice: it does not wait for the reply state
 
         def on_done(done: TurnDone) -> TurnResult:
-            self.recorder.turn(record, done)
-            self.states.keep(session, record.reply_id, done.live)
+            try:
+                self.recorder.turn(record, done)
+                self.states.keep(session, record.reply_id, done.live)
+            finally:
+                ended()
             self.turns += 1
             so_far = result[-1] if result else turn_result.started(session, origin, done.prompt, t0)
             return turn_result.recorded(so_far, done, record)
+
+        def on_fail() -> None:
+            ended()
+            self.states.release_retired()
+
+        def ended() -> None:
+            self.in_flight[session] -= 1
+            if self.in_flight[session] <= 0:
+                del self.in_flight[session]
+
+        self.in_flight[session] += 1
 
         return TurnRequest(
             turn,
@@ -244,7 +276,7 @@ class ConversationService:
             on_piece=lambda piece: (crash_point("stream.piece"), emit("piece", piece)),
             on_finish=on_finish,
             on_done=on_done,
-            on_fail=lambda: self.states.release_retired(),
+            on_fail=on_fail,
             session=session,
             needs=lambda: record.head if record.prompted else record.parent,
         )
