@@ -209,3 +209,25 @@ def test_a_forced_delete_of_a_running_sessions_head_is_refused_naming_the_sessio
         after = h.get("/v1/sessions/kept").json()["head"]
         assert h.post("/get_snapshot_info", json={"snapshot_id": after}).json()["n_messages"] == 4
         assert h.post("/delete_snapshot", json={"snapshot_id": after, "force": True}).status_code == 200
+
+
+def test_requests_abandoned_while_queued_give_up_their_place(tiny_engine, engram_home):
+    engine = tiny_engine("transformers")
+    with InProcessDaemon(engine, max_queue=2) as d:  # the transformers backend: one turn at a time
+        d.eos = sorted(engine.tokenizer.eos_ids)
+        oai, h = _clients(d)
+        with h:
+            stream = _long_stream(d, oai, "first")  # holds the one seat
+            body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+            for _ in range(2):  # two clients that give up while waiting for it
+                with pytest.raises(httpx.TimeoutException):
+                    httpx.post(d.url + "/v1/chat/completions", json=body, headers=h.headers, timeout=1.0)
+            deadline = time.monotonic() + 10
+            while h.get("/v1/status").json()["queue"]["waiting"]:
+                assert time.monotonic() < deadline, "the abandoned requests still wait"
+                time.sleep(0.05)
+            with ThreadPoolExecutor(1) as pool:
+                later = pool.submit(h.post, "/v1/chat/completions", json=body)  # not a 429: the line is empty
+                time.sleep(0.3)
+                stream.close()
+                assert later.result(timeout=60).status_code == 200
