@@ -15,6 +15,7 @@ from engramctl.cli.output import count, short_ids, size
 from engramctl.cli.snapshots_common import IdArg, daemon_client, listing_over
 from engramctl.errors import NotFound, UsageError
 from engramctl.protocol import Session, Snapshot
+from engramctl.store.names import is_id_prefix
 
 
 def branch(
@@ -37,6 +38,8 @@ def branch(
             try:
                 src = listing.snapshot(source)["id"]
             except UsageError:
+                if is_id_prefix(source.lower()):  # an id prefix that matches several: say so
+                    raise
                 raise NotFound(
                     f"no session or snapshot named {source!r}.", hint="engramctl ps; engramctl snapshots ls"
                 ) from None

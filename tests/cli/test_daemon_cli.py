@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from engramctl.store.names import MIN_ID_PREFIX
 from tests.backends import both_backends, served_id
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,6 +172,10 @@ def test_snapshots_through_the_daemon(cli, live, backend, tmp_path):
     b = cli.json("snapshots", "branch", first[:14], "snap-old")
     assert b["name"] == "snap-old" and b["head"] == first
     assert "Created session 'snap-via'" in cli("snapshots", "branch", "snap", "snap-via").stderr
+    common = os.path.commonprefix([r["id"] for r in rows])  # the ids begin with their time: a shared prefix
+    assert len(common) >= MIN_ID_PREFIX
+    assert "more than one" in cli("snapshots", "branch", common, "snap-x", code=2).stderr
+    assert "No session or snapshot named" in cli("snapshots", "branch", "no-such", "snap-y", code=1).stderr
 
     out = tmp_path / "snap.safetensors"
     exported = cli.json("snapshots", "export", rows[-1]["id"], str(out))
