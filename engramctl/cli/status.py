@@ -45,7 +45,7 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
         fields.append(("context", f"{count(d['context_length'])} tokens"))
     hot = d.get("hot")
     if isinstance(hot, dict) and hot.get("session"):
-        fields.append(("loaded", f"session {hot['session']} ({count(hot.get('tokens'))} tokens in memory)"))
+        fields.append(("loaded", f"session {hot['session']} ({count(hot.get('tokens'))} tokens in memory, last used)"))
     serves = serving_line(d.get("serving"))
     if serves:
         fields.append(("serves", serves))
@@ -72,7 +72,9 @@ def serving_line(serving: Any) -> str | None:
         return None
     n = serving["at_once"]
     at_once = "one turn at a time" if n == 1 else f"{count(n)} conversations at once"
-    return f"{at_once} ({serving.get('running', 0)} running, {serving.get('waiting', 0)} waiting)"
+    names = serving.get("sessions") or []
+    running = f"{serving.get('running', 0)} running" + (f": {', '.join(names)}" if names else "")
+    return f"{at_once} ({running}; {serving.get('waiting', 0)} waiting)"
 
 
 def model_line(m: dict | None) -> str:

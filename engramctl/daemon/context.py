@@ -129,7 +129,14 @@ class Daemon:
         else:
             why = f"{n} conversations step together on the {self.engine.info.backend} backend"
             why += f", {self.engine.kv_layout}" if self.engine.kv_layout else ""
-        return {"at_once": n, "running": self.worker.running, "waiting": self.worker.waiting, "why": why}
+        running = sorted({r.session for r in list(self.scheduler.running) if r.session})  # a copy: the worker's list
+        return {
+            "at_once": n,
+            "running": self.worker.running,
+            "waiting": self.worker.waiting,
+            "sessions": running,  # the sessions whose turns run now
+            "why": why,
+        }
 
 
 def daemon_of(request: Request) -> Daemon:

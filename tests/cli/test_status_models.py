@@ -218,7 +218,14 @@ def test_tiers_show_how_many_conversations_the_daemon_serves_as_ps_does(cli, tin
     else:  # how its conversations share the KV cache, in the words ps and tiers show
         assert "KV" in engine.kv_layout and engine.kv_layout in ps["serving"]["why"]
     at_once = "one turn at a time" if n == 1 else f"{n} conversations at once"
-    assert f"SERVES  {at_once} (0 running, 0 waiting)" in human
+    assert f"SERVES  {at_once} (0 running; 0 waiting)" in human
+
+
+def test_the_serves_line_names_the_sessions_running_now():
+    from engramctl.cli.status import serving_line
+
+    serving = {"at_once": 4, "running": 2, "waiting": 1, "sessions": ["a", "b"]}
+    assert serving_line(serving) == "4 conversations at once (2 running: a, b; 1 waiting)"
 
 
 def test_tiers_without_a_daemon_carry_no_serving(cli, seeded):
