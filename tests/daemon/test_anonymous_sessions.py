@@ -23,11 +23,6 @@ def daemon(tiny_engine, engram_home):
         yield d
 
 
-def _clients(d) -> tuple[openai.OpenAI, httpx.Client]:
-    oai = openai.OpenAI(base_url=d.url + "/v1", api_key=d.daemon.token, max_retries=0, timeout=120)
-    return oai, httpx.Client(base_url=d.url, headers={"Authorization": f"Bearer {d.daemon.token}"}, timeout=120)
-
-
 def _ask(oai: openai.OpenAI, messages: list[dict], seed: int | None = None) -> tuple[list[dict], dict]:
     """(the conversation with its reply, the engram extension); greedy, or sampled with `seed`."""
     sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
@@ -43,7 +38,7 @@ def _transcript(h: httpx.Client, sid: str) -> list[dict]:
 
 
 def test_turns_sent_at_once_each_keep_their_own_transcript(daemon):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     first = [SYSTEM, {"role": "user", "content": "Name an animal."}]
     hist, _ = _ask(oai, first)
     requests = [
@@ -61,7 +56,7 @@ def test_turns_sent_at_once_each_keep_their_own_transcript(daemon):
 
 
 def test_two_clients_whose_conversations_began_alike_do_not_share_a_session(daemon):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     a, ext_a = _ask(oai, [SYSTEM, {"role": "user", "content": "hi"}], seed=1)
     b, ext_b = _ask(oai, [SYSTEM, {"role": "user", "content": "hi"}], seed=2)  # another client, the same opening
     assert a[-1] != b[-1]  # two conversations from here (sampled alike, they would be one and the same)

@@ -26,11 +26,6 @@ def daemon(tiny_engine, engram_home):
         yield d
 
 
-def _clients(d) -> tuple[openai.OpenAI, httpx.Client]:
-    oai = openai.OpenAI(base_url=d.url + "/v1", api_key=d.daemon.token, max_retries=0, timeout=120)
-    return oai, httpx.Client(base_url=d.url, headers={"Authorization": f"Bearer {d.daemon.token}"}, timeout=120)
-
-
 def _turn(oai: openai.OpenAI, session: str, content: str, **kw):
     return oai.chat.completions.create(
         model="default",
@@ -70,7 +65,7 @@ def _busy(r: httpx.Response, session: str, change: str) -> None:
 
 
 def test_delete_and_reset_wait_for_the_running_turn_with_a_409_naming_the_session(daemon):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     with h:
         _turn(oai, "busy", "Hello.", max_tokens=3)  # a turn already recorded: the session has a head
         before = h.get("/v1/sessions/busy").json()
@@ -91,7 +86,7 @@ def test_delete_and_reset_wait_for_the_running_turn_with_a_409_naming_the_sessio
 
 
 def test_a_reset_after_the_turn_ended_starts_the_session_over_for_good(daemon):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     with h:
         stream = _long_stream(daemon, oai, "over")
         _busy(h.post("/v1/sessions/over/reset"), "over", "reset")
@@ -108,7 +103,7 @@ def test_a_reset_after_the_turn_ended_starts_the_session_over_for_good(daemon):
 
 
 def test_an_engram_branch_delete_waits_for_the_branchs_running_turn(daemon):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     with h:
         _turn(oai, "trunk", "Hello.", max_tokens=3)
         saved = h.post("/save_snapshot", json={"conversation_id": "trunk", "branch_name": "alt"})
@@ -140,7 +135,7 @@ def _agent_restore(h: httpx.Client, session: str, sid: str, done: bool) -> httpx
 
 @pytest.mark.parametrize("restore", [_engram_restore, _agent_restore], ids=["engram", "agent-tool"])
 def test_a_restore_alone_waits_for_the_running_turn_with_a_409_naming_the_session(daemon, restore):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     with h:
         _turn(oai, "back", "Hello.", max_tokens=3)
         first = h.get("/v1/sessions/back").json()["head"]
@@ -181,7 +176,7 @@ def _cli_branch(h: httpx.Client) -> str:  # what `engramctl snapshots branch hel
 
 @pytest.mark.parametrize("take", [_checkpoint, _agent_branch, _engram_save, _cli_branch])
 def test_a_checkpoint_or_branch_asked_for_mid_reply_takes_the_state_after_the_reply(daemon, take):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     with h, ThreadPoolExecutor(1) as pool:
         stream = _long_stream(daemon, oai, "held")
         taken = pool.submit(take, h)
@@ -196,7 +191,7 @@ def test_a_checkpoint_or_branch_asked_for_mid_reply_takes_the_state_after_the_re
 
 
 def test_a_forced_delete_of_a_running_sessions_head_is_refused_naming_the_session(daemon):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     with h:
         _turn(oai, "kept", "Hello.", max_tokens=3)
         stream = _long_stream(daemon, oai, "kept")
@@ -215,7 +210,7 @@ def test_requests_abandoned_while_queued_give_up_their_place(tiny_engine, engram
     engine = tiny_engine("transformers")
     with InProcessDaemon(engine, max_queue=2) as d:  # the transformers backend: one turn at a time
         d.eos = sorted(engine.tokenizer.eos_ids)
-        oai, h = _clients(d)
+        oai, h = d.clients()
         with h:
             stream = _long_stream(d, oai, "first")  # holds the one seat
             body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

@@ -21,11 +21,6 @@ def daemon(tiny_engine, engram_home):
         yield d
 
 
-def _clients(d) -> tuple[openai.OpenAI, httpx.Client]:
-    oai = openai.OpenAI(base_url=d.url + "/v1", api_key=d.daemon.token, max_retries=0, timeout=120)
-    return oai, httpx.Client(base_url=d.url, headers={"Authorization": f"Bearer {d.daemon.token}"}, timeout=120)
-
-
 def _turn(oai: openai.OpenAI, session: str, content: str):
     return oai.chat.completions.create(
         model="default",
@@ -51,7 +46,7 @@ def _left_unanswered(oai: openai.OpenAI, h: httpx.Client, session: str) -> tuple
 
 
 def test_asking_the_unanswered_message_again_answers_it_from_the_state_that_holds_it(daemon):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     reply, prompt = _left_unanswered(oai, h, "b")
     r = _turn(oai, "b", SECOND)
     ext = r.model_extra["engram"]
@@ -67,7 +62,7 @@ def test_asking_the_unanswered_message_again_answers_it_from_the_state_that_hold
 
 
 def test_another_message_keeps_the_unanswered_one_and_continues_from_the_state_before_it(daemon):
-    oai, h = _clients(daemon)
+    oai, h = daemon.clients()
     _reply, prompt = _left_unanswered(oai, h, "b")
     before = h.post("/get_snapshot_info", json={"snapshot_id": prompt["parent"]}).json()
     r = _turn(oai, "b", "Something else.")

@@ -59,6 +59,15 @@ class InProcessDaemon:
     def store(self) -> Any:
         return self.daemon.store
 
+    def clients(self, timeout: float = 120) -> tuple[Any, Any]:
+        """The official openai client and an httpx client on this daemon, with its token (close the second)."""
+        import httpx
+        import openai
+
+        token = self.daemon.token
+        oai = openai.OpenAI(base_url=self.url + "/v1", api_key=token, max_retries=0, timeout=timeout)
+        return oai, httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
+
     def __exit__(self, *exc: Any) -> None:
         from engramctl.daemon.rundir import state_path
 
