@@ -179,7 +179,7 @@ class ChatCompletionRequest(Sampling):
     conversation_id: str | None = documented(None, ENGRAM_NAME_DOC)  # the original Engram server's name for `session`
     rid: str | None = documented(None, ENGRAM_NAME_DOC)  # its clients' request id, their conversation key without one
     tools: list[Any] | None = None
-    tool_choice: Any = None  # "auto" (None), "none", "required" or a function: routes_agent.chat_with_tools
+    tool_choice: Any = None  # "auto" (None) or "none": routes_agent.chat_with_tools; others are refused (_supported)
     logprobs: bool | None = Field(None, description="Answer each reply token's logprob (choices[].logprobs).")
     top_logprobs: int | None = Field(
         None,
@@ -193,6 +193,11 @@ class ChatCompletionRequest(Sampling):
     def _supported(self):
         if self.n != 1:
             raise ValueError("only n=1 is supported")
+        if self.tool_choice not in (None, "auto", "none"):  # "required" or a named function: not enforced yet
+            raise ValueError(
+                f'tool_choice: {self.tool_choice!r} is not supported; give "auto" (the model may call a tool) or '
+                '"none" (a forced or named tool call is not enforced by this server yet)'
+            )
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs: true")
         if self.logprobs and self.tools:

@@ -325,6 +325,11 @@ def test_model_tool_call_errors_streaming_and_tool_choice(client, app, monkeypat
     out = client.post("/v1/chat/completions", json=body).json()
     assert out["choices"][0]["message"] == {"role": "assistant", "content": "No tools needed."}
     assert out["choices"][0]["finish_reason"] in ("stop", "length")
+    # a forced or named tool call is not enforced: refused, naming tool_choice (it was silently ignored)
+    for choice in ("required", {"type": "function", "function": {"name": "checkpoint"}}, "banana", 42):
+        r = client.post("/v1/chat/completions", json={**body, "tool_choice": choice})
+        assert r.status_code == 400 and "tool_choice" in r.json()["error"]["message"], (choice, r.text)
+    assert client.post("/v1/chat/completions", json={**body, "tool_choice": "auto"}).status_code == 200
     # malformed tools are a 400
     r = client.post("/v1/chat/completions", json={**body, "tools": [{"type": "retrieval"}]})
     assert r.status_code == 400 and "tools[0]" in r.json()["error"]["message"]
