@@ -42,6 +42,7 @@ def completion(
     fill-in-the-middle prompt around both. The route has checked `params` (check_params)."""
     tok = engine.tokenizer
     if isinstance(prompt, str):
+        engine.check_text(prompt)
         ids = tok.encode(prompt)
     else:
         check_ids(engine, prompt, "prompt")

@@ -171,6 +171,7 @@ class ConversationService:
         tok = self.engine.tokenizer
         conversation = [plain(m) for m in messages]
         text = tok.render(conversation, add_generation_prompt=True)
+        self.engine.check_text(text)
         return self._prefix(tok.encode(text), text, conversation, params, emit, cancel, t0)
 
     def _prefix(

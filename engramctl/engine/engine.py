@@ -29,6 +29,17 @@ class Engine:
     def new_live(self) -> Live:
         return self.backend.new_live()
 
+    def check_text(self, text: str) -> None:
+        """Refuse a text too long for the context whatever it tokenizes to, before tokenizing it: llama.cpp's
+        tokenizer takes seconds on a text dense with special tokens (thousands of messages), on the worker."""
+        limit = self.info.context_length
+        n_bytes = len(text.encode())
+        if limit is not None and n_bytes > 4 * limit and n_bytes > limit * self.tokenizer.max_token_bytes:
+            raise ContextOverflow(
+                f"the conversation needs more than {limit} tokens ({n_bytes} bytes of text); the model's context "
+                f"is {limit} tokens."
+            )
+
     def check_context(self, n_tokens: int) -> None:
         limit = self.info.context_length
         if limit is not None and n_tokens > limit:

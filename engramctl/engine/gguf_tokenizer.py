@@ -8,6 +8,7 @@ so the Engine, the prefix-stability probe and the daemon use either one unchange
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 from datetime import datetime
 from functools import lru_cache
@@ -101,6 +102,11 @@ class GgufTokenizer:
     def token_bytes(self, token: int) -> bytes:
         """One token's own bytes (a logprob's `bytes`), special tokens' text included."""
         return self._piece(int(token), True)
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest token's bytes: no text longer than n x this tokenizes to n tokens or fewer."""
+        return max(len(self._piece(t, True)) for t in range(self.n_vocab))
 
     def _piece(self, token: int, special: bool) -> bytes:
         """A token's bytes; control tokens (<|im_end|>) are empty unless `special`."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from functools import cache
 from typing import Any
 
@@ -24,6 +25,12 @@ class ChatTokenizer:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest token's text in UTF-8 bytes (at least its bytes: a byte-level or SentencePiece vocabulary
+        writes a byte as one character of one to three bytes)."""
+        return max(len(str(t).encode()) for t in self.hf.get_vocab())
 
     def encode(self, text: str) -> list[int]:
         # Special tokens come from the rendered template itself; adding BOS again would shift the state.

@@ -127,6 +127,7 @@ class Turn:
         template's render past the state's consumed text is fed, or all of it when the template is not
         prefix-stable there."""
         text, reset = plan_turn(engine.tokenizer, live.text, messages, engine.prefix_stable)
+        engine.check_text(text)
         full = text if reset else live.text + text
         return cls(engine, live, engine.tokenizer.encode(text), full, reset, params, default_max_tokens, capture)
 
