@@ -244,6 +244,8 @@ def verify(buf: bytes, source: str = "snapshot") -> dict:
         raise SnapshotCorrupt(f"{source} is truncated ({len(buf)} bytes).")
     (n,) = struct.unpack("<Q", buf[:_HEADER_LEN_BYTES])
     if n > len(buf) - _HEADER_LEN_BYTES:
+        if buf[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + 1] != b"{":  # no safetensors header follows: not ours at all?
+            raise SnapshotCorrupt(f"{source} is not a snapshot file (no safetensors header), or it is damaged.")
         raise SnapshotCorrupt(f"{source} is truncated: header says {n} bytes, file has {len(buf)}.")
     data = memoryview(buf)[_HEADER_LEN_BYTES + n :]
     try:

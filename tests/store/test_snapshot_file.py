@@ -57,3 +57,15 @@ def test_torch_tensors_of_every_state_dtype_round_trip_through_the_parts(tmp_pat
     for k, t in tensors.items():
         assert back[k].dtype == t.dtype and torch.equal(back[k], t), k
         assert torch.equal(plain[k], t), k
+
+
+def test_a_file_that_is_not_a_snapshot_says_so_and_a_cut_one_says_it_is_truncated():
+    import pytest
+
+    from engramctl.errors import SnapshotCorrupt
+
+    with pytest.raises(SnapshotCorrupt, match="is not a snapshot file"):
+        snapshot_file.verify(b"root:x:0:0:root:/root:/bin/bash\n" * 10, "passwd")
+    whole = snapshot_file.encode({"x": np.zeros(4, np.float32)}, {"format": snapshot_file.FORMAT})
+    with pytest.raises(SnapshotCorrupt, match="is truncated: header says"):
+        snapshot_file.verify(whole[:20], "cut")
