@@ -1,6 +1,7 @@
 """A request no tokenization could fit in the context is refused from its length alone, before the worker
 tokenizes it (llama.cpp's tokenizer took 37 s on 32,000 one-word messages, 13+ minutes on 200,000, while every
-other request waited). In-process daemon on the tiny model (both backends' tokenizers), real HTTP, the official openai client."""
+other request waited). In-process daemon on the tiny model (both backends' tokenizers), real HTTP, the official
+openai client."""
 
 from __future__ import annotations
 
