@@ -177,10 +177,11 @@ class Scheduler:
         (it continues that one's state); a job that reads a session's head (a checkpoint, a branch) right
         after the turns of that session queued before it, needing no room. Returns how many turns started."""
         started = 0
-        if any(job.cancelled for job in self.waiting):  # their clients went away: they hold no place in line
-            for job in [job for job in self.waiting if job.cancelled]:
-                job.finish(error=Cancelled("the request was cancelled before it started."))
+        gone = [job for job in self.waiting if job.cancelled]  # their clients went away: no place in line
+        if gone:
             self.waiting = collections.deque(job for job in self.waiting if not job.cancelled)
+            for job in gone:
+                job.finish(error=Cancelled("the request was cancelled before it started."))
         kept: collections.deque["Job"] = collections.deque()
         held = {r.session for r in self.running if r.session is not None}  # sessions whose next job waits
         reads = sum(not job.turn for job in self.waiting)  # jobs that need no room

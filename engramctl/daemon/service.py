@@ -136,10 +136,7 @@ class ConversationService:
         transcript, head = base if base is not None else self._transcript_and_head(name)
         new = new_turn_messages(messages, transcript)
         asked = unanswered(transcript) if base is None else []
-        if asked and [plain(m) for m in new] in (
-            [],
-            asked,
-        ):  # asked again: this turn answers them, from the state that holds them
+        if asked and [plain(m) for m in new] in ([], asked):  # asked again: answered from the state holding them
             new = []
         elif not new:
             raise UsageError(

@@ -8,10 +8,9 @@ so the Engine, the prefix-stability probe and the daemon use either one unchange
 from __future__ import annotations
 
 import ctypes
-import functools
 import json
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from engramctl.errors import UnsupportedModel
 
@@ -103,7 +102,7 @@ class GgufTokenizer:
         """One token's own bytes (a logprob's `bytes`), special tokens' text included."""
         return self._piece(int(token), True)
 
-    @functools.cached_property
+    @cached_property
     def max_token_bytes(self) -> int:
         """The longest token's bytes: no text longer than n x this tokenizes to n tokens or fewer."""
         return max(len(self._piece(t, True)) for t in range(self.n_vocab))

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from engramctl.errors import UnsupportedModel
@@ -26,7 +25,7 @@ class ChatTokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
 
-    @functools.cached_property
+    @cached_property
     def max_token_bytes(self) -> int:
         """The longest token's text in UTF-8 bytes (at least its bytes: a byte-level or SentencePiece vocabulary
         writes a byte as one character of one to three bytes)."""
