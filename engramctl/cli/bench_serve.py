@@ -32,6 +32,14 @@ def serve(
     client_runs: int = typer.Option(
         1, "--client-runs", min=1, help="(c) rounds per number of clients, ABBA; medians over rounds."
     ),
+    workloads: str = typer.Option(
+        "stream,multi_turn,concurrent",
+        "--workloads",
+        help="Which to run, comma-separated: stream (a), multi_turn (b), concurrent (c), agents (e), long (f).",
+    ),
+    agent_clients: str = typer.Option("4,8", "--agent-clients", help="(e) new conversations at once, comma-separated."),
+    system_tokens: int = typer.Option(2000, "--system-tokens", min=16, help="(e) the shared system prompt's tokens."),
+    long_context: int = typer.Option(16384, "--long-context", min=1024, help="(f) tokens the conversation grows to."),
     quick: bool = typer.Option(False, "--quick", help="A short run: 1 run, 32-token replies, 3 turns, 1,2 clients."),
     peer: bool = typer.Option(True, "--llama-server/--no-llama-server", help="Measure against llama-server."),
     build: bool = typer.Option(True, "--build/--no-build", help="Build llama-server when it is not cached."),
@@ -42,7 +50,9 @@ def serve(
     """Start the real daemon and llama-server on the same GGUF, with the same threads and context, and
     measure both as a streaming OpenAI client: (a) ms/token of one stream, greedy and sampled like
     `chat`; (b) a client resending its history for N turns, both servers restarted, one more turn; (c)
-    several clients at once; (d) resident memory. ABBA order, medians with spreads, CPU/wall beside
+    several clients at once; (d) resident memory; and when asked (--workloads): (e) agents sharing a long
+    system prompt, two waves of new conversations, both servers restarted, a third; (f) one conversation
+    resent whole to a long context, with the bytes each turn writes. ABBA order, medians with spreads, CPU/wall beside
     each figure, targets checked. llama-server is built once from the llama.cpp source inside the
     pinned llama-cpp-python sdist (~13 min on 2 cores; cached)."""
     import shlex
@@ -65,6 +75,15 @@ def serve(
         out.warn(f"measuring engramctl alone: {why}")
     if quick:
         runs, stream_tokens, turns, turn_tokens, client_tokens, clients = 1, 32, 3, 16, 32, "1,2"
+    from engramctl.bench.serve.runner import WORKLOADS
+
+    chosen = tuple(w.strip() for w in workloads.split(",") if w.strip())
+    unknown = [w for w in chosen if w not in WORKLOADS]
+    if unknown or not chosen:
+        raise UsageError(
+            f"--workloads {workloads!r}: {', '.join(unknown) or 'none given'} is not one of {', '.join(WORKLOADS)}.",
+            hint="engramctl bench serve --workloads agents,long",
+        )
     cfg = ServeConfig(
         gguf=gguf,
         model=name,
@@ -76,6 +95,10 @@ def serve(
         clients=counts(clients, "--clients", "1,2,4"),
         client_tokens=client_tokens,
         client_runs=client_runs,
+        workloads=chosen,
+        agent_clients=counts(agent_clients, "--agent-clients", "4,8"),
+        system_tokens=system_tokens,
+        long_context=long_context,
         seed=seed,
         llama_server=binary,
         why_no_peer=why,
@@ -129,64 +152,16 @@ def render(r: dict) -> str:
     ]
     if r["peer"]["why_not"]:
         lines.append(f"llama-server: not measured ({r['peer']['why_not']})")
-    lines.append(
-        "\n(a) one stream, as a streaming client sees it, replies of --stream-tokens (end tokens banned);"
-        " median [min-max] over runs"
-    )
-    rows = []
-    for mode, by in r["one_stream"].items():
-        for name, s in by.items():
-            if name == "load":
-                continue
-            rows.append(
-                {
-                    "mode": mode,
-                    "server": name,
-                    "ms/token": _spread(s["ms_per_token"]),
-                    "ttft ms": _spread(s["ttft_ms"]),
-                    "cpu/wall": _spread(s["cpu_per_wall"]),
-                }
-            )
-    lines.append(_table(rows))
-    lines.append("\n(d) resident memory after (a)")
-    lines.append(_table([{"server": k, "rss MiB": round(v["rss_bytes"] / 2**20, 1)} for k, v in r["memory"].items()]))
-    mt = r["multi_turn"]
-    lines.append("\n(b) a client resending its whole history; the last turn after both servers restarted")
-    lines.append(
-        _table(
-            [
-                {
-                    "turn": t["turn"],
-                    "server": t["server"],
-                    "ttft ms": t["ttft_ms"],
-                    "prompt": t["prompt_tokens"],
-                    "cached": t["cached_tokens"],
-                    "restart": "yes" if t["after_restart"] else "",
-                }
-                for t in mt["turns"]
-            ]
-        )
-    )
-    lines.append(
-        "\n(c) clients at once, each its own conversation, greedy replies of --client-tokens (end tokens banned);"
-        " median [min-max] over rounds"
-    )
-    rows = []
-    for n, by in r["concurrent"].items():
-        for name, c in by.items():
-            rows.append(
-                {
-                    "clients": n,
-                    "server": name,
-                    "at once": c.get("at_once", ""),
-                    "rounds": len(c["rounds"]),
-                    "wall s": _spread(c["wall_s"]),
-                    "agg tok/s": _spread(c["aggregate_tok_s"]),
-                    "median ttft ms": _spread(c["median_ttft_ms"]),
-                    "errors": len(c["errors"]) or "",
-                }
-            )
-    lines.append(_table(rows))
+    if "one_stream" in r:
+        lines += _render_stream(r)
+    if "multi_turn" in r:
+        lines += _render_multi_turn(r["multi_turn"])
+    if r.get("concurrent"):
+        lines += _render_concurrent(r["concurrent"])
+    if r.get("agents"):
+        lines += _render_agents(r["agents"])
+    if r.get("long"):
+        lines += _render_long(r["long"])
     lines.append("\ntargets")
     lines.append(
         _table(
@@ -207,6 +182,125 @@ def render(r: dict) -> str:
         "per-workload load in --json"
     )
     return "\n".join(lines)
+
+
+def _render_stream(r: dict) -> list[str]:
+    lines = [
+        "\n(a) one stream, as a streaming client sees it, replies of --stream-tokens (end tokens banned);"
+        " median [min-max] over runs"
+    ]
+    rows = []
+    for mode, by in r["one_stream"].items():
+        for name, s in by.items():
+            if name == "load":
+                continue
+            rows.append(
+                {
+                    "mode": mode,
+                    "server": name,
+                    "ms/token": _spread(s["ms_per_token"]),
+                    "ttft ms": _spread(s["ttft_ms"]),
+                    "cpu/wall": _spread(s["cpu_per_wall"]),
+                }
+            )
+    lines.append(_table(rows))
+    lines.append("\n(d) resident memory after (a)")
+    lines.append(_table([{"server": k, "rss MiB": round(v["rss_bytes"] / 2**20, 1)} for k, v in r["memory"].items()]))
+    return lines
+
+
+def _render_multi_turn(mt: dict) -> list[str]:
+    lines = ["\n(b) a client resending its whole history; the last turn after both servers restarted"]
+    lines.append(
+        _table(
+            [
+                {
+                    "turn": t["turn"],
+                    "server": t["server"],
+                    "ttft ms": t["ttft_ms"],
+                    "prompt": t["prompt_tokens"],
+                    "cached": t["cached_tokens"],
+                    "restart": "yes" if t["after_restart"] else "",
+                }
+                for t in mt["turns"]
+            ]
+        )
+    )
+    return lines
+
+
+def _render_concurrent(concurrent: dict) -> list[str]:
+    lines = [
+        "\n(c) clients at once, each its own conversation, greedy replies of --client-tokens (end tokens banned);"
+        " median [min-max] over rounds"
+    ]
+    rows = []
+    for n, by in concurrent.items():
+        for name, c in by.items():
+            rows.append(
+                {
+                    "clients": n,
+                    "server": name,
+                    "at once": c.get("at_once", ""),
+                    "rounds": len(c["rounds"]),
+                    "wall s": _spread(c["wall_s"]),
+                    "agg tok/s": _spread(c["aggregate_tok_s"]),
+                    "median ttft ms": _spread(c["median_ttft_ms"]),
+                    "errors": len(c["errors"]) or "",
+                }
+            )
+    lines.append(_table(rows))
+    return lines
+
+
+def _render_agents(agents: dict) -> list[str]:
+    lines = [
+        "\n(e) agents: new conversations at once sharing a system prompt; wave 3 after both servers restarted"
+    ]
+    rows = []
+    for n, by in agents.items():
+        for name, waves in by.items():
+            for wave, w in waves.items():
+                rows.append(
+                    {
+                        "clients": n,
+                        "server": name,
+                        "wave": wave[-1],
+                        "wall s": w["wall_s"],
+                        "median ttft ms": _fmt(w["median_ttft_ms"]),
+                        "cached": ",".join(_fmt(c) for c in w["cached_tokens"]),
+                        "cpu/wall": _fmt(w["load"]["cpu_per_wall"].get(name)),
+                        "errors": len(w["errors"]) or "",
+                    }
+                )
+    lines.append(_table(rows))
+    return lines
+
+
+def _render_long(long: dict) -> list[str]:
+    lines = ["\n(f) one conversation resent whole, each turn a long message; what the daemon wrote per turn"]
+    rows = []
+    for t in long["turns"]:
+        ours, theirs = t.get("engramctl", {}), t.get("llama-server", {})
+        rows.append(
+            {
+                "turn": t["turn"],
+                "prompt": _fmt(ours.get("prompt_tokens")),
+                "ttft ms": _fmt(ours.get("ttft_ms")),
+                "peer ttft ms": _fmt(theirs.get("ttft_ms")),
+                "written MiB": round(t["written_bytes"] / 2**20, 1),
+                "/ floor": _fmt(t.get("written_ratio")),
+                "data dir MiB": round(t["data_dir_bytes"] / 2**20, 1),
+            }
+        )
+    lines.append(_table(rows))
+    cost = long.get("state_cost")
+    if cost:
+        lines.append(
+            f"state: {cost['constant_bytes']} bytes constant + {cost['kv_bytes_per_token']} bytes/token of KV; "
+            f"data dir / (KV once + {long['kept_snapshots']} constant parts): {_fmt(long.get('data_dir_ratio'))}"
+        )
+    return lines
 
 
 def _table(rows: list[dict]) -> str:

@@ -22,11 +22,13 @@ from typing import Callable
 
 import httpx
 
-from engramctl.bench.serve import workloads
+from engramctl.bench.serve import shared, workloads
 from engramctl.bench.serve.client import GREEDY
 from engramctl.bench.serve.stops import no_end
 from engramctl.bench.serve.servers import Server
 from engramctl.bench.timing import machine_load
+
+WORKLOADS = ("stream", "multi_turn", "concurrent", "agents", "long")
 
 # What "as fast as llama-server" means (issue 18), checked in the report.
 STREAM_RATIO_MAX = 1.05  # ms/token, ours / theirs
@@ -34,6 +36,13 @@ WARM_TTFT_RATIO_MAX = 1.10  # median TTFT of turns 2..8, ours / theirs
 RESTART_SPEEDUP_MIN = 5.0  # TTFT of the turn after a restart, theirs / ours
 CLIENTS_AGGREGATE_MIN = 1.0  # (c), 2 clients or more: median aggregate tokens/s, ours / theirs
 CLIENTS_TTFT_MAX = 1.0  # (c), 2 clients or more: median of the rounds' median TTFT, ours / theirs
+# Shared state (issue 37), on a hybrid: (e) the shared prefix computed once, reused, and kept over a restart;
+# (f) a turn writes what is new, the data dir holds the KV once.
+AGENTS_WAVE1_WALL_MAX = 0.5  # wall, ours / theirs
+AGENTS_WAVE2_TTFT_MAX = 1.0  # median TTFT, ours / theirs
+AGENTS_WAVE3_TTFT_MAX = 0.2  # median TTFT after both restarted, ours / theirs
+WRITTEN_RATIO_MAX = 1.25  # bytes written per turn / (its new tokens' KV + the constant parts)
+DATA_DIR_RATIO_MAX = 1.25  # data dir / (the KV once + each kept snapshot's constant part)
 
 
 @dataclass(frozen=True)
@@ -48,11 +57,33 @@ class ServeConfig:
     clients: tuple[int, ...] = (1, 2, 4)
     client_tokens: int = 96
     client_runs: int = 1  # (c) rounds per number of clients, ABBA
+    workloads: tuple[str, ...] = ("stream", "multi_turn", "concurrent")  # of WORKLOADS
+    agent_clients: tuple[int, ...] = (4, 8)  # (e) new conversations at once sharing a system prompt
+    system_tokens: int = 2000  # (e) the shared system prompt's length
+    agent_tokens: int = 32  # (e) tokens per reply
+    long_context: int = 16384  # (f) the long conversation grows to this many tokens
+    long_turn_tokens: int = 3000  # (f) tokens each turn's message adds
     seed: int = 0
     llama_server: Path | None = None
     why_no_peer: str | None = None
     keep_dir: bool = False
     command: str = ""
+
+
+def _at_once(daemon: Server, n: int, at_once: int, say: Callable[[str], None]) -> int:
+    """llama-server gets -np n: the daemon gets the same, its `sequences` setting, where it serves fewer."""
+    if n <= at_once:
+        return at_once
+    say(f"restarting engramctl serve with --sequences {n} (it served {at_once} at once)")
+    daemon.env = {**daemon.env, "ENGRAM_SEQUENCES": str(n)}
+    daemon.restart()
+    return n
+
+
+def _peer(cfg: ServeConfig, ctx: int, slots: int, work: Path) -> Server | None:
+    if cfg.llama_server is None:
+        return None
+    return Server.llama_server(cfg.llama_server, cfg.gguf, threads=cfg.threads, ctx=ctx, slots=slots, logs=work).start()
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -71,6 +102,7 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
         with daemon, httpx.Client(timeout=600.0) as client:
             status = client.get(daemon.url + "/v1/status", headers=daemon.headers).json()
             ctx = int(status.get("context_length") or 8192)
+            ctx_long = min(ctx, cfg.long_context)
             at_once = int(status.get("serving", {}).get("at_once") or 1)
             peer = None
             if cfg.llama_server is not None:
@@ -80,31 +112,43 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
             try:
                 if peer:
                     peer.start()
-                say(f"(a) one stream: {cfg.runs} runs x {cfg.stream_tokens} tokens, greedy and sampled")
-                result["one_stream"] = workloads.one_stream(
-                    client, servers, cfg.runs, cfg.stream_tokens, cfg.seed, ends
-                )
-                result["memory"] = {s.name: {"rss_bytes": s.rss_bytes()} for s in servers}
-                say(f"(b) a client resending its history: {cfg.turns} turns, a restart, one more")
-                result["multi_turn"] = workloads.multi_turn(client, servers, cfg.turns, cfg.turn_tokens, cfg.seed)
+                if "stream" in cfg.workloads:
+                    say(f"(a) one stream: {cfg.runs} runs x {cfg.stream_tokens} tokens, greedy and sampled")
+                    result["one_stream"] = workloads.one_stream(
+                        client, servers, cfg.runs, cfg.stream_tokens, cfg.seed, ends
+                    )
+                    result["memory"] = {s.name: {"rss_bytes": s.rss_bytes()} for s in servers}
+                if "multi_turn" in cfg.workloads:
+                    say(f"(b) a client resending its history: {cfg.turns} turns, a restart, one more")
+                    result["multi_turn"] = workloads.multi_turn(client, servers, cfg.turns, cfg.turn_tokens, cfg.seed)
+                if "long" in cfg.workloads:
+                    say(f"(f) one conversation resent whole to {cfg.long_context} tokens, +{cfg.long_turn_tokens} a turn")
+                    result["long"] = shared.long_conversation(
+                        client, servers, work / "home", ctx_long, cfg.long_turn_tokens, cfg.agent_tokens, cfg.seed
+                    )
             finally:
                 if peer:
                     peer.stop()
-            result["concurrent"] = {}
             full_length = {**GREEDY, **ends}  # (c)'s replies all run to client_tokens
-            for i, n in enumerate(cfg.clients):
+            if "agents" in cfg.workloads:
+                result["agents"] = {}
+                for n in cfg.agent_clients:
+                    say(f"(e) {n} agents sharing a {cfg.system_tokens}-token system prompt: 2 waves, a restart, 1 more")
+                    at_once = _at_once(daemon, n, at_once, say)
+                    peer = _peer(cfg, ctx, n, work)
+                    try:
+                        both = [daemon] + ([peer] if peer else [])
+                        result["agents"][str(n)] = shared.agents(
+                            client, both, n, cfg.system_tokens, cfg.agent_tokens, cfg.seed + n, full_length
+                        )
+                    finally:
+                        if peer:
+                            peer.stop()
+            result["concurrent"] = {}
+            for i, n in enumerate(cfg.clients if "concurrent" in cfg.workloads else ()):
                 say(f"(c) {n} client(s) at once, {cfg.client_tokens} tokens each, {cfg.client_runs} round(s)")
-                if n > at_once:  # llama-server gets -np n: the daemon gets the same, its `sequences` setting
-                    say(f"restarting engramctl serve with --sequences {n} (it served {at_once} at once)")
-                    daemon.env = {**daemon.env, "ENGRAM_SEQUENCES": str(n)}
-                    daemon.restart()
-                    at_once = n
-                peer = None
-                if cfg.llama_server is not None:
-                    peer = Server.llama_server(
-                        cfg.llama_server, cfg.gguf, threads=cfg.threads, ctx=ctx, slots=n, logs=work
-                    )
-                    peer.start()
+                at_once = _at_once(daemon, n, at_once, say)
+                peer = _peer(cfg, ctx, n, work)
                 try:
                     both = [daemon] + ([peer] if peer else [])
                     by = workloads.concurrent(
@@ -180,6 +224,28 @@ def targets(result: dict) -> list[dict]:
                 f"{n} clients: median TTFT vs llama-server", r, f"<= {CLIENTS_TTFT_MAX}x", r and r <= CLIENTS_TTFT_MAX
             )
         )
+    out += _shared_targets(result)
+    return out
+
+
+def _shared_targets(result: dict) -> list[dict]:
+    out = []
+    for n, by in result.get("agents", {}).items():
+        ours, theirs = by.get("engramctl", {}), by.get("llama-server", {})
+        for wave, key, goal, name in (
+            ("wave1", "wall_s", AGENTS_WAVE1_WALL_MAX, "wall"),
+            ("wave2", "median_ttft_ms", AGENTS_WAVE2_TTFT_MAX, "median TTFT"),
+            ("wave3", "median_ttft_ms", AGENTS_WAVE3_TTFT_MAX, "median TTFT after a restart"),
+        ):
+            r = _ratio((ours.get(wave) or {}).get(key), (theirs.get(wave) or {}).get(key))
+            out.append(_target(f"{n} agents, {wave}: {name} vs llama-server", r, f"<= {goal}x", r and r <= goal))
+    long = result.get("long")
+    if long:
+        r = (long.get("written_ratio") or {}).get("median")
+        goal = WRITTEN_RATIO_MAX
+        out.append(_target("long conversation: bytes written per turn / floor", r, f"<= {goal}x", r and r <= goal))
+        r, goal = long.get("data_dir_ratio"), DATA_DIR_RATIO_MAX
+        out.append(_target("long conversation: data dir / floor", r, f"<= {goal}x", r and r <= goal))
     return out
 
 
