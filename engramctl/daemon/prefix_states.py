@@ -1,0 +1,153 @@
+"""Prefix states: the states the daemon keeps where conversations diverge, and the ones its turns are computing.
+
+    stops = prefixes.stops(messages, consumed_text, feed, start)   # where a new prompt keeps states
+    hit = prefixes.restore(ids)            # the longest kept prefix of ids, injected: (Live, Origin) or None
+    key = prefixes.awaited(ids, start)     # a running turn will keep a longer prefix of ids: wait for it
+    prefixes.claim(owner, ids, stops) ... prefixes.offer(n_tokens, ids, state) ... prefixes.ended(owner)
+
+A prompt's prefill stops at the end of its system message(s), at each user message's start and every
+engine/boundaries.py INTERVAL_TOKENS (engine/turn.py cuts its chunks there and returns a PrefixState event at
+each); the service offers each state here, and the store keeps it (store.prefixes: content-addressed by its
+token ids, its KV in the blocks snapshots share, its own byte budget with LRU retention, on disk so it
+survives a restart). A new prompt from any door starts from the longest kept prefix of its ids when that is
+longer than any snapshot it continues (daemon/state_cache.py asks `restore`).
+
+Several new conversations that arrive together with a prefix nobody has kept yet compute it once: the first
+one's turn claims its stops; a prompt whose ids begin with a claimed, longer prefix than anything kept waits
+(the scheduler keeps it queued) until that state is offered, then restores it. A claim ends with its turn
+(finished, failed or cancelled before the stop), and whoever waited for it goes on without it.
+
+Worker thread only (the scheduler's admission, the service's event handlers), except `counts`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+from engramctl.engine.backend import Live
+from engramctl.engine.boundaries import prompt_stops
+from engramctl.engine.engine import Engine
+from engramctl.errors import NotFound, SnapshotError
+from engramctl.state import SessionState
+from engramctl.state.codec import from_payload, to_payload
+from engramctl.store.prefix import token_hash
+from engramctl.store.store import Store
+
+log = logging.getLogger("engramctl.daemon")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A running turn will keep the state after ids[:n_tokens]."""
+
+    owner: Hashable
+    n_tokens: int
+    ids: tuple[int, ...]
+
+
+class PrefixStates:
+    def __init__(self, engine: Engine, store: Store, *, enabled: bool = True):
+        self.engine, self.store, self.enabled = engine, store, enabled
+        self._claims: dict[str, Claim] = {}  # token hash of the prefix -> the turn computing it
+        self._known: set[str] = set()  # prefixes kept since the daemon started (their captures are skipped)
+        self._lock = threading.Lock()  # counts() reads from the event loop
+        self.restored = 0  # prompts that started from a prefix state
+        self.offered = 0  # states kept
+
+    # -- where a prompt keeps states ------------------------------------------------------------------------
+    def stops(
+        self, messages: Sequence[dict] | None, consumed_text: str, feed: Sequence[int], start: int, ids: Sequence[int]
+    ) -> list[int]:
+        """The stops of a prompt (its whole ids `ids`; `feed` after the `start` tokens its state holds) whose
+        state is not kept yet."""
+        if not self.enabled or not feed:
+            return []
+        stops = prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start)
+        return [n for n in stops if token_hash(ids[:n]) not in self._known]
+
+    # -- a prompt's state from a kept prefix -------------------------------------------------------------------
+    def longest(self, ids: Sequence[int]) -> int:
+        """The length of the longest kept prefix of `ids` (0: none)."""
+        if not self.enabled:
+            return 0
+        hit = self.store.prefixes.longest(list(ids))
+        return 0 if hit is None else hit[1]
+
+    def restore(self, ids: Sequence[int], longer_than: int = 0) -> tuple[Live, int, float, str] | None:
+        """The longest kept prefix of `ids` longer than `longer_than` tokens, injected into a new Live:
+        (live, its tokens, restore_ms, the tier it came from), or None. A damaged one is dropped by the store
+        (checksums) and the next longest tried."""
+        if not self.enabled:
+            return None
+        for _ in range(4):
+            hit = self.store.prefixes.longest(list(ids))
+            if hit is None or hit[1] <= longer_than:
+                return None
+            pid, n = hit
+            t0 = time.perf_counter()
+            try:
+                (tensors, meta), tier = self.store.prefixes.load_from(pid)
+                state = from_payload(tensors, meta, self.engine.spec, check_values=tier == "disk")
+            except (SnapshotError, NotFound) as e:
+                log.warning("prefix state %s (%d tokens) cannot be used (%s)", pid, n, e.message)
+                continue
+            live = self.engine.inject(state)
+            self.restored += 1
+            return live, n, round((time.perf_counter() - t0) * 1000, 2), tier
+        return None
+
+    # -- prefixes being computed ---------------------------------------------------------------------------
+    def claim(self, owner: Hashable, ids: Sequence[int], stops: Sequence[int]) -> None:
+        """`owner`'s turn feeds `ids` and keeps the states at `stops`: prompts beginning alike wait for them."""
+        with self._lock:
+            for n in stops:
+                self._claims.setdefault(token_hash(ids[:n]), Claim(owner, n, tuple(ids[:n])))
+
+    def awaited(self, ids: Sequence[int], start: int) -> Claim | None:
+        """The longest prefix of `ids` past `start` tokens that a running turn will keep, if any."""
+        if not self.enabled or not self._claims:
+            return None
+        best = None
+        with self._lock:
+            claims = list(self._claims.values())
+        for c in claims:
+            if c.n_tokens > start and c.n_tokens < len(ids) and (best is None or c.n_tokens > best.n_tokens):
+                if tuple(ids[: c.n_tokens]) == c.ids:
+                    best = c
+        return best
+
+    def offer(self, ids: Sequence[int], state: SessionState) -> str | None:
+        """A turn's state after ids (a stop of its prompt): kept in the store, its claim released. Returns the
+        prefix state's id (None when it could not be kept: the prompt goes on, later prompts compute it)."""
+        key = token_hash(ids)
+        with self._lock:
+            self._claims.pop(key, None)
+        if key in self._known:
+            return None
+        try:
+            tensors, meta = to_payload(state, self.engine.spec, {"kind": "prefix"})
+            pid = self.store.prefixes.put(tensors, meta, list(ids))
+        except (SnapshotError, OSError) as e:
+            log.warning("could not keep the prefix state at %d tokens (%s)", len(ids), e)
+            return None
+        self._known.add(key)
+        self.offered += 1
+        return pid
+
+    def ended(self, owner: Hashable) -> None:
+        """`owner`'s turn ended: the states it had not reached yet will not come."""
+        with self._lock:
+            for key in [k for k, c in self._claims.items() if c.owner == owner]:
+                del self._claims[key]
+
+    def forget(self) -> None:
+        """The store dropped prefix states (gc, a budget change): captures are no longer skipped for them."""
+        self._known.clear()
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {"claimed": len(self._claims), "kept_since_start": self.offered, "restored": self.restored}
