@@ -17,7 +17,8 @@
    - `Name`, `Name()` or `Name(args)`: a top-level def, class or assigned name of the file, or else the method of
      exactly one class in it (`client/api.py` `branch_snapshot()` is `Client.branch_snapshot`);
    - `Name.attr[.attr]` (with or without a call): `Name` a top-level class, each `attr` a def, class or assigned or
-     annotated name directly in the body of the class before it.
+     annotated name directly in the body of the class before it, or (the last one) an attribute its own methods
+     assign on `self` (`self.attr = ...`, `self.attr: T = ...`).
 
    Dotted module paths (`store.sessions.branch`) and names separated from their file by any other text are not
    pairs and are not checked.
@@ -77,6 +78,20 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
+def _instance_attributes(cls: ast.ClassDef) -> set[str]:
+    """The attributes a class's own methods assign on `self`."""
+    out = set()
+    for method in cls.body:
+        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.args.args:
+            me = method.args.args[0].arg
+            for node in ast.walk(method):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == me:
+                        out.add(t.attr)
+    return out
+
+
 def _names(body: list[ast.stmt]) -> dict[str, ast.AST]:
     """What a module or class body binds: defs, classes, assigned and annotated names."""
     out: dict[str, ast.AST] = {}
@@ -125,7 +140,9 @@ def missing_name(path: Path, name: str) -> str | None:
     for i, attr in enumerate(attrs):
         if not isinstance(node, ast.ClassDef):
             return f"{'.'.join([first, *attrs[:i]])} is not a class here"
-        node = _names(node.body).get(attr)
+        owner, node = node, _names(node.body).get(attr)
+        if node is None and i == len(attrs) - 1 and attr in _instance_attributes(owner):
+            return None
         if node is None:
             return f"{'.'.join([first, *attrs[:i]])} has no {attr}"
     return None
@@ -162,7 +179,9 @@ def test_architecture_names_what_its_files_define():
         ("def f(): ...\n", "g", False),
         ("class A:\n    def m(self): ...\n", "A.n", False),
         ("def f(): ...\n", "f.x", False),  # a function has no attributes here
-        ("class A:\n    def m(self):\n        self.x = 1\n", "A.x", False),  # instance attributes are not checked
+        ("class A:\n    def m(self):\n        self.x = 1\n", "A.x", True),  # set by its own method
+        ("class A:\n    def m(self):\n        self.x = 1\n", "A.x.y", False),  # not followed further
+        ("class A: ...\nclass B:\n    def m(self):\n        self.x = 1\n", "A.x", False),  # another class's
     ],
 )
 def test_the_name_rules(tmp_path, source, name, names_something):
