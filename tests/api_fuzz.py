@@ -227,15 +227,39 @@ def garbage_bodies() -> list[tuple[str, bytes, dict[str, str]]]:
         ("huge integer", b'{"max_tokens": ' + b"9" * 5000 + b"}", {}),
         ("huge integer 2", b'{"turn_number": ' + b"9" * 200 + b', "conversation_id": "x"}', {}),
         ("huge float", b'{"temperature": 1e999999}', {}),
+        # A body a route may accept carries both length caps (`max_tokens`, Ollama's `options.num_predict`):
+        # uncapped, a route that ignores the garbage field generated up to the context (1,645 tokens, seconds).
         (
             "huge option",
-            b'{"options": {"temperature": 1e999999, "num_predict": 2}, "prompt": "x", "stream": false}',
+            b'{"options": {"temperature": 1e999999, "num_predict": 2}, "max_tokens": 2, "prompt": "x", "stream": false}',
             {},
         ),
-        ("NaN option", b'{"options": {"repeat_penalty": NaN}, "messages": [{"role": "user", "content": "x"}]}', {}),
-        ("denormal penalty", b'{"repeat_penalty": 5e-324, "max_tokens": 2, "prompt": "x", "messages": []}', {}),
-        ("logit_bias garbage", b'{"logit_bias": {"-1": NaN, "x": 1e400}, "prompt": "x"}', {}),
-        ("NaN", b'{"temperature": NaN, "messages": [{"role": "user", "content": "x"}]}', {}),
+        (
+            "NaN option",
+            (
+                b'{"options": {"repeat_penalty": NaN, "num_predict": 2}, "max_tokens": 2,'
+                b' "messages": [{"role": "user", "content": "x"}]}'
+            ),
+            {},
+        ),
+        (
+            "denormal penalty",
+            b'{"repeat_penalty": 5e-324, "max_tokens": 2, "options": {"num_predict": 2}, "prompt": "x", "messages": []}',
+            {},
+        ),
+        (
+            "logit_bias garbage",
+            b'{"logit_bias": {"-1": NaN, "x": 1e400}, "max_tokens": 2, "options": {"num_predict": 2}, "prompt": "x"}',
+            {},
+        ),
+        (
+            "NaN",
+            (
+                b'{"temperature": NaN, "max_tokens": 2, "options": {"num_predict": 2},'
+                b' "messages": [{"role": "user", "content": "x"}]}'
+            ),
+            {},
+        ),
         ("Infinity", b'{"top_p": Infinity}', {}),
         ("-0 and exponents", b'{"max_tokens": -0e-0, "seed": 1E400}', {}),
         ("duplicate keys", b'{"session": "a", "session": "b", "snapshot_id": 1, "snapshot_id": "x"}', {}),

@@ -139,8 +139,9 @@ def serve(settings: Settings, *, reuse: bool = True, log_level: str = "info") ->
             # httptools and uvloop (dependencies; "auto" falls back to h11 and asyncio without them): each
             # streamed token costs the event-loop thread less CPU, and on a 2-core machine that CPU is taken
             # from the decode threads (h11 + asyncio: ~0.45 ms CPU a token, one stream 1.10x llama-server's
-            # ms/token on SmolLM2; 1.00x with these: BENCHMARKS.md). httptools refuses a request that breaks
-            # HTTP's grammar (a control byte in a header) with uvicorn's plain-text 400 before any route runs.
+            # ms/token on SmolLM2; 1.00x with these: docs/history/benchmarks-2026.md, "Figures after httptools").
+            # httptools refuses a request that breaks HTTP's grammar (a control byte in a header) with
+            # uvicorn's plain-text 400 before any route runs.
             http="auto",
             loop="auto",
             ws="websockets-sansio",  # /v1/agent/ws
