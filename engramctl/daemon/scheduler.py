@@ -209,7 +209,8 @@ class Scheduler:
                 prompts.append(seq)
             else:
                 work.append((seq, seq.turn.work()))
-        room = None if len(self.running) == 1 or self.budget is None else self.budget - len(work)
+        generating = sum(len(tokens) for _, tokens in work)  # one token each (none: a first token to sample)
+        room = None if len(self.running) == 1 or self.budget is None else self.budget - generating
         for seq in prompts[: self.engine.prompts_per_step]:
             if room is not None and room <= 0:
                 break

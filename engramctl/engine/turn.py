@@ -164,6 +164,7 @@ class Turn:
         self.params = dataclasses.replace(params, max_tokens=self.max_tokens)
         self.capture = capture
         self.stops = sorted({int(n) for n in stops if start < n < self.prompt_tokens})
+        self.done: TurnDone | None = None  # the turn's end, once it has one
 
     @classmethod
     def for_messages(
@@ -306,8 +307,9 @@ class Turn:
                 if work:
                     self.engine.step([(self.live, work)])
                 yield from self.fed()
-        except BaseException:
-            self.abort()
+        except BaseException:  # a failure, or the reader left before the end: the half-fed Live goes
+            if self.done is None:
+                self.abort()
             raise
 
     def run(self, cancel: threading.Event | None = None) -> TurnDone:
