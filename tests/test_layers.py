@@ -1,8 +1,9 @@
 """The layers import downwards only, and no module imports itself back through others.
 
 Every `import`/`from ... import` of every engramctl module is read from its source (ast), including the
-ones inside functions (lazy imports are still dependencies); only `if TYPE_CHECKING:` blocks are
-skipped, since they never run. A new upward import, or a cycle, fails here naming the file and line.
+ones inside functions (lazy imports are still dependencies) and those under `if TYPE_CHECKING:` (they never
+run, but a module that names another's types depends on it as much: a cycle held apart only by TYPE_CHECKING
+is still a cycle). A new upward import, or a cycle, fails here naming the file and line.
 """
 
 from __future__ import annotations
@@ -42,24 +43,12 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _is_type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-    )
-
-
 def _imports(module: str, path: Path) -> list[tuple[str, int]]:
-    """(imported engramctl module, line) for every import in the file, lazy ones included."""
+    """(imported engramctl module, line) for every import in the file, lazy ones and TYPE_CHECKING ones included."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[tuple[str, int]] = []
 
     def visit(node: ast.AST) -> None:
-        if _is_type_checking(node):
-            for child in node.orelse:  # the `else:` of an `if TYPE_CHECKING:` does run
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.extend((a.name, node.lineno) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -133,7 +122,14 @@ def test_no_import_cycles():
     for m in graph:
         if m not in state:
             walk(m, [m])
-    assert not cycles, "import cycles (lazy imports count):\n" + "\n".join(cycles)
+    assert not cycles, "import cycles (lazy and TYPE_CHECKING imports count):\n" + "\n".join(cycles)
+
+
+def test_the_checks_see_imports_under_type_checking(tmp_path):
+    """An import only type checkers run is a dependency too: a cycle through one is a cycle."""
+    path = tmp_path / "m.py"
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engramctl.daemon.service import X\n")
+    assert [t for t, _ in _imports("engramctl.daemon.scheduler", path)] == ["engramctl.daemon.service"]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""`engramctl chat`'s link to the daemon: chat.ChatLink over the client (engramctl.client). What the
+"""`engramctl chat`'s link to the daemon: conversation.ChatLink over the client (engramctl.client). What the
 daemon answers is read once, as protocol objects (engramctl.protocol). No torch here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from engramctl.protocol import Restored, Snapshot
 
 
 class DaemonChatLink:
-    """chat.ChatLink over the client."""
+    """conversation.ChatLink over the client."""
 
     def __init__(self, client: Any, model_id: str, requested_model: str | None):
         self.client = client

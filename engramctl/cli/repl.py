@@ -1,7 +1,7 @@
 """The interactive chat loop: input (readline, history, multi-line), slash commands, Ctrl-C/Ctrl-D.
 
 One table of slash commands both dispatches and generates the `/?` help. The conversation itself
-(streaming a turn, saving, branching) is ChatSession's job (chat.py); this module only reads lines
+(streaming a turn, saving, branching) is ChatSession's job (conversation.py); this module only reads lines
 and routes them.
 """
 
@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, TextIO
+from typing import Callable, Iterator, TextIO
 
+from engramctl.cli.conversation import ChatSession
 from engramctl.cli.output import Output, count, ms, size
 from engramctl.errors import EngramError
-
-if TYPE_CHECKING:
-    from engramctl.cli.chat import ChatSession
 
 PROMPT, CONTINUATION = ">>> ", "... "
 FENCE = '"""'
@@ -219,7 +217,7 @@ def messages(reader: LineReader) -> Iterator[str]:
 
 # -- the loop -----------------------------------------------------------------------------------------
 class Repl:
-    def __init__(self, chat: "ChatSession", out: Output, reader: LineReader):
+    def __init__(self, chat: ChatSession, out: Output, reader: LineReader):
         self.chat, self.out, self.reader = chat, out, reader
 
     def run(self) -> int:

@@ -201,15 +201,14 @@ class AgentSocket:
         chat = ChatRequest(messages=messages, session=self.session, params=sampling.params())
         svc = self.daemon.service
         job = self.daemon.worker.submit(
-            lambda job: svc.chat(chat, job.emit, job.cancel), name="ws chat", turn=True, session=chat.session
+            lambda job: svc.chat(chat, job), name="ws chat", turn=True, session=chat.session
         )
         self.reply_job, self.reply_id = job, mid
         self.reply_task = self._spawn(self._stream(job, mid))
 
     async def _stream(self, job, mid: Any) -> None:
         try:
-            while True:
-                kind, value = await job.events.get()
+            async for kind, value in job.events():
                 if kind == "piece":
                     await self.send({"type": "token", "id": mid, "text": value})
                 elif kind == "done":
@@ -224,10 +223,8 @@ class AgentSocket:
                             "engram": engram_json(r),
                         }
                     )
-                    return
                 elif kind == "error":
                     await self.fail(mid, value)
-                    return
         except asyncio.CancelledError:
             job.cancel.set()
             raise

@@ -50,7 +50,7 @@ class Daemon:
         self.scheduler = Scheduler(engine, serial=settings.serial_turns)
         # as many hot states as turns run together: each conversation's next turn restores nothing
         self.service = ConversationService(engine, store, reuse=reuse, keep=self.scheduler.max_sequences)
-        self.worker = Worker(settings.max_queue, self.scheduler)
+        self.worker = Worker(settings.max_queue, self.scheduler, self.service)
         self.started = time.time()
         self.model_id = engine.info.model_id
         self.model_names = (self.model_id, settings.model)  # what a request's `model` may name (same_model)

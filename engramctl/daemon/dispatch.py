@@ -33,7 +33,7 @@ from engramctl.agent.arguments import validate_arguments
 from engramctl.agent.tools import Tool, get_tool
 from engramctl.daemon import session_changes
 from engramctl.daemon.engram_api import restore
-from engramctl.daemon.scheduler import TurnRequest
+from engramctl.daemon.sequence import Sequence
 from engramctl.daemon.service import ChatRequest
 from engramctl.daemon.streaming import job_result
 from engramctl.daemon.turn_json import turn_info, usage_json
@@ -63,12 +63,7 @@ async def wait_job(job, request=None) -> Any:
     if request is not None:
         return await job_result(job, request)
     try:
-        while True:
-            kind, value = await job.events.get()
-            if kind == "done":
-                return value
-            if kind == "error":
-                raise value
+        return await job.result()
     except asyncio.CancelledError:
         job.cancel.set()
         raise
@@ -295,13 +290,15 @@ class Dispatcher:
             "last_used": info.last_used,
         }
 
-    def _chat(self, args: dict, job) -> TurnRequest:
+    def _chat(self, args: dict, job) -> Sequence:
         chat = ChatRequest(
             messages=[{"role": "user", "content": args["message"]}],
             session=args["session"],
             params=SamplingParams.from_options(args),
         )
-        return self.service.chat(chat, job.emit, job.cancel).then(chat_result)
+        seq = self.service.chat(chat, job)
+        seq.answer = chat_result
+        return seq
 
 
 def chat_result(r: TurnResult) -> dict:

@@ -2,8 +2,8 @@
 
 Commits put the payload in a memory tier and queue the disk write on the store's writer thread, so
 nothing heavy happens between the last token and the end of the stream. The prompt snapshot is
-committed once the prompt is in the state and the first token is on its way (`prompt`, called from
-the turn's on_prompt: the copy and the commit do not delay the first token), so its file is written
+committed once the prompt is in the state and the first token is on its way (`prompt`, at the
+turn's PromptState event: the copy and the commit do not delay the first token), so its file is written
 while the reply is generated: after the reply's last token only the reply snapshot is
 left to write, which halves the window in which a crash loses the turn's snapshots (RELIABILITY.md,
 section 3: two ~35 MB writes after the last token took 0.5-1.15 s on the 350M preset at 2-3k tokens).

@@ -165,9 +165,7 @@ async def chat_with_tools(body, request: Request):
                 pass
         messages = agent_calls.with_tools_message(messages, transcript, agent_calls.tools_message(tools))
     chat = ChatRequest(messages=messages, session=body.session_name, params=body.params())
-    job = d.worker.submit(
-        lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat", turn=True, session=chat.session
-    )
+    job = d.worker.submit(lambda job: d.service.chat(chat, job), name="chat", turn=True, session=chat.session)
     completion = Completion(d.model_id, d.engine.info.fingerprint)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     result: TurnResult = await job_result(job, request)

@@ -95,7 +95,7 @@ async def completions(body: CompletionBody, request: Request):
 
     def run(job):
         req = prompts.completion(d.engine, prompt, params, body.suffix)
-        return d.service.complete(req, job.emit, job.cancel)
+        return d.service.complete(req, job)
 
     job = d.worker.submit(run, name="completion", turn=True)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

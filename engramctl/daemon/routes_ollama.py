@@ -24,7 +24,7 @@ from engramctl.daemon.errors import body_for
 from engramctl.daemon.json_frame import encode
 from engramctl.daemon.ollama_answers import OLLAMA_API_VERSION, Answer, model_entry, running_entry, show
 from engramctl.daemon.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
-from engramctl.daemon.scheduler import TurnRequest
+from engramctl.daemon.sequence import Sequence
 from engramctl.daemon.service import ChatRequest, CompletionRequest
 from engramctl.daemon.streaming import SSE_HEADERS, first_event, job_result
 from engramctl.engine.fim import fim_ids, infill_ids
@@ -71,8 +71,8 @@ async def chat(body: OllamaChatRequest, request: Request):
     messages = [m.plain() for m in body.messages]
     params = body.params()
 
-    def run(job) -> TurnRequest:
-        turn = lambda p: d.service.chat(ChatRequest(messages, None, p), job.emit, job.cancel)  # noqa: E731
+    def run(job) -> Sequence:
+        turn = lambda p: d.service.chat(ChatRequest(messages, None, p), job)  # noqa: E731
         return _within_context(turn, params)
 
     return await _answer(d, request, d.worker.submit(run, name="ollama-chat", turn=True), answer, body.stream)
@@ -86,16 +86,16 @@ async def generate(body: OllamaGenerateRequest, request: Request):
         return JSONResponse(answer.idle("unload" if body.unload else "load"))
     params = body.params()
 
-    def run(job) -> TurnRequest:
-        def turn(p: SamplingParams) -> TurnRequest:
-            return d.service.complete(_generate_prompt(d, body, p), job.emit, job.cancel)
+    def run(job) -> Sequence:
+        def turn(p: SamplingParams) -> Sequence:
+            return d.service.complete(_generate_prompt(d, body, p), job)
 
         return _within_context(turn, params)  # its result holds the reply state's token ids (the context)
 
     return await _answer(d, request, d.worker.submit(run, name="ollama-generate", turn=True), answer, body.stream)
 
 
-def _within_context(turn: Callable[[SamplingParams], TurnRequest], params: SamplingParams) -> TurnRequest:
+def _within_context(turn: Callable[[SamplingParams], Sequence], params: SamplingParams) -> Sequence:
     """Ollama generates at most num_predict tokens and stops where the context ends; a num_predict past the
     context's room is therefore not an error: the turn is planned again with the room as its budget
     (planning changes nothing, so the first refusal cost only the check)."""
@@ -144,16 +144,13 @@ def _line(obj: Any) -> str:
 
 async def _lines(job, answer: Answer) -> AsyncIterator[str]:
     try:
-        while True:
-            kind, value = await job.events.get()
+        async for kind, value in job.events():
             if kind == "piece":
                 yield answer.piece_line(value)
             elif kind == "done":
                 yield _line(answer.final(value, ""))
-                return
             elif kind == "error":
                 _, body = body_for(value)
                 yield _line({"error": body["error"]["message"]})  # Ollama's mid-stream error: a string
-                return
     finally:
         job.cancel.set()  # the client went away mid-stream (or we are done: then it changes nothing)

@@ -58,9 +58,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = body.params()
     check_params(d.engine, params)  # a logit_bias token the model lacks is a 400 now, not an error mid-stream
     chat = ChatRequest(messages=[m.plain() for m in body.messages], session=body.session_name, params=params)
-    job = d.worker.submit(
-        lambda job: d.service.chat(chat, job.emit, job.cancel), name="chat", turn=True, session=chat.session
-    )
+    job = d.worker.submit(lambda job: d.service.chat(chat, job), name="chat", turn=True, session=chat.session)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     logprobs = LogprobText(d.engine.tokenizer) if body.logprobs else None
     completion = Completion(d.model_id, d.engine.info.fingerprint, logprobs)

@@ -1,20 +1,22 @@
-"""Conversations: what a turn is (its plan) and what it leaves (its record).
+"""Conversations: what a turn is (its plan), what happens as it runs, and what it leaves (its record).
 
 Every method here but `invalidate` runs on the worker thread. A request goes:
 1. which state continues it (state_cache.py): a hot Live, a snapshot, or a fresh state;
 2. the turn plans (refusing a prompt that does not fit, touching nothing) and comes back as a
-   scheduler.TurnRequest, which the scheduler steps with the other turns: prefill only the new
-   tokens -> capture the prompt state -> generate, streaming pieces -> settle -> capture;
-3. its end is recorded (recorder.py): the prompt and reply snapshots, the transcript; the reply state
-   stays hot.
+   sequence.Sequence, which the scheduler steps with the other turns: prefill only the new
+   tokens -> generate, streaming pieces -> settle -> capture;
+3. each event the turn returns comes here, to `handle`, one arm per event: the stream's start, its pieces and
+   its last choice go to the route (the job's events); the prompt snapshot is committed once the first token is
+   on its way; at the end (TurnDone) the reply snapshot and the transcript are recorded (recorder.py) and the
+   reply state stays hot.
 
 Its result is one TurnResult (turn_result.py), built there from the engine's outcome as the turn goes:
 emitted at `start` and `finish`, and the recorded one is the job's result; the doors write their JSON from
 it (turn_json.py for the fields every API reports). Restoring and saving a session's state are the Engram
 API's (engram_api/restore.py): a restore with a continuation is a turn here (`turn_from`), and the Engram
-API's restore-and-generate (engram_api/continuation.py) plans its own through `plan_turn` and `run_turn`,
-as every turn here does. A request run outside the daemon (the benchmark) runs its TurnRequest alone:
-`service.chat(...).run()`.
+API's restore-and-generate (engram_api/continuation.py) plans its own through `plan_turn` and `sequence`,
+as every turn here does. A request run outside the daemon (the benchmark) runs its Sequence alone:
+`service.run(service.chat(...))`.
 """
 
 from __future__ import annotations
@@ -22,21 +24,30 @@ from __future__ import annotations
 import collections
 import logging
 import secrets
-import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from engramctl.daemon import turn_result
+from engramctl.daemon.job import Failed, Job
 from engramctl.daemon.recorder import Recorder, TurnRecord
-from engramctl.daemon.scheduler import TurnRequest
+from engramctl.daemon.scheduler import Scheduler
+from engramctl.daemon.sequence import Sequence
 from engramctl.daemon.state_cache import Hot, Origin, StateCache
-from engramctl.daemon.turn_result import TurnResult
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
-from engramctl.engine.generate import Finish
+from engramctl.engine.generate import Piece
 from engramctl.engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
-from engramctl.engine.turn import Prompt, Turn, TurnDone, reply_budget
+from engramctl.engine.turn import (
+    Event,
+    Finished,
+    PrefixState,
+    PromptState,
+    Started,
+    Turn,
+    TurnDone,
+    reply_budget,
+)
 from engramctl.errors import NotFound, UsageError
 from engramctl.store.crashpoints import crash_point
 from engramctl.store.names import validate_session_name
@@ -46,8 +57,11 @@ log = logging.getLogger("engramctl.daemon")
 
 AUTO_PREFIX = "auto-"
 
-Emit = Callable[[str, Any], None]  # ("start", TurnResult) once the prompt is in the state, ("piece", text)...,
-# ("finish", TurnResult) when generation stops; the recorded TurnResult is the job's result
+
+class PrefixSink(Protocol):
+    """Whoever keeps the states a turn captures at its prefill stops (Turn's `stops`)."""
+
+    def offer(self, event: PrefixState) -> None: ...
 
 
 def plain(message: dict) -> dict[str, str]:
@@ -104,6 +118,7 @@ class ConversationService:
         self.recorder = Recorder(engine, store)
         self.turns = 0
         self.in_flight: collections.Counter[str] = collections.Counter()  # session -> turns planned, not ended
+        self.prefix_sink: PrefixSink | None = None  # where PrefixState events go (None: nowhere)
 
     @property
     def hot(self) -> Hot | None:
@@ -111,25 +126,24 @@ class ConversationService:
         return self.states.current
 
     # -- chat ----------------------------------------------------------------------------------------
-    def chat(self, req: ChatRequest, emit: Emit, cancel: threading.Event) -> TurnRequest:
+    def chat(self, req: ChatRequest, job: Job | None = None) -> Sequence:
         t0 = time.perf_counter()
         self.states.release_retired()
         if req.session is None:
-            return self._anonymous(req.messages, req.params, emit, cancel, t0)
-        return self.turn_from(req.session, req.messages, req.params, emit, cancel, t0)
+            return self._anonymous(req.messages, req.params, job, t0)
+        return self.turn_from(req.session, req.messages, req.params, job, t0)
 
     def turn_from(
         self,
         name: str,
         messages: list[dict],
         params: SamplingParams,
-        emit: Emit,
-        cancel: threading.Event,
+        job: Job | None,
         t0: float,
         *,
         base: tuple[list[dict], str | None] | None = None,
         before_commit: Callable[[], Any] | None = None,
-    ) -> TurnRequest:
+    ) -> Sequence:
         """A turn of session `name`; `base` = (transcript, head) to continue from instead of the session's own
         (a restore: engram_api/restore.py), `before_commit` what makes that restore stick."""
         validate_session_name(name)
@@ -154,33 +168,24 @@ class ConversationService:
             log.info("session %s: the chat template is not prefix-stable here; re-prefilling the conversation", name)
             origin = Origin(parent=origin.parent)
         record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
-        return self.run_turn(turn, name, origin, record, emit, cancel, t0)
+        return self.sequence(turn, name, origin, record, job, t0)
 
-    def complete(self, req: CompletionRequest, emit: Emit, cancel: threading.Event) -> TurnRequest:
+    def complete(self, req: CompletionRequest, job: Job | None = None) -> Sequence:
         """A raw prompt (/v1/completions, Ollama's generate): the anonymous path, on the prompt's own ids."""
         t0 = time.perf_counter()
         self.states.release_retired()
-        return self._prefix(req.ids, req.text, [{"role": "user", "content": req.text}], req.params, emit, cancel, t0)
+        return self._prefix(req.ids, req.text, [{"role": "user", "content": req.text}], req.params, job, t0)
 
-    def _anonymous(
-        self, messages: list[dict], params: SamplingParams, emit: Emit, cancel: threading.Event, t0: float
-    ) -> TurnRequest:
+    def _anonymous(self, messages: list[dict], params: SamplingParams, job: Job | None, t0: float) -> Sequence:
         tok = self.engine.tokenizer
         conversation = [plain(m) for m in messages]
         text = tok.render(conversation, add_generation_prompt=True)
         self.engine.check_text(text)
-        return self._prefix(tok.encode(text), text, conversation, params, emit, cancel, t0)
+        return self._prefix(tok.encode(text), text, conversation, params, job, t0)
 
     def _prefix(
-        self,
-        ids: list[int],
-        text: str,
-        conversation: list[dict],
-        params: SamplingParams,
-        emit: Emit,
-        cancel: threading.Event,
-        t0: float,
-    ) -> TurnRequest:
+        self, ids: list[int], text: str, conversation: list[dict], params: SamplingParams, job: Job | None, t0: float
+    ) -> Sequence:
         """A turn on `ids` from the longest stored snapshot that holds a prefix of them."""
         budget = self.default_max_tokens
         reply_budget(self.engine, len(ids), params.max_tokens, budget)  # refuse before looking anything up
@@ -190,7 +195,7 @@ class ConversationService:
         )
         session = source if self._continues(source, origin, conversation) else f"{AUTO_PREFIX}{secrets.token_hex(8)}"
         record = TurnRecord(session, origin.parent, [], replace_transcript=conversation)
-        return self.run_turn(turn, session, origin, record, emit, cancel, t0)
+        return self.sequence(turn, session, origin, record, job, t0)
 
     def _continues(self, source: str | None, origin: Origin, conversation: list[dict]) -> bool:
         """Does an anonymous turn record into the auto session whose state it continues? Only when it goes on
@@ -219,65 +224,78 @@ class ConversationService:
         self.states.take(live)
         return turn
 
-    def run_turn(
-        self,
-        turn: Turn,
-        session: str,
-        origin: Origin,
-        record: TurnRecord,
-        emit: Emit,
-        cancel: threading.Event,
-        t0: float,
-    ) -> TurnRequest:
-        """The planned turn as the scheduler steps it: its start is emitted once the prompt is in the state,
-        the prompt snapshot committed once the first token is on its way (its file is written while the reply
-        is generated), its pieces are emitted, and its end recorded, its state kept hot."""
-        result: list[TurnResult] = []  # the turn's result as far as it has got
-
-        def on_start(prompt: Prompt) -> None:
-            result.append(turn_result.started(session, origin, prompt, t0))
-            emit("start", result[-1])
-
-        def on_prompt(prompt: Prompt) -> None:
-            self.recorder.prompt(record, prompt)
-
-        def on_finish(finish: Finish) -> None:
-            result.append(turn_result.finished(result[-1], finish))
-            emit("finish", result[-1])  # the stream's last choice: it does not wait for the reply state
-
-        def on_done(done: TurnDone) -> TurnResult:
-            try:
-                self.recorder.turn(record, done)
-                self.states.keep(session, record.reply_id, done.live)
-            finally:
-                ended()
-            self.turns += 1
-            so_far = result[-1] if result else turn_result.started(session, origin, done.prompt, t0)
-            return turn_result.recorded(so_far, done, record)
-
-        def on_fail() -> None:
-            ended()
-            self.states.release_retired()
-
-        def ended() -> None:
-            self.in_flight[session] -= 1
-            if self.in_flight[session] <= 0:
-                del self.in_flight[session]
-
+    def sequence(
+        self, turn: Turn, session: str, origin: Origin, record: TurnRecord, job: Job | None, t0: float
+    ) -> Sequence:
+        """The planned turn as the scheduler steps it (its events come to `handle`)."""
         self.in_flight[session] += 1
+        return Sequence(turn, session, origin, record, t0, job)
 
-        return TurnRequest(
-            turn,
-            cancel,
-            on_start=on_start,
-            on_prompt=on_prompt,
-            on_piece=lambda piece: (crash_point("stream.piece"), emit("piece", piece)),
-            on_finish=on_finish,
-            on_done=on_done,
-            on_fail=on_fail,
-            session=session,
-            needs=lambda: record.head if record.prompted else record.parent,
-        )
+    # -- a turn's events: the scheduler's steps return them, the worker hands each here -------------------
+    def handle(self, seq: Sequence, event: Event | Failed) -> Any:
+        """What one event of `seq`'s turn does. Its start is emitted once the prompt is in the state, the prompt
+        snapshot committed once the first token is on its way (its file is written while the reply is
+        generated), its pieces emitted, its last choice as soon as generation stops; at its end the turn is
+        recorded, its state kept hot, and the job's result returned (the worker finishes the job with it)."""
+        match event:
+            case Started(prompt=prompt):
+                seq.result = turn_result.started(seq.session, seq.origin, prompt, seq.started_at)
+                seq.emit("start", seq.result)
+            case Piece():
+                crash_point("stream.piece")
+                seq.emit("piece", event)
+            case PromptState(prompt=prompt):
+                self.recorder.prompt(seq.record, prompt)
+            case PrefixState():
+                if self.prefix_sink is not None:
+                    self.prefix_sink.offer(event)
+            case Finished(finish=finish):
+                seq.result = turn_result.finished(seq.result, finish)
+                seq.emit("finish", seq.result)  # the stream's last choice: it does not wait for the reply state
+            case TurnDone():
+                try:
+                    self.recorder.turn(seq.record, event)
+                    self.states.keep(seq.session, seq.record.reply_id, event.live)
+                finally:
+                    self._ended(seq)
+                self.turns += 1
+                so_far = seq.result or turn_result.started(seq.session, seq.origin, event.prompt, seq.started_at)
+                seq.result = turn_result.recorded(so_far, event, seq.record)
+                return seq.result if seq.answer is None else seq.answer(seq.result)
+            case Failed():
+                self._ended(seq)
+                self.states.release_retired()
+        return None
+
+    def run(self, seq: Sequence) -> Any:
+        """Run one planned turn alone, on this thread (the benchmark; tests): its result, or its error raised."""
+        scheduler = Scheduler(self.engine, max_sequences=1)
+        scheduler.start(seq)
+        end: tuple[Any, BaseException | None] | None = None
+        while scheduler.busy:
+            for _, event in scheduler.step():
+                try:
+                    result = self.handle(seq, event)
+                except BaseException as e:  # noqa: BLE001 - as the worker: the turn fails with it
+                    if isinstance(event, (TurnDone, Failed)):
+                        end = (None, event.error if isinstance(event, Failed) else e)
+                    else:
+                        seq.error = e  # the scheduler drops the turn before its next step
+                    continue
+                if isinstance(event, Failed):
+                    end = (None, event.error)
+                elif isinstance(event, TurnDone):
+                    end = (result, None)
+        if end is None:
+            raise RuntimeError("the turn ended without its end")  # unreachable: it ends with TurnDone or Failed
+        if end[1] is not None:
+            raise end[1]
+        return end[0]
+
+    def _ended(self, seq: Sequence) -> None:
+        self.in_flight[seq.session] -= 1
+        if self.in_flight[seq.session] <= 0:
+            del self.in_flight[seq.session]
 
     # -- sessions ------------------------------------------------------------------------------------
     def invalidate(self, session: str | None = None) -> None:

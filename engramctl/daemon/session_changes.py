@@ -24,10 +24,8 @@ if TYPE_CHECKING:
 
 def ensure_idle(d: Daemon, session: str, change: str) -> None:
     """Raise SessionBusy if a turn of `session` runs or waits in the scheduler. Worker thread only."""
-    s = d.scheduler
-    running = any(r.session == session for r in s.running)
-    if running or any(job.session == session for job in s.waiting):
-        state = "running" if running else "waiting to run"
+    state = d.scheduler.session_busy(session)
+    if state is not None:
         raise SessionBusy(
             f"session {session!r} has a turn {state}; it cannot be {change} until that turn ends.",
             hint="wait for the reply to finish (or cancel it), then retry",
@@ -38,13 +36,13 @@ def delete_snapshot(d: Daemon, snapshot_id: str, force: bool) -> None:
     """Delete one snapshot, refused (SessionBusy) while a running turn records onto it: the one it continued
     from until its prompt is recorded, its prompt snapshot after that (a session's head, which a forced
     delete would take from under it). Worker thread."""
-    for r in d.scheduler.running:
-        if r.needs() == snapshot_id:
-            raise SessionBusy(
-                f"snapshot {snapshot_id} is the state session {r.session!r}'s running turn continues from; it "
-                "cannot be deleted until that turn ends.",
-                hint="wait for the reply to finish (or cancel it), then retry",
-            )
+    seq = d.scheduler.continuing_from(snapshot_id)
+    if seq is not None:
+        raise SessionBusy(
+            f"snapshot {snapshot_id} is the state session {seq.session!r}'s running turn continues from; it "
+            "cannot be deleted until that turn ends.",
+            hint="wait for the reply to finish (or cancel it), then retry",
+        )
     d.store.snapshots.delete(snapshot_id, force=force)
 
 

@@ -1,9 +1,10 @@
 """From worker-job events to HTTP answers: OpenAI chat completion JSON, SSE chunks, and client
 disconnects turned into cancellation.
 
-A turn job emits `start` (a TurnResult: the turn's prompt is in the state), `piece` (text: an engine Piece,
-which carries the logprob entries of the tokens it covers) ..., `finish` (the TurnResult once generation
-stopped), then `done` (the recorded TurnResult, or a route's own JSON) or `error`. A stream is
+A turn job's events (daemon/job.py `Job.events`) are `start` (a TurnResult: the turn's prompt is in the
+state), `piece` (text: an engine Piece, which carries the logprob entries of the tokens it covers) ...,
+`finish` (the TurnResult once generation stopped), then `done` (the recorded TurnResult, or a route's own
+JSON) or `error`. A stream is
 
     {"choices": [{"delta": {"role": "assistant", ...}}], "engram": {origin}}    at `start`
     {"choices": [{"delta": {"content": ...}}]} ...                               each `piece`
@@ -24,17 +25,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Awaitable, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from engramctl.daemon.errors import Cancelled, body_for
+from engramctl.daemon.job import Job
 from engramctl.daemon.json_frame import Frame, encode, slot
 from engramctl.daemon.logprobs_json import LogprobText
 from engramctl.daemon.turn_json import engram_json, finish_reason, usage_json
 from engramctl.daemon.turn_result import TurnResult
-from engramctl.daemon.worker import Job
 from engramctl.engine.logprobs import TokenLogprob
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -52,38 +53,25 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-class Watch:
-    """Reads a job's events while watching for the client to disconnect; a disconnect cancels the job."""
-
-    def __init__(self, job: Job, request: Request):
-        self.job = job
-        self._gone = asyncio.ensure_future(_disconnected(request))
-
-    async def next(self) -> tuple[str, Any]:
-        get = asyncio.ensure_future(self.job.events.get())
-        done, _ = await asyncio.wait({get, self._gone}, return_when=asyncio.FIRST_COMPLETED)
-        if get in done:
-            return get.result()
-        get.cancel()
-        self.job.cancel.set()
+async def _until_gone(job: Job, request: Request, wanted: Awaitable[Any]) -> Any:
+    """`wanted` (reading the job's events), unless the client goes away first: then the job is cancelled and
+    ClientGone raised."""
+    want = asyncio.ensure_future(wanted)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({want, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if want in done:
+            return want.result()
+        job.cancel.set()
         raise ClientGone("the client disconnected.")
-
-    def stop(self) -> None:
-        self._gone.cancel()
+    finally:
+        want.cancel()
+        gone.cancel()
 
 
 async def job_result(job: Job, request: Request) -> Any:
-    """Wait for a job to finish; its error is raised here."""
-    watch = Watch(job, request)
-    try:
-        while True:
-            kind, value = await watch.next()
-            if kind == "done":
-                return value
-            if kind == "error":
-                raise value
-    finally:
-        watch.stop()
+    """Wait for a job to finish, watching for the client to go away; its error is raised here."""
+    return await _until_gone(job, request, job.result())
 
 
 class Completion:
@@ -171,11 +159,7 @@ def sse(obj: Any) -> str:
 async def first_event(job: Job, request: Request) -> tuple[str, Any]:
     """A streamed answer's first event, "start" (the turn has begun) or "done", watching for the client to
     go away; an error is raised here, so a refusal still gets its own HTTP status."""
-    watch = Watch(job, request)
-    try:
-        kind, value = await watch.next()
-    finally:
-        watch.stop()
+    kind, value = await _until_gone(job, request, anext(job.events()))
     if kind == "error":
         raise value
     return kind, value
@@ -210,8 +194,7 @@ async def _events(
         yield sse(completion.chunk({"role": "assistant", "content": ""}, engram=engram_json(start)))
         sent = 0  # logprob entries the chunks carried so far
         finished = False
-        while True:
-            kind, value = await job.events.get()
+        async for kind, value in job.events():
             if kind == "piece":
                 entries = getattr(value, "logprobs", ())
                 sent += len(entries)
@@ -226,11 +209,9 @@ async def _events(
                 if trailer:
                     yield sse(completion.usage_chunk(usage, engram=engram_json(value)))
                 yield "data: [DONE]\n\n"
-                return
             elif kind == "error":
                 _, body = body_for(value)
                 yield sse(body)
                 yield "data: [DONE]\n\n"
-                return
     finally:
         job.cancel.set()  # the client went away mid-stream (or we are done: then it changes nothing)

@@ -1,9 +1,11 @@
 """The one thread that runs the model: the scheduler's step loop, and every other job between steps.
 
-Routes submit a job from the event loop and read its events (`start`, `piece`, ..., then `done` or
-`error`) from an asyncio queue that the worker thread fills. A turn job (`turn=True`: it plans a turn,
-daemon/scheduler.py) joins the scheduler, which admits it in arrival order and steps it with the other
-turns; any other job (a save, a restore, a reset) runs between two steps, first come, first served.
+Routes submit a job (daemon/job.py) from the event loop and read its events (`start`, `piece`, ..., then
+`done` or `error`: `job.events()`), which this thread hands over. A turn job (`turn=True`: it plans a turn)
+joins the scheduler (daemon/scheduler.py), which admits it in arrival order and steps it with the other
+turns; each event a step returns goes to the conversation service (`service.handle`), and the worker finishes
+the job at the turn's end. Any other job (a save, a restore, a reset) runs between two steps, first come, first
+served. Only this thread finishes jobs.
 At most `max_queue` jobs wait (not yet started); one more is refused at once (QueueFull -> 429) rather
 than queued without bound: it bounds memory, not ordinary bursts. Each job has a cancel event: set it
 (client gone, daemon stopping) and the job stops between tokens, or is skipped if it has not started.
@@ -20,64 +22,23 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from engramctl.daemon.errors import Cancelled, QueueFull, ShuttingDown
+from engramctl.daemon.job import Answered, Failed, Job
+from engramctl.engine.turn import Event, TurnDone
 from engramctl.errors import EngramError
 
 if TYPE_CHECKING:
     from engramctl.daemon.scheduler import Scheduler
+    from engramctl.daemon.sequence import Sequence
+    from engramctl.daemon.service import ConversationService
 
 log = logging.getLogger("engramctl.daemon")
 
 
-class Job:
-    """A unit of work for the worker thread. `fn(job)` runs there and may `job.emit(...)` events."""
-
-    def __init__(
-        self,
-        fn: Callable[["Job"], Any],
-        name: str,
-        loop: asyncio.AbstractEventLoop | None,
-        *,
-        turn: bool = False,
-        session: str | None = None,
-    ):
-        self.fn, self.name, self.loop = fn, name, loop
-        self.turn = turn  # fn plans a turn for the scheduler (a scheduler.TurnRequest)
-        self.session = session  # the named session the turn continues: it waits for that session's running turn
-        self.future: concurrent.futures.Future | None = None  # Worker.call's: the result for a caller without a loop
-        self.cancel = threading.Event()
-        self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self.submitted = time.monotonic()
-        self.started: float | None = None
-
-    def emit(self, kind: str, value: Any = None) -> None:
-        """Thread-safe: hand an event to the route waiting on this job."""
-        if self.loop is None:  # Worker.call: the caller waits for the result only
-            return
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
-        except RuntimeError:  # the event loop is gone (daemon stopping): nobody is listening
-            pass
-
-    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        """The job's end, to whoever waits: the route (an event) or Worker.call's caller (the future)."""
-        if error is None:
-            self.emit("done", result)
-        else:
-            self.emit("error", error)
-        if self.future is not None and error is None:
-            self.future.set_result(result)
-        elif self.future is not None:
-            self.future.set_exception(error)
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel.is_set()
-
-
 class Worker:
-    def __init__(self, max_queue: int, scheduler: "Scheduler | None" = None):
+    def __init__(self, max_queue: int, scheduler: Scheduler | None = None, service: ConversationService | None = None):
+        """`service` handles the events of the scheduler's turns (its `handle`); both or neither."""
         self.max_queue = max(0, int(max_queue))
-        self.scheduler = scheduler
+        self.scheduler, self.service = scheduler, service
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
@@ -94,12 +55,12 @@ class Worker:
             return self._waiting + self._admitting()
 
     def _admitting(self) -> int:
-        return 0 if self.scheduler is None else len(self.scheduler.waiting)
+        return 0 if self.scheduler is None else self.scheduler.n_waiting
 
     @property
     def running(self) -> int:
         """Turns the scheduler is stepping."""
-        return 0 if self.scheduler is None else len(self.scheduler.running)
+        return 0 if self.scheduler is None else self.scheduler.n_running
 
     @property
     def busy(self) -> bool:
@@ -109,7 +70,7 @@ class Worker:
         self, fn: Callable[[Job], Any], name: str = "job", *, turn: bool = False, session: str | None = None
     ) -> Job:
         """Queue `fn`; call from the event loop. Raises QueueFull or ShuttingDown instead of waiting.
-        turn=True: `fn` plans a turn (it returns a scheduler.TurnRequest), run by the scheduler with the
+        turn=True: `fn` plans a turn (it returns a sequence.Sequence), run by the scheduler with the
         others; `session` names the session it continues. A job that is not a turn but names a `session`
         (a checkpoint, a branch of it) runs after that session's turns running or queued now: it sees their
         replies."""
@@ -193,25 +154,24 @@ class Worker:
                     self._run_job(job)
                 continue  # take what else is queued before the next step
             if self.scheduler is not None and self.scheduler.busy:
+                ended, started = self.scheduler.admit()
+                for job, end in ended:
+                    finish(job, end)
                 # Planning a turn takes milliseconds, in which more of a burst arrives: those join this step
                 # (the queue is read again, Scheduler.company_wait_s) rather than the next, seconds of prompt later.
-                if self.scheduler.admit():
+                if started:
                     continue
-                self.scheduler.step()
+                for seq, event in self.scheduler.step():
+                    deliver(self.service, seq, event)
 
     def _after_turns(self, job: Job) -> bool:
         """A job that reads a session's head waits for that session's turns (run by the scheduler after them)."""
         return job.session is not None and self.scheduler is not None and self.scheduler.holds(job.session)
 
     def _stop_turns(self) -> None:
-        s = self.scheduler
-        if s is None:
-            return
-        while s.waiting:
-            job = s.waiting.popleft()
-            job.cancel.set()
-            job.finish(error=ShuttingDown("the daemon is shutting down."))
-        s.cancel_all()
+        if self.scheduler is not None:
+            for job in self.scheduler.shutdown():
+                job.finish(error=ShuttingDown("the daemon is shutting down."))
 
     def _run_job(self, job: Job) -> None:
         with self._lock:
@@ -230,3 +190,28 @@ class Worker:
             with self._lock:
                 self.current = None
                 self.completed += 1
+
+
+def deliver(service: ConversationService, seq: Sequence, event: Event | Failed) -> None:
+    """Hand one event of a turn to the service (`handle`); at the turn's end, finish its job."""
+    result = None
+    try:
+        result = service.handle(seq, event)
+    except BaseException as e:  # noqa: BLE001 - a failure after the turn still answers its request
+        log.exception("handling a turn's %s failed", type(event).__name__)
+        if isinstance(event, TurnDone):
+            event = Failed(e)
+        elif not isinstance(event, Failed):
+            seq.error = e  # the scheduler drops the turn before its next step
+    if seq.job is not None and isinstance(event, Failed):
+        seq.job.finish(error=event.error)
+    elif seq.job is not None and isinstance(event, TurnDone):
+        seq.job.finish(result)
+
+
+def finish(job: Job, end: Failed | Answered) -> None:
+    """A job that ended at admission (Scheduler.admit): refused, cancelled, or answered without a turn."""
+    if isinstance(end, Failed):
+        job.finish(error=end.error)
+    else:
+        job.finish(end.result)

@@ -14,7 +14,6 @@ Cancellation is checked between chunks, as on transformers.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import threading
 import weakref
 from collections.abc import Sequence
@@ -72,10 +71,6 @@ class LlamaCppBackend:
         layout = blob_layout(header, v_trans=False)  # refuses unknown recurrent architectures early
         self.chunk_tokens = chunk_tokens
         self._lock = threading.RLock()
-        # first tensor of a captured state -> (its blob, tokens, where each tensor lives, capture serial):
-        # see _original
-        self._blob_of: dict[int, tuple] = {}
-        self._serials = itertools.count(1)  # capture serials: what a kept state is known by
         self._model = self._ctx = None
 
         mparams = lib.llama_model_default_params()
@@ -323,51 +318,36 @@ class LlamaCppBackend:
 
     # -- state ---------------------------------------------------------------------------------------
     def capture(self, live: Live) -> SessionState:
+        """`live`'s state: views of one blob copied out of the context, which the pool remembers (a restore of
+        this state while it is unchanged then costs one copy, or none: SequencePool.remember)."""
         if not live.token_ids or live.last_logits is None:
             raise EngramError("cannot capture a state that has consumed no tokens.")
         n = len(live.token_ids)
         with self._lock:
-            resident = self._pool.holds(live)
-            blob = self._pool.get_blob(live.cache.seq) if resident else live.cache.blob
+            blob = self._pool.blob_of(live)
             blob = llama_state.in_position_order(blob, self.layout, n)  # cells a batch left out of order
             layers = llama_state.parse(blob, self.layout, n)  # views of `blob`, never modified again
-            self._pool.captured(live, blob)
             state = SessionState(
                 layers=tuple(layers),
                 token_ids=tuple(live.token_ids),
                 last_logits=live.last_logits.copy(),
                 text=live.text,
             )
-            tensors = _tensors(state)
-            if tensors:  # keyed by id, dropped with the array (a WeakKeyDictionary would compare arrays with ==)
-                serial = next(self._serials)
-                self._blob_of[id(tensors[0])] = (blob, n, [_where(t) for t in tensors], serial)
-                weakref.finalize(tensors[0], _forget, self._blob_of, id(tensors[0]), self._pool.collected, serial)
-                if resident:
-                    self._pool.keep(live, serial, blob, n)
+            self._pool.remember(live, state, blob)
         return state
-
-    def _original(self, state: SessionState) -> tuple[bytearray, int] | None:
-        """The blob `state` was parsed from and its capture serial, when its tensors are still exactly
-        those views (a state captured here and kept in RAM): restoring it then costs one copy (set_data)
-        rather than two, or none while its kept sequence is resident."""
-        tensors = _tensors(state)
-        found = self._blob_of.get(id(tensors[0])) if tensors else None
-        if found is None:
-            return None
-        blob, n_tokens, where, serial = found
-        if n_tokens != state.n_tokens or [_where(t) for t in tensors] != where:
-            return None
-        return blob, serial
 
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here), beside
-        the resident ones (SequencePool.admit)."""
+        the resident ones (SequencePool.admit): from the blob it was captured from where the pool still has
+        it (SequencePool.original), else serialized from its tensors."""
         if state.layout != self.spec.layout:
             raise SnapshotMismatch(
                 f"state layout {list(state.layout)} does not fit this model's {list(self.spec.layout)}."
             )
-        blob, serial = self._original(state) or (llama_state.serialize(state.layers, self.layout, state.n_tokens), None)
+        blob, serial = self._pool.original(state) or (
+            llama_state.serialize(state.layers, self.layout, state.n_tokens),
+            None,
+        )
         live = Live(
             cache=ParkedState(blob, kept=serial),
             token_ids=list(state.token_ids),
@@ -377,22 +357,6 @@ class LlamaCppBackend:
         with self._lock:
             self._pool.admit(live)
         return live
-
-
-def _forget(blob_of: dict, key: int, collected, serial: int) -> None:
-    """A captured state's tensors were collected: forget its blob, and drop its kept sequence (queued:
-    a finalizer runs on whatever thread the collector does, without the backend's lock)."""
-    blob_of.pop(key, None)
-    collected.append(serial)
-
-
-def _tensors(state: SessionState) -> list[np.ndarray]:
-    return [t for layer in state.layers for t in layer.tensors().values()]
-
-
-def _where(t) -> tuple:
-    # same memory, shape and type as a view parse() made: the bytes are the blob's, which nothing modifies
-    return (arrays.kind(t), *arrays.where(t))
 
 
 class _ModelHandle:

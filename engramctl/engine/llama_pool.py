@@ -1,58 +1,40 @@
 """The sequences of the backend's one llama.cpp context: `sequences` that conversations (Lives) run in,
-stepped together in one llama_decode, and up to `kept_max` more that keep captured states resident.
+stepped together in one llama_decode, and up to `kept_max` more that keep captured states resident. Why each
+rule below holds, with what was measured: docs/history/llama-pool.md.
 
-Residency. A Live gets a sequence while it is resident (its `cache.seq`). With more Lives than
-sequences, the least recently stepped one not in the current step is parked: its state is copied out
-(llama_state_seq_get_data into a Python bytearray, ~1 ms per 10 MB) and loaded back into a free
-sequence (llama_state_seq_set_data) when it is stepped again, so any number of conversations are held
-without llama.cpp allocating more. A released Live frees its sequence at once.
-
-Exactness. Attention reads every used KV cell up to the highest (masked or not), and on the CPU a
-decode over 512+ cells splits them across threads (ggml-cpu flash_attn_ext's split-KV path), so the
-bits of a result depend on which cells are in use, not only on the sequence's own; and ggml picks its
-matmul kernels by the rows in a step. A step of several conversations therefore differs in its last bits
-from the same tokens run alone; that is accepted. Measured (greedy, 4 sequences): on the tiny test
-models batched replies equal their solo ones and identical conversations give bitwise identical rows
-(tests/engine/test_llama_batch.py); on SmolLM2 Q4_1 over 64 tokens, 1 of 4 different conversations kept its
-solo reply (the others forked at tokens 1, 2 and 12), and identical ones may part. Not the cells' places:
-with fewer than 64 rows in a step a conversation beside others is bitwise what it is alone, and batched
-decode steps are exact; a prefill step of 64+ rows takes another ggml path whose bits depend on where a row
-sits in it, which 4-bit weights grow to ~1 logit (docs/batching.md).
-
-A step of ONE Live must compute what a fresh process restoring the same state computes (the bitwise
-resume tests): `solo()` makes the context hold exactly that Live's cells, in sequence 0, on one path
-from cell 0 without gaps, with nothing else but kept states that are prefixes of that path. So it parks
-every other resident Live (measured: 100 or 300 tokens run beside another conversation's cells gave
-other last bits than alone; test_llama_batch.py), and re-packs a Live whose cells are interleaved with
-others' since it stepped in a batch (blob out, all sequences cleared, blob in at cells 0..n-1). The Live
-`_packed` names is already laid out so: loaded alone, or from a kept state, with nothing placed after it
-since; solo() of it parks the others only.
-
-Shared prefixes. A new conversation whose prompt begins as a resident one's does (a client's system prompt,
-the chat template's opening) starts from a copy of that one's KV cells for the common part (share: nothing
-computed), as llama-server's slots reuse their previous prompt's. Only under load (the scheduler asks when
-other turns run: a turn alone computes its whole prompt, as it always did) and only on attention-only models,
-which have a stream per sequence (below).
-
-A stream per sequence (attention-only models, llama_streams.py): a sequence's cells are a stream of their
-own, from cell 0 in order, and a step reads only the streams of the sequences in it; so solo() only makes
-the Live resident (nothing to park or re-pack), a shared prefix is copied into the new stream, blobs are
-converted to and from the one-stream form, and no states are kept (kept_max 0).
-
-Kept states. keep() lets a kept sequence share what a packed Live holds (llama_memory_seq_cp: its KV
-cells and recurrent cell gain a sequence id; no byte moves), so restoring that state later - regenerating
-a reply, going back to an earlier turn, a client resending the history - copies nothing, however long
-the conversation. Kept states are always prefixes of one path whose cells run from 0 without gaps:
-only a packed Live's state is kept, restoring kept state k alone drops those longer than k, and loading
-anything else alone drops them all. A kept state also goes when the captured state is collected (its
-tensors' finalizer queues it; the queue is applied under the backend's lock) and when more than
-`kept_max` are kept (oldest first).
+Invariants:
+1. Residency. A Live holds a sequence (`cache.seq`) while resident; parked, its state is a blob in its
+   ParkedState (none if it consumed nothing). Any number of Lives are held without llama.cpp allocating more:
+   the least recently stepped Live not in the current step is parked to make room (`seat`). A released Live
+   frees its sequence at once.
+2. Solo exactness. A step of ONE Live (`solo`) computes what a fresh process restoring the same state computes:
+   the context then holds that Live's cells alone, in sequence 0, on one path from cell 0 without gaps, with
+   nothing else but kept states that are prefixes of that path (other residents parked; a Live interleaved by a
+   batch re-packed from its blob). A step of several Lives may differ from their solo runs in the last bits.
+3. Packed. `_packed` names the Live whose cells already run from cell 0 with nothing placed after them since
+   (loaded alone, or from a kept state); solo() of it parks the others only.
+4. Kept states are prefixes of one path whose cells run from 0 without gaps: only a packed Live's state is kept
+   (`keep`: its cells gain a sequence id, no byte moves); restoring kept state k alone drops those longer than
+   k; loading anything else alone drops them all; a kept state goes when its captured state is collected (the
+   finalizer queues it, applied under the backend's lock) or when more than `kept_max` are kept, oldest first.
+5. Provenance (`remember`, `original`). A captured state is views of one blob that nothing modifies. While its
+   tensors are still those views, restoring it loads that blob (one copy) or copies its kept sequence (none);
+   any other state is serialized again first (two copies). Parking a Live unchanged since its capture takes the
+   captured blob instead of a copy.
+6. Shared prefixes (`share`). A new conversation whose prompt begins as a resident one's starts from a copy of
+   that one's cells for the common part, nothing computed: only under load (the scheduler asks when other turns
+   run; a turn alone computes its whole prompt) and only on attention-only models.
+7. A stream per sequence (attention-only models, llama_streams.py): a sequence's cells are a stream of their
+   own from cell 0, and a step reads only its sequences' streams; so solo() only seats the Live, a shared
+   prefix is copied into the new stream, blobs are converted to and from the one-stream form, and no states
+   are kept (kept_max 0).
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import itertools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +46,8 @@ from engramctl.engine.llama_lib import take_errors
 from engramctl.engine.llama_state import SEQ_ID, renumber
 from engramctl.engine.llama_streams import of_streams, one_stream
 from engramctl.errors import EngramError, SnapshotMismatch
+from engramctl.state import SessionState
+from engramctl.store import arrays
 
 
 class ParkedState:
@@ -101,6 +85,9 @@ class SequencePool:
         self._kept: collections.OrderedDict[int, _Kept] = collections.OrderedDict()  # serial -> kept, oldest first
         self._free_kept = list(range(self.n_seq - 1, self.sequences - 1, -1))
         self.collected: collections.deque[int] = collections.deque()  # serials to drop (finalizers append)
+        # a captured state's first tensor -> (its blob, tokens, where each tensor lives, capture serial): remember
+        self._origins: dict[int, tuple] = {}
+        self._serials = itertools.count(1)  # capture serials: what a kept state is known by
         self.restores: collections.Counter = collections.Counter()  # "kept" | "blob": how a state was loaded
         self.shares = 0  # prompts that started from another conversation's cells (share)
 
@@ -298,11 +285,41 @@ class SequencePool:
                 return self._free_seqs.pop()
         raise EngramError(f"a step of {len(keep)} conversations needs more than the context's {self.sequences}.")
 
-    def captured(self, live: Live, blob: bytearray) -> None:
-        """`blob` (never modified again) is `live`'s state as captured now: parking `live` before it steps
-        again takes it instead of a copy (a conversation idle since its reply was captured, parked when
-        another runs alone, cost a 23 MB copy on Granite-4.0-H-350M, ~60 ms in fresh pages on this VM)."""
+    # -- captured states: where a restore's blob comes from ------------------------------------------
+    def blob_of(self, live: Live) -> bytearray:
+        """What `live` holds now, as one blob: copied out of its sequence while resident, else its parked blob."""
+        return self.get_blob(live.cache.seq) if self.holds(live) else live.cache.blob
+
+    def remember(self, live: Live, state: SessionState, blob: bytearray) -> None:
+        """`state` was captured from `live` as views of `blob` (never modified again). Remember where it came
+        from, until its tensors are collected: restoring it while its tensors are still those views takes
+        `blob` as is (`original`: one copy, set_data, instead of two), or its kept sequence while one holds it
+        (no copy: `keep`). And parking `live` before it steps again takes `blob` instead of a copy (a
+        conversation idle since its reply was captured, parked when another runs alone, cost a 23 MB copy on
+        Granite-4.0-H-350M, ~60 ms in fresh pages on this VM)."""
+        resident = self.holds(live)
         _cache(live).captured = blob
+        tensors = _tensors(state)
+        if not tensors:
+            return
+        serial = next(self._serials)
+        # keyed by the first tensor's id, dropped with the array (a WeakKeyDictionary would compare arrays with ==)
+        self._origins[id(tensors[0])] = (blob, state.n_tokens, [_where(t) for t in tensors], serial)
+        weakref.finalize(tensors[0], _forget, self._origins, id(tensors[0]), self.collected, serial)
+        if resident:
+            self.keep(live, serial, blob, state.n_tokens)
+
+    def original(self, state: SessionState) -> tuple[bytearray, int] | None:
+        """The blob `state` was parsed from and its capture serial (what its kept state is known by), when its
+        tensors are still exactly those views (a state captured here and kept in RAM); None otherwise."""
+        tensors = _tensors(state)
+        found = self._origins.get(id(tensors[0])) if tensors else None
+        if found is None:
+            return None
+        blob, n_tokens, where, serial = found
+        if n_tokens != state.n_tokens or [_where(t) for t in tensors] != where:
+            return None
+        return blob, serial
 
     def _park(self, live: Live) -> None:
         parked = live.cache
@@ -378,3 +395,19 @@ def _cache(live: Live) -> ParkedState:
     if not isinstance(live.cache, ParkedState):
         raise EngramError("this conversation state was released or belongs to another backend.")
     return live.cache
+
+
+def _forget(origins: dict, key: int, collected, serial: int) -> None:
+    """A captured state's tensors were collected: forget its blob, and drop its kept sequence (queued:
+    a finalizer runs on whatever thread the collector does, without the backend's lock)."""
+    origins.pop(key, None)
+    collected.append(serial)
+
+
+def _tensors(state: SessionState) -> list:
+    return [t for layer in state.layers for t in layer.tensors().values()]
+
+
+def _where(t) -> tuple:
+    # same memory, shape and type as a view parse() made: the bytes are the blob's, which nothing modifies
+    return (arrays.kind(t), *arrays.where(t))

@@ -14,15 +14,14 @@ import logging
 from collections import Counter, deque
 from typing import Any, Callable, Sequence
 
-from engramctl.errors import NotFound
+from engramctl.errors import NotFound, StoreClosed
 from engramctl.settings import Settings
 from engramctl.store.crashpoints import crash_point
-from engramctl.errors import StoreClosed
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
+from engramctl.store.messages import MessageTree
 from engramctl.store.names import validate_snapshot_id
 from engramctl.store.records import Payload, ReconcileReport, SessionInfo, SnapshotRecord, payload_to
-from engramctl.store.transcript import MessageTree
 from engramctl.store.writer import Writer
 from engramctl.tiers.placement import HotTier, Placement
 from engramctl.tiers.plan import TierPlan

@@ -222,13 +222,11 @@ def _script(monkeypatch, app, reply: str) -> list:
     svc = app.state.daemon.service
     real, seen = svc.chat, []
 
-    def scripted(turn, emit, cancel):
-        seen.append(turn)
-
-        def replaced(r):
-            return dataclasses.replace(r, text=reply)
-
-        return real(turn, emit, cancel).then(replaced)  # the planned turn: its result once it has run
+    def scripted(req, job=None):
+        seen.append(req)
+        seq = real(req, job)  # the planned turn: its result, once it has run, with the scripted text
+        seq.answer = lambda r: dataclasses.replace(r, text=reply)
+        return seq
 
     monkeypatch.setattr(svc, "chat", scripted)
     return seen

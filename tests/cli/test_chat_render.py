@@ -10,7 +10,7 @@ import json
 import pytest
 
 from engramctl.cli import repl as repl_mod
-from engramctl.cli.chat import ChatSession, describe_origin
+from engramctl.cli.conversation import ChatSession, describe_origin
 from engramctl.cli.output import HUMAN, JSON, Output
 from engramctl.errors import EngramError, NotFound
 

@@ -356,7 +356,7 @@ def test_stats_after_a_stopped_reply_show_what_the_session_kept(live):
     import io
 
     from engramctl.cli import chatlink
-    from engramctl.cli.chat import ChatSession
+    from engramctl.cli.conversation import ChatSession
     from engramctl.cli.output import HUMAN, Output
     from engramctl.client import Client
 

@@ -19,13 +19,17 @@ import time
 import openai
 import pytest
 
-from engramctl.daemon.scheduler import Scheduler, TurnRequest
+from engramctl.daemon.job import Failed, Job
+from engramctl.daemon.recorder import TurnRecord
+from engramctl.daemon.scheduler import Scheduler
+from engramctl.daemon.sequence import Sequence
 from engramctl.daemon.service import ChatRequest
+from engramctl.daemon.state_cache import Origin
 from engramctl.daemon.turn_result import TurnResult
-from engramctl.daemon.worker import Job
+from engramctl.daemon.worker import deliver, finish
 from engramctl.engine.engine import Engine
 from engramctl.engine.sampling_params import SamplingParams
-from engramctl.engine.turn import Turn
+from engramctl.engine.turn import Turn, TurnDone
 from tests.backends import both_backends
 from tests.daemon import harness
 from tests.helpers import served_app
@@ -67,7 +71,7 @@ def _requests(tag: str) -> list[ChatRequest]:
 
 
 def _turn_job(service, req: ChatRequest, cancel: threading.Event | None = None) -> Job:
-    job = Job(lambda job: service.chat(req, job.emit, job.cancel), "test", None, turn=True, session=req.session)
+    job = Job(lambda job: service.chat(req, job), "test", None, turn=True, session=req.session)
     job.future = concurrent.futures.Future()
     if cancel is not None:
         job.cancel = cancel
@@ -80,12 +84,17 @@ def _outcome(r: TurnResult) -> tuple:
     return r.text, r.finish_reason, r.token_ids, r.context
 
 
-def _run(scheduler: Scheduler, jobs: list[Job], on_step=lambda s, n: None) -> int:
+def _run(scheduler: Scheduler, service, jobs: list[Job], on_step=lambda s, n: None) -> int:
+    """The worker's loop, on this thread: admit, step, hand each event to the service, finish the jobs."""
     for job in jobs:
         scheduler.add(job)
     peak, n = 0, 0
     while scheduler.busy:
-        scheduler.step()
+        ended, _ = scheduler.admit()
+        for job, end in ended:
+            finish(job, end)
+        for seq, event in scheduler.step():
+            deliver(service, seq, event)
         n += 1
         peak = max(peak, len(scheduler.running))
         on_step(scheduler, n)
@@ -95,10 +104,10 @@ def _run(scheduler: Scheduler, jobs: list[Job], on_step=lambda s, n: None) -> in
 @both_backends
 def test_interleaved_turns_answer_exactly_as_alone(client):
     d = client.daemon
-    alone = [d.service.chat(req, lambda k, v: None, threading.Event()).run() for req in _requests("alone")]
+    alone = [d.service.run(d.service.chat(req)) for req in _requests("alone")]
     scheduler = Scheduler(d.engine, max_sequences=4)
     jobs = [_turn_job(d.service, req) for req in _requests("together")]
-    peak = _run(scheduler, jobs)
+    peak = _run(scheduler, d.service, jobs)
     assert peak == 4  # four turns ran in the same steps, token by token
     together = [job.future.result() for job in jobs]
     for a, t in zip(alone, together):
@@ -108,24 +117,16 @@ def test_interleaved_turns_answer_exactly_as_alone(client):
     for k in range(4):  # every session resumes from its own snapshot, as the alone run's does
         nxt = [{"role": "user", "content": "And then?"}]
         params = SamplingParams(temperature=0, max_tokens=5)
-        a = d.service.chat(ChatRequest(nxt, f"alone-{k}", params), _no, _ev()).run()
-        t = d.service.chat(ChatRequest(nxt, f"together-{k}", params), _no, _ev()).run()
+        a = d.service.run(d.service.chat(ChatRequest(nxt, f"alone-{k}", params)))
+        t = d.service.run(d.service.chat(ChatRequest(nxt, f"together-{k}", params)))
         assert t.text == a.text and t.restored_tokens > 0
-
-
-def _no(kind, value) -> None:
-    pass
-
-
-def _ev() -> threading.Event:
-    return threading.Event()
 
 
 @both_backends
 def test_a_cancelled_turn_leaves_at_the_next_step_and_the_others_finish(client):
     d = client.daemon
     reqs = _requests("c")[:4]
-    alone = [d.service.chat(req, _no, _ev()).run() for req in _requests("a")[:4]]
+    alone = [d.service.run(d.service.chat(req)) for req in _requests("a")[:4]]
     cancel = threading.Event()
     jobs = [_turn_job(d.service, req, cancel if k == 1 else None) for k, req in enumerate(reqs)]
 
@@ -133,7 +134,7 @@ def test_a_cancelled_turn_leaves_at_the_next_step_and_the_others_finish(client):
         if n == 3:
             cancel.set()
 
-    _run(Scheduler(d.engine, max_sequences=4), jobs, cancel_at)
+    _run(Scheduler(d.engine, max_sequences=4), d.service, jobs, cancel_at)
     results = [job.future.result() for job in jobs]
     assert results[1].finish_reason == "cancelled" and 0 < len(results[1].token_ids) < 9
     assert results[1].snapshot_id is not None  # the partial reply is recorded, as a cancel always was
@@ -149,19 +150,35 @@ def test_serial_turns_and_the_backend_bound_how_many_run_at_once(tiny_engine):
     assert Scheduler(engine, max_sequences=4, serial=True).max_sequences == 1
 
 
-def _plain_turn(engine, prompt_tokens: int, max_tokens: int, seed: int) -> TurnRequest:
+def _bare(turn: Turn) -> Sequence:
+    """A turn as the scheduler steps it, with no service around it (nothing is recorded)."""
+    return Sequence(turn, "bare", Origin(), TurnRecord("bare", None, []), time.perf_counter())
+
+
+def _until_idle(s: Scheduler) -> dict[Sequence, object]:
+    """Step until no turn runs: each turn's TurnDone (or the error it failed with)."""
+    ends: dict[Sequence, object] = {}
+    while s.busy:
+        for seq, event in s.step():
+            if isinstance(event, TurnDone):
+                ends[seq] = event
+            elif isinstance(event, Failed):
+                ends[seq] = event.error
+    return ends
+
+
+def _step(s: Scheduler) -> dict[Sequence, object]:
+    """One step: the TurnDone of each turn that ended in it."""
+    return {seq: ev for seq, ev in s.step() if isinstance(ev, (TurnDone, Failed))}
+
+
+def _plain_turn(engine, prompt_tokens: int, max_tokens: int, seed: int) -> Sequence:
     """A greedy turn over `prompt_tokens` token ids, run by the scheduler with no service around it."""
     ids = random.Random(seed).choices(range(3, 200), k=prompt_tokens)
     turn = Turn.for_tokens(
         engine, engine.new_live(), ids, "", SamplingParams(temperature=0.0, max_tokens=max_tokens), capture=False
     )
-    return TurnRequest(
-        turn, threading.Event(), on_prompt=_drop, on_piece=_drop, on_done=lambda done: done, on_fail=lambda: None
-    )
-
-
-def _drop(_value) -> None:
-    pass
+    return _bare(turn)
 
 
 def test_a_long_prompt_never_stalls_a_generating_turn_for_more_than_one_step(served_model, load_llama, monkeypatch):
@@ -171,7 +188,7 @@ def test_a_long_prompt_never_stalls_a_generating_turn_for_more_than_one_step(ser
     backend = load_llama(served_model("llama.cpp"), chunk_tokens=16)
     engine = Engine(backend, backend.tokenizer)
     assert engine.step_tokens == 16
-    alone = _plain_turn(engine, 5, 24, seed=1).run().finish.token_ids
+    alone = _plain_turn(engine, 5, 24, seed=1).turn.run().finish.token_ids
 
     steps: list[list[tuple[int, int]]] = []  # per llama_decode step: (which turn, tokens fed)
     real_step = engine.step
@@ -186,22 +203,21 @@ def test_a_long_prompt_never_stalls_a_generating_turn_for_more_than_one_step(ser
     s = Scheduler(engine, max_sequences=2)
     s.start(generating)
     lives[id(generating.turn.live)] = 0
-    s.step()  # its 5-token prompt alone: a whole chunk
+    _step(s)  # its 5-token prompt alone: a whole chunk
     assert steps == [[(0, 5)]] and not generating.turn.prefilling
     s.start(prompt)
     lives[id(prompt.turn.live)] = 1
     while prompt.turn.prefilling:
-        s.step()
+        _step(s)
     prompt_steps = steps[1:]
     assert len(prompt_steps) == 14  # 200 tokens, 15 a step beside the generating turn's one
     for step in prompt_steps:
         assert step[0] == (0, 1)  # the generating turn's token first, every step
         assert step[1][0] == 1 and step[1][1] <= 15 and sum(n for _, n in step) <= 16
-    while s.busy:
-        s.step()
-    assert generating.error is None and prompt.error is None
-    assert generating.result.finish.token_ids == alone  # the same reply as alone (tiny model: batching is exact)
-    assert len(prompt.result.finish.token_ids) == 4
+    ends = _until_idle(s)
+    assert isinstance(ends[generating], TurnDone) and isinstance(ends[prompt], TurnDone)
+    assert ends[generating].finish.token_ids == alone  # the same reply as alone (tiny model: batching is exact)
+    assert len(ends[prompt].finish.token_ids) == 4
 
 
 def test_a_turn_alone_takes_whole_chunks(served_model, load_llama, monkeypatch):
@@ -210,7 +226,7 @@ def test_a_turn_alone_takes_whole_chunks(served_model, load_llama, monkeypatch):
     fed: list[int] = []
     real_step = engine.step
     monkeypatch.setattr(engine, "step", lambda work: fed.append(len(work[0][1])) or real_step(work))
-    _plain_turn(engine, 40, 2, seed=3).run()
+    _plain_turn(engine, 40, 2, seed=3).turn.run()
     assert fed == [16, 16, 8, 1, 1]  # the prompt in whole chunks, one token, then settling the last one
 
 
@@ -227,13 +243,13 @@ def smollm2_engine():
     return Engine(backend, backend.tokenizer)
 
 
-def _sharing_turn(engine, common: list[int], tail_seed: int, max_tokens: int, plan_s: float = 0.0) -> TurnRequest:
+def _sharing_turn(engine, common: list[int], tail_seed: int, max_tokens: int) -> Sequence:
     first = 200 * tail_seed  # each tail from ids of its own: the common prefix is exactly `common`
     tail = random.Random(tail_seed).choices(range(first, first + 200), k=30)
     t = Turn.for_tokens(
         engine, engine.new_live(), common + tail, "", SamplingParams(temperature=0.0, max_tokens=max_tokens)
     )
-    return TurnRequest(t, threading.Event(), on_prompt=_drop, on_piece=_drop, on_done=lambda d: d, on_fail=_drop)
+    return _bare(t)
 
 
 def test_under_load_a_prompt_starts_from_a_resident_conversation_alone_it_computes_all(smollm2_engine):
@@ -246,18 +262,16 @@ def test_under_load_a_prompt_starts_from_a_resident_conversation_alone_it_comput
     for seed in (1, 2):  # one after the other: the second finds the first resident, but runs alone
         r = _sharing_turn(engine, common, seed, 3)
         s.start(r)
-        while s.busy:
-            s.step()
-        assert r.result.prompt.computed_tokens == 70 and r.result.prompt.cached_tokens == 0
+        done = _until_idle(s)[r]
+        assert done.prompt.computed_tokens == 70 and done.prompt.cached_tokens == 0
     running, late = _sharing_turn(engine, common, 3, 12), _sharing_turn(engine, common, 4, 3)
     s.start(running)
-    s.step()  # its prompt, alone
+    _step(s)  # its prompt, alone
     s.start(late)  # admitted while `running` generates
-    while s.busy:
-        s.step()
-    assert running.result.prompt.cached_tokens == 0
-    assert late.result.prompt.cached_tokens == 40 and late.result.prompt.computed_tokens == 30
-    assert late.result.prompt.prompt_tokens == 70 and len(late.result.finish.token_ids) == 3
+    ends = _until_idle(s)
+    assert ends[running].prompt.cached_tokens == 0
+    assert ends[late].prompt.cached_tokens == 40 and ends[late].prompt.computed_tokens == 30
+    assert ends[late].prompt.prompt_tokens == 70 and len(ends[late].finish.token_ids) == 3
 
 
 def test_a_lone_prompt_that_could_share_waits_a_little_for_company_once(smollm2_engine):
@@ -272,8 +286,7 @@ def test_a_lone_prompt_that_could_share_waits_a_little_for_company_once(smollm2_
     first = _sharing_turn(engine, common, 5, 2)
     s.start(first)
     assert s.company_wait_s() == 0.0  # nothing resident begins like it, and no prompt measured yet
-    while s.busy:
-        s.step()
+    _until_idle(s)
     assert s.prompt_s_per_token is not None and s.prompt_s_per_token > 0  # its 70-token prompt step
 
     lone = _sharing_turn(engine, common, 6, 2)
@@ -284,15 +297,12 @@ def test_a_lone_prompt_that_could_share_waits_a_little_for_company_once(smollm2_
     other = _sharing_turn(engine, random.Random(7).choices(range(3, 200), k=40), 7, 2)
     s.start(other)
     assert s.company_wait_s() == 0.0  # two running: not alone
-    while s.busy:
-        s.step()
-    assert lone.result.prompt.cached_tokens == 40  # it ran under load after all
+    assert _until_idle(s)[lone].prompt.cached_tokens == 40  # it ran under load after all
 
     unrelated = _sharing_turn(engine, random.Random(8).choices(range(3, 200), k=40), 8, 2)
     s.start(unrelated)
     assert s.company_wait_s() == 0.0  # no resident conversation begins like it: waiting would gain nothing
-    while s.busy:
-        s.step()
+    _until_idle(s)
 
 
 def test_a_turn_that_arrives_while_the_first_is_planned_joins_its_first_step(smollm2_engine):
@@ -308,11 +318,10 @@ def test_a_turn_that_arrives_while_the_first_is_planned_joins_its_first_step(smo
     warm = Scheduler(engine, max_sequences=2)
     resident = _sharing_turn(engine, common, 9, 2)
     warm.start(resident)
-    while warm.busy:
-        warm.step()  # a resident conversation beginning with `common`
+    _until_idle(warm)  # a resident conversation beginning with `common`
 
     s = Scheduler(engine, max_sequences=2)
-    worker = Worker(max_queue=8, scheduler=s)
+    worker = Worker(max_queue=8, scheduler=s, service=_Dones())
 
     def plan(seed: int, slow_s: float):
         def fn(_job):
@@ -325,20 +334,20 @@ def test_a_turn_that_arrives_while_the_first_is_planned_joins_its_first_step(smo
         jobs = [worker.submit(plan(10, 0.3), "first", turn=True)]
         await asyncio.sleep(0.05)
         jobs.append(worker.submit(plan(11, 0.0), "second", turn=True))
-        results = []
-        for job in jobs:
-            while True:
-                kind, value = await job.events.get()
-                if kind in ("done", "error"):
-                    results.append(value)
-                    break
-        return results
+        return [await job.result() for job in jobs]
 
     try:
         first, second = asyncio.run(burst())
     finally:
         worker.close(10)
     assert first.prompt.cached_tokens == 40 and second.prompt.cached_tokens == 40
+
+
+class _Dones:
+    """A service for bare turns: a turn's result is its TurnDone."""
+
+    def handle(self, seq: Sequence, event) -> object:
+        return event if isinstance(event, TurnDone) else None
 
 
 # -- through the real daemon ------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ import torch
 
 from engramctl.engine.chat import is_prefix_stable, token_delta
 from engramctl.engine.engine import Engine
+from engramctl.engine.generate import Piece
 from engramctl.engine.sampling import SamplingParams
-from engramctl.engine.turn import Turn
+from engramctl.engine.turn import Started, Turn
 from engramctl.errors import Cancelled, ContextOverflow, EngramError
 from engramctl.store import arrays
 from tests.backends import both_backends
@@ -54,8 +55,13 @@ def _greedy(max_tokens=6, **kw):
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
 
 
-def _turn(engine, live, messages, params=None, **run):
-    return Turn.for_messages(engine, live, messages, params or _greedy()).run(**run)
+def _turn(engine, live, messages, params=None, pieces: list[str] | None = None):
+    """The turn alone; the text pieces it returns go to `pieces`."""
+    turn = Turn.for_messages(engine, live, messages, params or _greedy())
+    for event in turn.events():
+        if pieces is not None and isinstance(event, Piece):
+            pieces.append(event)
+    return turn.done
 
 
 def test_second_turn_feeds_only_the_delta_and_matches_a_full_prefill(engine):
@@ -88,7 +94,7 @@ def test_unstable_template_falls_back_to_full_prefill(unstable_engine):
 
 def test_max_tokens_stop_leaves_every_generated_token_in_the_state(engine):
     pieces: list[str] = []
-    done = _turn(engine, engine.new_live(), NEW, _greedy(max_tokens=4), on_piece=pieces.append)
+    done = _turn(engine, engine.new_live(), NEW, _greedy(max_tokens=4), pieces)
     if done.finish.reason == "length":
         assert len(done.finish.token_ids) == 4
     assert len(done.live.token_ids) == done.prompt.prompt_tokens + len(done.finish.token_ids)
@@ -102,7 +108,7 @@ def test_stop_string_cuts_the_reply(engine):
         pytest.skip("the random model stopped before producing text to cut")
     stop = full_text[1:3]
     pieces: list[str] = []
-    done = _turn(engine, engine.new_live(), NEW, _greedy(max_tokens=8, stop=(stop,)), on_piece=pieces.append)
+    done = _turn(engine, engine.new_live(), NEW, _greedy(max_tokens=8, stop=(stop,)), pieces)
     text = "".join(pieces)
     assert done.finish.reason == "stop" and stop not in text and full_text.startswith(text)
     # the state's text is the reply as shown: the next turn's render of the transcript extends it
@@ -199,15 +205,17 @@ def test_a_reply_stopped_by_an_eos_the_template_does_not_write_goes_on_without_a
     if not others:
         pytest.skip("this tokenizer has one EOS id")  # transformers' tiny one; the GGUF adds <|endoftext|>
 
-    def choose_the_other_eos(prompt):  # the model's first choice after the prompt: <|endoftext|>, say
+    def choose_the_other_eos():  # the model's first choice after the prompt: <|endoftext|>, say
         live.last_logits = arrays.copy(live.last_logits)  # a tensor or (llama.cpp) a numpy array
         live.last_logits[:] = -1e9
         live.last_logits[others[0]] = 0.0
 
     live = engine.new_live()
-    done = Turn.for_messages(engine, live, HISTORY[:2], SamplingParams(temperature=0, max_tokens=4)).run(
-        on_start=choose_the_other_eos
-    )
+    turn = Turn.for_messages(engine, live, HISTORY[:2], SamplingParams(temperature=0, max_tokens=4))
+    for event in turn.events():
+        if isinstance(event, Started):  # the prompt is in; its first token is sampled next
+            choose_the_other_eos()
+    done = turn.done
     assert (done.finish.reason, done.finish.token_ids) == ("stop", (others[0],))  # the client's view: as sampled
     assert done.live.token_ids[-1] == end and done.live.text.endswith("<|im_end|>")
     conversation = HISTORY[:2] + [{"role": "assistant", "content": done.finish.text}] + NEW

@@ -51,7 +51,7 @@ def test_logits_and_captured_states_are_numpy_and_the_state_views_its_blob(grani
     logits = granite.prefill(live, _ids(20, 5))
     assert arrays.kind(logits) == granite.spec.arrays == "numpy"
     state = granite.capture(live)
-    blob, _serial = granite._original(state)
+    blob, _serial = granite._pool.original(state)
     raw = np.frombuffer(blob, np.uint8)
     views = [t for layer in state.layers for t in layer.tensors().values() if t.size]
     assert views and all(arrays.kind(t) == "numpy" and np.shares_memory(t, raw) for t in views)
@@ -137,8 +137,8 @@ def test_a_captured_state_restores_from_its_own_blob_and_a_copy_by_reserializing
     state = granite.capture(live)
     write_state(tmp_path / "s.safetensors", state, granite.spec)
     from_disk = read_state(tmp_path / "s.safetensors", granite.spec)
-    assert granite._original(state) is not None  # kept in RAM as captured: one copy to restore
-    assert granite._original(from_disk) is None  # other tensors: serialized again
+    assert granite._pool.original(state) is not None  # kept in RAM as captured: one copy to restore
+    assert granite._pool.original(from_disk) is None  # other tensors: serialized again
     more = _ids(4, 9)
     assert arrays.equal(granite.prefill(granite.inject(state), more), granite.prefill(granite.inject(from_disk), more))
 
@@ -160,7 +160,7 @@ def test_a_state_in_the_ram_tier_restores_from_its_captured_blob(granite, tmp_pa
         payload, came_from = store.snapshots.load_from(rec.id)
         assert came_from in ("ram", "pending")
         state = from_payload(*payload, granite.spec, check_values=False)
-        assert granite._original(state) is not None
+        assert granite._pool.original(state) is not None
         store.flush()
         store.close()
         store = Store.open(load_settings({"tier_ram_bytes": 64 << 20, "tier_disk_bytes": 256 << 20}))  # reads only

@@ -104,7 +104,7 @@ def test_a_live_stepped_alone_after_a_batch_computes_what_a_fresh_restore_comput
     feeds = [_ids(7, 6)] + [[t] for t in _ids(5, 7)]
     got_a = [granite.step([(a, ids)])[0].copy() for ids in feeds]
     assert a.cache.seq == 0 and b.cache.seq is None and b.cache.blob is not None  # b parked, a alone
-    assert b.cache.blob is granite._original(state_b)[0]  # parked as captured: its capture's blob, no copy
+    assert b.cache.blob is granite._pool.original(state_b)[0]  # parked as captured: its capture's blob, no copy
     got_b = [granite.step([(b, ids)])[0].copy() for ids in feeds]
     assert all(arrays.equal(x, y) for x, y in zip(got_a, _alone(reference, state_a, feeds)))
     assert all(arrays.equal(x, y) for x, y in zip(got_b, _alone(reference, state_b, feeds)))

@@ -104,7 +104,7 @@ def test_restoring_a_kept_state_drops_the_longer_ones_and_another_path_drops_all
     other = granite.new_live()
     granite.prefill(other, _ids(8, 22))  # another path: kept states are never a prefix of it
     assert granite._pool.kept == 0
-    assert granite._original(long) is not None  # still restorable, by one copy
+    assert granite._pool.original(long) is not None  # still restorable, by one copy
     for x in (again, other):
         granite.release(x)
 

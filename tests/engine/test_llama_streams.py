@@ -6,7 +6,6 @@ alone; the scheduler feeds one prompt chunk a step there."""
 from __future__ import annotations
 
 import struct
-import threading
 
 import pytest
 
@@ -103,9 +102,12 @@ def test_a_step_of_sequences_that_are_not_consecutive_runs_each_as_alone(smol_pa
 def test_the_scheduler_feeds_one_prompt_chunk_a_step_with_streams(smol_path, monkeypatch):
     """With a stream per sequence llama.cpp splits a step into ubatches of equal tokens per sequence, so
     prompts of unequal lengths in one step would run as several small ubatches: one prompt a step."""
-    from engramctl.daemon.scheduler import Scheduler, TurnRequest
+    from engramctl.daemon.recorder import TurnRecord
+    from engramctl.daemon.scheduler import Scheduler
+    from engramctl.daemon.sequence import Sequence
+    from engramctl.daemon.state_cache import Origin
     from engramctl.engine.sampling_params import SamplingParams
-    from engramctl.engine.turn import Turn
+    from engramctl.engine.turn import Turn, TurnDone
 
     smol = _load(smol_path, sequences=3)
     engine = Engine(smol, smol.tokenizer)
@@ -125,9 +127,9 @@ def test_the_scheduler_feeds_one_prompt_chunk_a_step_with_streams(smol_path, mon
         params = SamplingParams(temperature=0.0, max_tokens=4)
         t = Turn.for_tokens(engine, engine.new_live(), _ids(seed, n), "", params)
         turns[id(t.live)] = t
-        s.start(TurnRequest(t, threading.Event(), on_prompt=id, on_piece=id, on_done=done.append, on_fail=id))
+        s.start(Sequence(t, f"s{seed}", Origin(), TurnRecord(f"s{seed}", None, []), 0.0))
     while s.busy:
-        s.step()
+        done += [event for _, event in s.step() if isinstance(event, TurnDone)]
     assert len(done) == 3 and all(len(d.finish.token_ids) == 4 for d in done)
     assert all(sum(step) <= 1 for step in steps)  # at most one prompt chunk a step
     assert any(sum(step) == 1 and len(step) > 1 for step in steps)  # beside the generating turns' tokens

@@ -9,8 +9,8 @@ import pytest
 
 from engramctl.errors import EngramError
 from engramctl.store.index import Index
+from engramctl.store.messages import MessageTree
 from engramctl.store.schema import MIGRATIONS
-from engramctl.store.transcript import MessageTree
 
 
 def test_migrations_applied_once_and_wal(tmp_path):

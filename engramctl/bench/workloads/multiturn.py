@@ -73,7 +73,7 @@ def stateful_turn(
     """One turn of SESSION through the daemon's service; `transcript` gets the user message and the reply."""
     cpu0, t0 = time.process_time(), time.perf_counter()
     user = {"role": "user", "content": user_message(turn)}
-    r = service.chat(ChatRequest([user], SESSION, params), _ignore, threading.Event()).run()
+    r = service.run(service.chat(ChatRequest([user], SESSION, params)))
     t_end = time.perf_counter()
     ids = [sid for sid in (r.prompt_snapshot_id, r.snapshot_id) if sid is not None]
     for sid in ids:
@@ -123,10 +123,6 @@ def stateless_turn(engine, transcript: list[dict], params: SamplingParams) -> di
         "reply_tokens": len(done.finish.token_ids),
         "_reply_ids": tuple(done.finish.token_ids),
     }
-
-
-def _ignore(_kind: str, _value: Any) -> None:
-    pass
 
 
 def run(engine, box, turns: int, reply_tokens: int, step: Callable[[str], None] = lambda _d: None) -> dict[str, Any]:

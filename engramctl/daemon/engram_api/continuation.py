@@ -2,20 +2,20 @@
 
 Their clients send the chat template's render of the new user message (with the generation prompt) as
 token ids, not text. The turn is the service's like every other (ConversationService.plan_turn and
-run_turn: plan, then the scheduler prefills, generates, settles, records); what is theirs is here: the ids
+sequence: plan, then the scheduler prefills, generates, settles, records); what is theirs is here: the ids
 checked against the vocabulary, and the user message they render recovered for the transcript
 (`continuation_message`).
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
-from engramctl.daemon.recorder import TurnRecord
-from engramctl.daemon.scheduler import TurnRequest
 from engramctl.daemon.engram_api.restore import TurnFrom
-from engramctl.daemon.service import ConversationService, Emit, plain
+from engramctl.daemon.job import Job
+from engramctl.daemon.recorder import TurnRecord
+from engramctl.daemon.sequence import Sequence
+from engramctl.daemon.service import ConversationService, plain
 from engramctl.daemon.state_cache import Origin
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
@@ -30,8 +30,7 @@ def token_turn(
     service: ConversationService,
     ids: list[int],
     params: SamplingParams,
-    emit: Emit,
-    cancel: threading.Event,
+    job: Job | None,
 ) -> TurnFrom:
     """The turn restore.restore runs from the restored state (its `then`): the state at the
     base's head (or its transcript, prefilled, when it has none) consumes `ids`, then the reply is generated.
@@ -39,7 +38,7 @@ def token_turn(
 
     def run(
         name: str, base: tuple[list[dict], str | None], before_commit: Callable[[], Any] | None, t0: float
-    ) -> TurnRequest:
+    ) -> Sequence:
         engine = service.engine
         transcript, head = base
         conversation = [plain(m) for m in transcript]
@@ -66,7 +65,7 @@ def token_turn(
         )
         new = [continuation_message(tok, conversation, added, ids)] if ids else []
         record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
-        return service.run_turn(turn, name, origin, record, emit, cancel, t0)
+        return service.sequence(turn, name, origin, record, job, t0)
 
     return run
 

@@ -11,19 +11,19 @@ transcript first.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable
 
-from engramctl.daemon.scheduler import TurnRequest
-from engramctl.daemon.service import ConversationService, Emit, plain
+from engramctl.daemon.job import Job
+from engramctl.daemon.sequence import Sequence
+from engramctl.daemon.service import ConversationService, plain
 from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import UsageError
 from engramctl.protocol import Restored
 from engramctl.store.names import validate_label
 
 # A turn run from a restored state: (session, (transcript, head), before_commit, t0) -> the planned turn.
-TurnFrom = Callable[[str, tuple[list[dict], "str | None"], "Callable[[], Any] | None", float], TurnRequest]
+TurnFrom = Callable[[str, tuple[list[dict], "str | None"], "Callable[[], Any] | None", float], Sequence]
 
 
 def restore(
@@ -32,12 +32,11 @@ def restore(
     session: str | None,
     continuation: dict | None = None,
     params: SamplingParams | None = None,
-    emit: Emit | None = None,
-    cancel: threading.Event | None = None,
+    job: Job | None = None,
     *,
     then: TurnFrom | None = None,
     idle: Callable[[str], None] | None = None,
-) -> Restored | TurnRequest:
+) -> Restored | Sequence:
     """Make a snapshot (or a session's head) the state a session continues from and load it into memory;
     with a continuation message generate from there, and with `then` run that turn from there:
     then(session, (transcript, head), before_commit, t0), before_commit making the restore stick.
@@ -65,8 +64,7 @@ def restore(
             target,
             [continuation],
             params or SamplingParams(),
-            emit or _ignore,
-            cancel or threading.Event(),
+            job,
             t0,
             base=(transcript, head),
             before_commit=before,
@@ -102,7 +100,3 @@ def save(service: ConversationService, session: str, label: str | None, pin: boo
     if pin:
         store.snapshots.pin(head)
     return head
-
-
-def _ignore(_kind: str, _value: Any) -> None:
-    pass

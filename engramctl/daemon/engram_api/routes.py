@@ -95,9 +95,9 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
         ref = naming.restore_point(d.store, session)
 
     def run(job):
-        then = None if ids is None else token_turn(d.service, ids, params, job.emit, job.cancel)
+        then = None if ids is None else token_turn(d.service, ids, params, job)
         idle = session_changes.restore_check(d)
-        out = restore.restore(d.service, ref, session, continuation, params, job.emit, job.cancel, then=then, idle=idle)
+        out = restore.restore(d.service, ref, session, continuation, params, job, then=then, idle=idle)
         if isinstance(out, Restored):
             r = out
             extra = {"rid": answers.new_rid()} if body.create_new_request else {}
@@ -112,7 +112,8 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
             return answers.restored(r, **extra, **_request_id(body))
         if ids is None:
             return out
-        return out.then(lambda r: _generated(d, r, ids, conversation, body))
+        out.answer = lambda r: _generated(d, r, ids, conversation, body)
+        return out
 
     # with a continuation it is a turn (the scheduler runs it); a restore alone runs between steps
     turn = continuation is not None or ids is not None
