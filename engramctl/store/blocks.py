@@ -53,16 +53,25 @@ class BlockCorrupt(SnapshotCorrupt):
 
 @dataclass(frozen=True)
 class Block:
-    """One block to write: its id and its tensors as (name, dtype code, shape, bytes) entries."""
+    """One block of a payload: its id, and where its bytes are (cut only when it is written: a block already
+    stored costs its hash, not a copy)."""
 
     id: str
     n_tokens: int
-    entries: tuple[tuple[str, str, tuple[int, ...], Any], ...]
+    start: int  # its first token
+    rows: dict[str, Any]  # tensor name -> the whole tensor as (before, tokens, after-bytes) uint8 rows
+    meta: tuple[tuple[str, str, tuple[int, ...]], ...]  # (name, dtype code, block shape) per tensor
 
     def parts(self, fingerprint: str) -> list:
         """The block file's bytes, in parts (snapshot_file.encode_entries)."""
+        import numpy as np
+
+        entries = []
+        for name, code, shape in self.meta:
+            part = np.ascontiguousarray(self.rows[name][:, self.start : self.start + self.n_tokens, :])
+            entries.append((name, code, shape, memoryview(part.reshape(-1))))
         meta = {"kind": BLOCK_KIND, "block_id": self.id, "fingerprint": fingerprint, "n_tokens": str(self.n_tokens)}
-        return snapshot_file.encode_entries(self.entries, meta)
+        return snapshot_file.encode_entries(entries, meta)
 
 
 def token_axes(tensors: dict[str, Array], meta: dict[str, str], n_tokens: int) -> dict[str, int]:
@@ -94,28 +103,29 @@ def split(
     n_full = n // block_tokens
     if not axes or n_full == 0:
         return tensors, {k: v for k, v in meta.items() if k != KV_BLOCKS}, []
-    import numpy as np
-
     rows = {name: _rows(tensors[name], axis) for name, axis in axes.items()}
     codes = {name: arrays.SAFETENSORS_DTYPE[arrays.dtype_name(tensors[name])] for name in axes}
+    shapes = {}
+    for name, axis in axes.items():
+        shape = list(arrays.shape(tensors[name]))
+        shape[axis] = block_tokens
+        shapes[name] = tuple(shape)
+    layout = tuple((name, codes[name], shapes[name]) for name in axes)
     prev = hashlib.sha256(_DOMAIN + meta.get("fingerprint", "").encode()).digest()
     blocks: list[Block] = []
     for i in range(n_full):
         lo, hi = i * block_tokens, (i + 1) * block_tokens
         content = xxh3_128()
-        entries = []
-        for name, axis in axes.items():
-            part = np.ascontiguousarray(rows[name][:, lo:hi, :])  # a view already when the token axis leads
-            shape = list(arrays.shape(tensors[name]))
-            shape[axis] = block_tokens
-            content.update(f"{name}\0{codes[name]}\0{shape}\0".encode())
-            content.update(memoryview(part).cast("B"))
-            entries.append((name, codes[name], tuple(shape), memoryview(part).cast("B")))
+        for name, code, shape in layout:
+            content.update(f"{name}\0{code}\0{list(shape)}\0".encode())
+            r = rows[name]
+            for p in range(r.shape[0]):  # each row's run of tokens is contiguous: hashed where it lies, no copy
+                content.update(memoryview(r[p, lo:hi, :]).cast("B") if r.shape[2] else b"")
         h = hashlib.sha256(prev)
         h.update(_id_bytes(ids[lo:hi]))  # type: ignore[index]
         h.update(content.digest())
         prev = h.digest()
-        blocks.append(Block(h.hexdigest()[:32], block_tokens, tuple(entries)))
+        blocks.append(Block(h.hexdigest()[:32], block_tokens, lo, rows, layout))
     constant = dict(tensors)
     start = n_full * block_tokens
     for name, axis in axes.items():
