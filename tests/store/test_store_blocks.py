@@ -248,3 +248,21 @@ def test_export_writes_one_self_contained_file_and_import_shares_the_blocks_agai
     assert disk(engram_home)[2] == blocks_before  # split into the same blocks: nothing new
     assert same(s.snapshots.load(imported.id), p)
     assert s.snapshots.info(imported.id).shared_size_bytes == s.snapshots.info(rec.id).shared_size_bytes > 0
+
+
+def test_store_verify_finds_a_damaged_block_and_drops_only_its_users(model, open_store, engram_home):
+    _, backend = model
+    p1, p2 = states(backend, ids_of(600), [300, 560])
+    s = open_store(ram=0)
+    r1, r2 = s.snapshots.commit("a", p1), s.snapshots.commit("a", p2)
+    s.flush()
+    second = s._index.block_ids_of(r2.id)[1]  # only r2 uses it
+    path = engram_home / "blocks" / f"{second}.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x80
+    path.write_bytes(bytes(data))
+    bad = s.verify()
+    assert set(bad) == {r2.id} and second in bad[r2.id]
+    assert [x.id for x in s.snapshots.list()] == [r1.id] and s.sessions.get("a").head == r1.id
+    assert same(s.snapshots.load(r1.id), p1)
+    assert_consistent(s)
