@@ -32,7 +32,7 @@ from typing import Any
 
 from xxhash import xxh3_128
 
-from engramctl.errors import SnapshotCorrupt
+from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
 from engramctl.store import arrays, snapshot_file
 from engramctl.store.arrays import Array
 
@@ -137,16 +137,23 @@ def split(
 
 def block_ids(meta: dict[str, str]) -> list[str]:
     """The ids of the blocks a constant part's metadata lists (none for a snapshot stored whole)."""
+    return _block_list(meta)[1]
+
+
+def _block_list(meta: dict[str, str]) -> tuple[int, list[str]]:
+    """(tokens per block, block ids) from a constant part's metadata; SnapshotCorrupt when it is malformed."""
     raw = meta.get(KV_BLOCKS)
     if not raw:
-        return []
+        return BLOCK_TOKENS, []
     try:
         info = json.loads(raw)
-        ids = info["ids"]
-        assert isinstance(ids, list) and all(isinstance(i, str) for i in ids)  # noqa: S101 - caught right below
-    except (ValueError, KeyError, TypeError, AssertionError):
-        raise SnapshotCorrupt("snapshot metadata kv_blocks is not a list of block ids.") from None
-    return ids
+    except (ValueError, RecursionError):
+        info = None
+    ids = info.get("ids") if isinstance(info, dict) else None
+    tokens = info.get("tokens") if isinstance(info, dict) else None
+    if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids) and type(tokens) is int and tokens > 0):
+        raise SnapshotCorrupt("snapshot metadata kv_blocks is not a block size and a list of block ids.")
+    return tokens, ids
 
 
 def join(
@@ -156,19 +163,18 @@ def join(
     BlockCorrupt if it is missing). Each block is read once and each of its tensors copied once, into arrays
     allocated once at their full length. Raises BlockCorrupt naming a block that is damaged, of another model,
     or not the block the snapshot lists."""
-    ids = block_ids(meta)
+    block_tokens, ids = _block_list(meta)
     out_meta = {k: v for k, v in meta.items() if k != KV_BLOCKS}
     if not ids:
         return tensors, out_meta
     import numpy as np
 
-    block_tokens = int(json.loads(meta[KV_BLOCKS]).get("tokens", BLOCK_TOKENS))
-    n = int(meta.get("n_tokens", "-1"))
-    axes = token_axes_of_parts(tensors, meta, n - len(ids) * block_tokens)
+    n = int(meta["n_tokens"]) if meta.get("n_tokens", "").isdigit() else -1
+    start = len(ids) * block_tokens
+    axes = token_axes(tensors, meta, n - start) if n >= start else {}  # the tails: the tokens after the blocks
     if not axes:
         raise SnapshotCorrupt(f"{source} lists KV blocks but its token axes do not match its tensors.")
     fingerprint = meta.get("fingerprint", "")
-    start = len(ids) * block_tokens
     out: dict[str, Any] = {}
     codes: dict[str, str] = {}
     for name, axis in axes.items():
@@ -184,10 +190,8 @@ def join(
         raw = read_block(bid)
         try:
             header = snapshot_file.verify(raw, source=f"KV block {bid} of {source}")
-        except SnapshotCorrupt as e:
+        except (SnapshotCorrupt, SnapshotMismatch) as e:  # a mismatch: not a block this engramctl wrote
             raise BlockCorrupt(bid, e.message) from None
-        except Exception as e:  # SnapshotMismatch: not a block this engramctl wrote
-            raise BlockCorrupt(bid, f"KV block {bid} of {source} is unreadable ({e}).") from None
         bmeta = header["__metadata__"]
         if bmeta.get("kind") != BLOCK_KIND or bmeta.get("block_id") != bid or bmeta.get("fingerprint") != fingerprint:
             raise BlockCorrupt(bid, f"KV block {bid} of {source} is another block or another model's.")
@@ -206,11 +210,6 @@ def join(
     for name, (buf, shape) in out.items():
         whole[name] = _as_array(buf, tensors[name], shape)
     return whole, out_meta
-
-
-def token_axes_of_parts(tensors: dict[str, Array], meta: dict[str, str], tail_tokens: int) -> dict[str, int]:
-    """token_axes() of a constant part, whose token-axis tensors hold only the last `tail_tokens` tokens."""
-    return token_axes(tensors, meta, tail_tokens) if tail_tokens >= 0 else {}
 
 
 def _prod(dims: Sequence[int]) -> int:

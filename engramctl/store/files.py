@@ -8,8 +8,8 @@
     <data_dir>/quarantine/           corrupt or unknown files, moved aside, never deleted by us;
                                      quarantine/quarantine.jsonl says what each one was and why
 
-Paths are only ever built from validated snapshot and block ids (names.snapshot_filename: both are 32 hex digits). Dirs are 0700,
-files 0600.
+Paths are only ever built from validated snapshot and block ids (names.snapshot_filename: both are 32 hex
+digits). Dirs are 0700, files 0600.
 """
 
 from __future__ import annotations

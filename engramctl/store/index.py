@@ -302,7 +302,9 @@ class Index:
     def bytes_freed_by(self, snapshot_ids: list[str]) -> int:
         """What deleting these rows together would free: their own files and the blocks only they use."""
         ids = json.dumps(list(snapshot_ids))
-        own = self.one("SELECT COALESCE(SUM(nbytes), 0) FROM snapshots WHERE id IN (SELECT value FROM json_each(?))", (ids,))
+        own = self.one(
+            "SELECT COALESCE(SUM(nbytes), 0) FROM snapshots WHERE id IN (SELECT value FROM json_each(?))", (ids,)
+        )
         blocks = self.one(
             """SELECT COALESCE(SUM(b.nbytes), 0) FROM blocks b
                WHERE b.id IN (SELECT block FROM snapshot_blocks WHERE snapshot IN (SELECT value FROM json_each(?)))
@@ -316,7 +318,8 @@ class Index:
         """Delete the rows of blocks no snapshot uses; returns their (id, bytes)."""
         with self.tx():
             rows = self.rows(
-                "SELECT id, nbytes FROM blocks WHERE NOT EXISTS (SELECT 1 FROM snapshot_blocks sb WHERE sb.block = blocks.id)"
+                "SELECT id, nbytes FROM blocks "
+                "WHERE NOT EXISTS (SELECT 1 FROM snapshot_blocks sb WHERE sb.block = blocks.id)"
             )
             for r in rows:
                 self.execute("DELETE FROM blocks WHERE id = ?", (r["id"],))

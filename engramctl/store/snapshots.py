@@ -128,7 +128,14 @@ class Snapshots:
             self._retention.check_disk_room(nbytes)
             now = c.clock()
             sid = new_snapshot_id(now)
-            meta = {**meta, "n_tokens": str(len(ids)), "snapshot_id": sid, "session": "", "parent": "", "created": repr(now)}
+            meta = {
+                **meta,
+                "n_tokens": str(len(ids)),
+                "snapshot_id": sid,
+                "session": "",
+                "parent": "",
+                "created": repr(now),
+            }
             c.index.insert_snapshot(
                 id=sid,
                 session="",
@@ -290,7 +297,7 @@ class Snapshots:
                 if c.index.snapshot(sid) is None:
                     raise NotFound(f"snapshot {sid} was deleted while it was being loaded.") from None
                 if isinstance(e, BlockCorrupt):  # every snapshot using the block is lost, and only those
-                    if c.files.block_size(e.block_id) is not None:
+                    if is_snapshot_id(e.block_id) and c.files.block_size(e.block_id) is not None:
                         c.files.quarantine(c.files.block_path(e.block_id), e.message)
                     lost = sorted(set(c.index.block_users(e.block_id)) | {sid})
                     log.error("KV block %s is damaged: dropping the %d snapshot(s) using it", e.block_id, len(lost))

@@ -138,7 +138,9 @@ def _blocks_step(home: Path, step: str, point: str | None) -> int:
     env.pop("ENGRAM_TEST_CRASH_AT", None)
     if point:
         env["ENGRAM_TEST_CRASH_AT"] = point
-    proc = subprocess.run([sys.executable, str(BLOCKS_CHILD), step], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(BLOCKS_CHILD), step], env=env, capture_output=True, text=True, timeout=120
+    )
     assert "Traceback" not in proc.stderr, proc.stderr
     assert (proc.returncode == 0) == ("done" in proc.stdout), (proc.returncode, proc.stdout)
     return proc.returncode

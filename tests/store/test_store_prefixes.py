@@ -28,7 +28,9 @@ def open_prefix_store(engram_home, clock):
     opened = []
 
     def _open(prefix_bytes=None, **flags):
-        settings = load_settings({"tier_ram_bytes": 0, "tier_disk_bytes": "256MB", "prefix_state_bytes": prefix_bytes, **flags})
+        settings = load_settings(
+            {"tier_ram_bytes": 0, "tier_disk_bytes": "256MB", "prefix_state_bytes": prefix_bytes, **flags}
+        )
         store, _ = open_planned(settings, fake_hardware(), clock=clock)
         opened.append(store)
         return store
