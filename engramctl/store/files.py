@@ -78,7 +78,12 @@ class SnapshotFiles:
         return self.blocks / snapshot_filename(block_id)
 
     def write_block(self, block_id: str, parts: Sequence[bytes | memoryview]) -> None:
-        snapshot_file.write_atomic(self.block_path(block_id), parts)
+        """A block file, atomically, but its directory not fsynced: sync_blocks() once the snapshot's are written,
+        before its own file refers to them."""
+        snapshot_file.write_atomic(self.block_path(block_id), parts, sync_dir=False)
+
+    def sync_blocks(self) -> None:
+        self.fsync_dir(self.blocks)
 
     def read_block(self, block_id: str) -> bytes:
         return _read_block(self.blocks, block_id)

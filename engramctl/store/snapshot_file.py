@@ -301,10 +301,17 @@ def read_metadata(path: Path) -> dict[str, str]:
 
 
 def write_atomic(
-    path: Path, buf: bytes | Sequence[bytes | memoryview], mode: int = 0o600, *, drop_cache: bool = True
+    path: Path,
+    buf: bytes | Sequence[bytes | memoryview],
+    mode: int = 0o600,
+    *,
+    drop_cache: bool = True,
+    sync_dir: bool = True,
 ) -> None:
     """temp file in the same directory, fsync, rename, fsync the directory: a reader sees all or nothing.
     `buf`: the file's bytes, or its parts in order (encode_parts), written one after the other.
+    sync_dir=False leaves the directory's fsync to the caller, who writes several files and fsyncs it once
+    before anything refers to them (the KV blocks of one snapshot).
 
     Once on disk, the file's pages leave the page cache (POSIX_FADV_DONTNEED): the memory tiers hold the hot
     copies, and a daemon writing two snapshots a turn would otherwise fill the cache with files it rarely
@@ -330,6 +337,8 @@ def write_atomic(
         Path(tmp).unlink(missing_ok=True)
         raise
     crash_point("write.replaced")
+    if not sync_dir:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -214,6 +214,7 @@ class Snapshots:
             for b, bp in new_parts:
                 c.files.write_block(b.id, bp)
             if new_parts:
+                c.files.sync_blocks()  # one directory fsync for them all, before the own file names them
                 crash_point("write.blocks_written")
             c.files.write(sid, parts)
         except OSError as e:
