@@ -62,6 +62,11 @@ class Block:
     rows: dict[str, Any]  # tensor name -> the whole tensor as (before, tokens, after-bytes) uint8 rows
     meta: tuple[tuple[str, str, tuple[int, ...]], ...]  # (name, dtype code, block shape) per tensor
 
+    @property
+    def data_nbytes(self) -> int:
+        """Its tensors' bytes (the file adds a header of a few hundred bytes)."""
+        return sum(self.rows[name].shape[0] * self.n_tokens * self.rows[name].shape[2] for name, _, _ in self.meta)
+
     def parts(self, fingerprint: str) -> list:
         """The block file's bytes, in parts (snapshot_file.encode_entries)."""
         import numpy as np

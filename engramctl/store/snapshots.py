@@ -40,6 +40,7 @@ from engramctl.store.retention import Retention
 from engramctl.store.sessions import Sessions
 
 log = logging.getLogger("engramctl.store")
+BLOCK_HEADER_BYTES = 4096  # a KV block file's header, at most, over its tensors' bytes (for the disk budget)
 
 
 class Snapshots:
@@ -196,9 +197,9 @@ class Snapshots:
         if kv:
             crash_point("write.blocks_indexed")
         fingerprint = meta.get("fingerprint", "")
-        new_parts = [(b, b.parts(fingerprint)) for b in new]
         own = sum(memoryview(part).nbytes for part in parts)
-        need = own + sum(memoryview(part).nbytes for _, bp in new_parts for part in bp)
+        # a block's bytes are cut when it is written, one at a time: no second copy of the KV in memory
+        need = own + sum(b.data_nbytes + BLOCK_HEADER_BYTES for b in new)
         with c.lock:
             if sid not in c.pending:
                 return
@@ -210,10 +211,13 @@ class Snapshots:
                     f"used by pinned or in-use snapshots; this one needs {need})",
                 )
             c.disk_reserved += need
+        written: dict[str, tuple[int, str | None]] = {}  # block id -> (file bytes, checksum)
         try:
-            for b, bp in new_parts:
+            for b in new:
+                bp = b.parts(fingerprint)
                 c.files.write_block(b.id, bp)
-            if new_parts:
+                written[b.id] = (sum(memoryview(part).nbytes for part in bp), checksum_of(bp[0]))
+            if new:
                 c.files.sync_blocks()  # one directory fsync for them all, before the own file names them
                 crash_point("write.blocks_written")
             c.files.write(sid, parts)
@@ -226,14 +230,13 @@ class Snapshots:
             c.disk_reserved -= need
             if sid not in c.pending or c.index.snapshot(sid) is None:
                 c.files.unlink(sid)  # deleted while being written
-                for b, _ in new_parts:
-                    if c.index.block(b.id) is None:  # its last user went with it
-                        c.files.unlink_block(b.id)
+                for bid in written:
+                    if c.index.block(bid) is None:  # its last user went with it
+                        c.files.unlink_block(bid)
                 return
             with c.index.tx():
-                for b, bp in new_parts:
-                    size = sum(memoryview(part).nbytes for part in bp)
-                    c.index.update_block(b.id, durable=1, nbytes=size, checksum=checksum_of(bp[0]))
+                for bid, (size, checksum) in written.items():
+                    c.index.update_block(bid, durable=1, nbytes=size, checksum=checksum)
                 c.index.update_snapshot(sid, durable=1, nbytes=own, checksum=checksum_of(parts[0]))
             del c.pending[sid]
             c.placement.release(sid)
