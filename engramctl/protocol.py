@@ -37,7 +37,7 @@ class Snapshot:
     session: str  # the session that owns it
     parent: str | None
     n_tokens: int  # tokens the state has consumed
-    nbytes: int  # file size once durable; payload bytes before that
+    nbytes: int  # once durable: its own file + every KV block it uses (what export writes); payload bytes before
     checksum: str | None
     fingerprint: str | None  # of the model that wrote it
     model_id: str | None
@@ -48,6 +48,8 @@ class Snapshot:
     label: str | None
     durable: bool  # complete, fsynced and checksummed on disk
     tiers: tuple[str, ...] = ()  # where copies are now, hottest first
+    own_size_bytes: int = 0  # what deleting it frees: its own file + the KV blocks only it uses
+    shared_size_bytes: int = 0  # KV blocks it shares with other snapshots or prefix states
 
     # On the wire (and in the agent tools' results) these three keep the names the first clients read.
     _WIRE = {"id": "snapshot_id", "n_tokens": "tokens", "nbytes": "bytes"}
@@ -85,6 +87,8 @@ class Snapshot:
             "model_id": self.model_id,
             "fingerprint": self.fingerprint,
             "checksum": self.checksum,
+            "own_size_bytes": self.own_size_bytes,
+            "shared_size_bytes": self.shared_size_bytes,
         }
 
     @classmethod

@@ -183,6 +183,14 @@ class Settings:
     tier_disk_bytes: int | None = setting(
         None, "disk tier budget", kind="bytes", metavar="SIZE", shown_default="planned"
     )
+    prefix_state_bytes: int | None = setting(
+        None,
+        "bytes of prefix states (shared prompt beginnings kept for new conversations), least recently used "
+        "evicted first",
+        kind="bytes",
+        metavar="SIZE",
+        shown_default="1/4 of the disk tier, at most 2 GiB",
+    )
     ngram_layers: str | None = setting(
         None,
         "give a transformers model Engram (N-gram memory) layers before these 0-based blocks, e.g. 1 or 1,15; "

@@ -10,7 +10,7 @@ import typer
 
 from engramctl.cli import common
 from engramctl.cli.common import JsonOpt, QuietOpt
-from engramctl.cli.output import ago, count, size, timestamp, yes_no
+from engramctl.cli.output import Column, ago, count, size, timestamp, yes_no
 from engramctl.cli.snapshots_common import IdArg, SessionOpt, read_listing, snapshot_columns
 from engramctl.errors import UsageError
 
@@ -24,9 +24,12 @@ def ls(
     out = common.output(json_, quiet)
     with read_listing(common.settings(), out) as listing:
         snaps = listing.snapshots(session)
+    columns = snapshot_columns(snaps, with_session=session is None)
+    at = next((i + 1 for i, c in enumerate(columns) if c.header == "SIZE"), len(columns))
+    columns.insert(at, Column("SHARED", "shared_size_bytes", ">", size))  # of SIZE, the KV blocks others use too
     out.table(
         snaps,
-        snapshot_columns(snaps, with_session=session is None),
+        columns,
         quiet_key="id",
         empty="No snapshots yet. Start one with: engramctl chat --session NAME",
     )
@@ -45,6 +48,8 @@ def info(ref: str = IdArg, json_: bool = JsonOpt, quiet: bool = QuietOpt) -> Non
         ("tokens", count(snap["n_tokens"])),
         ("messages", snap.get("n_messages")),
         ("size", f"{size(snap['nbytes'])} ({snap['nbytes']:,} bytes)"),
+        ("own", f"{size(snap.get('own_size_bytes') or 0)} (freed when it is deleted)"),
+        ("shared", f"{size(snap.get('shared_size_bytes') or 0)} (KV blocks other snapshots use too)"),
         ("tiers", ", ".join(snap.get("tiers") or []) or "-"),
         ("durable", yes_no(snap.get("durable"))),
         ("pinned", yes_no(snap.get("pinned"))),

@@ -18,12 +18,14 @@ from engramctl.protocol import Snapshot
 
 def export_snapshot(listing: Any, ref: str, dest: Path) -> dict:
     from engramctl.store import exchange, snapshot_file
+    from engramctl.store.files import read_payload
 
     snap = listing.snapshot(ref)
     sid = snap["id"]
     if not snap.get("durable", True):
         raise EngramError(f"snapshot {sid} is still being written to disk.", hint="try again in a moment")
-    payload = snapshot_file.read(listing.snapshot_path(sid))  # verifies checksum and format
+    data_dir = listing.settings.paths.data_dir  # verifies checksums and format; joins its KV blocks
+    payload = read_payload(data_dir / "snapshots", data_dir / "blocks", sid)
     messages = listing.snapshot_transcript(sid)
     buf = exchange.pack(payload, messages, snap["session"])
     dest.parent.mkdir(parents=True, exist_ok=True)

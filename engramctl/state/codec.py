@@ -8,7 +8,7 @@ import json
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
 from engramctl.state.layers import LAYER_KINDS
 from engramctl.state.session_state import SessionState
-from engramctl.state.spec import StateSpec
+from engramctl.state.spec import TOKENS, StateSpec
 from engramctl.store import arrays
 from engramctl.store.arrays import Array
 
@@ -49,8 +49,20 @@ def to_payload(state: SessionState, spec: StateSpec, extra: dict[str, str]) -> t
         "dtypes": json.dumps({k: arrays.dtype_name(t) for k, t in sorted(tensors.items())}),
         "n_tokens": str(state.n_tokens),
         "text": state.text,
+        # the dims that run over the tokens (the spec's TOKENS): the store keeps them in shared KV blocks
+        "token_axes": json.dumps(token_axes(spec), separators=(",", ":")),
     }
     return tensors, meta
+
+
+def token_axes(spec: StateSpec) -> dict[str, int]:
+    """{payload tensor name: its token axis} for every tensor of `spec` that grows with the tokens."""
+    return {
+        f"layers.{i}.{name}": ts.shape.index(TOKENS)
+        for i, layer in enumerate(spec.layers)
+        for name, ts in layer.tensors.items()
+        if TOKENS in ts.shape
+    }
 
 
 def _check_finite(tensors: dict[str, Array], what: str) -> None:

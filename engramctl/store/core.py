@@ -117,7 +117,9 @@ class StoreCore:
             self.touched.clear()
 
     def remove(self, ids: Sequence[str]) -> int:
-        """Delete snapshots everywhere: hot copies, pending writes, files, then rows. Returns bytes freed."""
+        """Delete snapshots (or prefix states) everywhere: hot copies, pending writes, their own files, then
+        rows; in the rows' transaction the KV blocks nothing uses any more lose theirs, and their files go once
+        it commits (a crash in between leaves files no row names, which reconcile deletes). Returns bytes freed."""
         freed = 0
         for sid in ids:
             if sid in self.pending:
@@ -129,7 +131,20 @@ class StoreCore:
             self.touched.pop(sid, None)
         if ids:
             crash_point("remove.unlinked")
-        moved = self.index.remove_snapshots(ids)
+        with self.index.tx():
+            moved = self.index.remove_snapshots(ids)
+            unused = self.index.drop_unused_blocks() if ids else []
+            if unused:
+                self.index.after_commit(lambda: self._unlink_blocks([bid for bid, _ in unused]))
+        freed += sum(n for _, n in unused)
         if moved:
             log.info("session heads moved after deleting snapshots: %s", moved)
         return freed
+
+    def _unlink_blocks(self, block_ids: Sequence[str]) -> None:
+        crash_point("remove.blocks_indexed")
+        for bid in block_ids:
+            try:
+                self.files.unlink_block(bid)
+            except OSError as e:  # no row names it any more: the next open's reconcile deletes it
+                log.warning("could not delete KV block %s: %s", bid, e)

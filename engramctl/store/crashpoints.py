@@ -10,12 +10,16 @@ model: the process stops between two instructions, no finally block, no flush.
 The points (where they sit says what state a kill there leaves):
   commit.indexed      the snapshot row and transcript are committed, the write not yet queued
   write.encoded       the file's bytes are built, nothing is on disk yet
+  write.blocks_indexed  the snapshot's KV block references are in the index (new blocks' rows say not
+                      durable), no block file is written yet
+  write.blocks_written  the new KV block files are written and renamed, the snapshot's own file is not
   write.temp_written  (in snapshot_file.write_atomic) the temp file holds the bytes, not fsynced
   write.fsynced       (in write_atomic) the temp file is fsynced, not yet renamed to the snapshot's name
   write.replaced      (in write_atomic) the file is renamed into place, the directory not fsynced yet
   write.renamed       the file is complete and renamed, the row still says not durable
   write.indexed       the row says durable, keep-last retention has not run yet
   remove.unlinked     a deletion (eviction, retention, gc, delete) removed files, its rows still exist
+  remove.blocks_indexed  a deletion's rows are gone, blocks nothing uses lost theirs; their files remain
   branch.indexed      a branch's session row is in its (uncommitted) transaction
   stream.piece        a reply is half streamed
 """

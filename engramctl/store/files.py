@@ -2,12 +2,14 @@
 
     <data_dir>/index.db              SQLite index (+ -wal, -shm)
     <data_dir>/store.lock            held (flock) by the process that has the store open
-    <data_dir>/snapshots/<id>.safetensors
+    <data_dir>/snapshots/<id>.safetensors   a snapshot's (or prefix state's) own file: all of it, or its
+                                     constant part when its KV is in blocks (store/blocks.py)
+    <data_dir>/blocks/<block id>.safetensors   a KV block, shared by the snapshots the index says use it
     <data_dir>/quarantine/           corrupt or unknown files, moved aside, never deleted by us;
                                      quarantine/quarantine.jsonl says what each one was and why
 
-Paths are only ever built from validated snapshot ids (names.snapshot_filename). Dirs are 0700,
-files 0600.
+Paths are only ever built from validated snapshot and block ids (names.snapshot_filename: both are 32 hex
+digits). Dirs are 0700, files 0600.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engramctl.pidlock import try_lock
-from engramctl.store import snapshot_file
-from engramctl.errors import DataDirUnusable, StoreLocked
+from engramctl.store import blocks, snapshot_file
+from engramctl.errors import DataDirUnusable, InvalidName, StoreLocked
 from engramctl.store.names import id_from_filename, snapshot_filename
 from engramctl.store.records import TOKEN_IDS, Payload
 
@@ -33,7 +35,8 @@ class SnapshotFiles:
         self.root = Path(data_dir)
         self.snapshots = self.root / "snapshots"
         self.quarantine_dir = self.root / "quarantine"
-        for d in (self.root, self.snapshots, self.quarantine_dir):
+        self.blocks = self.root / "blocks"
+        for d in (self.root, self.snapshots, self.blocks, self.quarantine_dir):
             _usable_dir(d)
         self.index_path = self.root / "index.db"
         self._lock_fd: int | None = None
@@ -62,8 +65,41 @@ class SnapshotFiles:
         snapshot_file.write_atomic(self.path(snapshot_id), parts)
 
     def read(self, snapshot_id: str) -> Payload:
-        """Read and verify (checksum, format); raises SnapshotCorrupt / SnapshotMismatch."""
+        """Read and verify (checksum, format) the whole payload, its KV blocks joined in; raises SnapshotCorrupt
+        (blocks.BlockCorrupt when it is one of its blocks) / SnapshotMismatch."""
+        return read_payload(self.snapshots, self.blocks, snapshot_id)
+
+    def read_own(self, snapshot_id: str) -> Payload:
+        """Only the snapshot's own file, verified: its constant part when its KV is in blocks."""
         return snapshot_file.read(self.path(snapshot_id))
+
+    # -- KV blocks -----------------------------------------------------------------------------------
+    def block_path(self, block_id: str) -> Path:
+        return self.blocks / snapshot_filename(block_id)
+
+    def write_block(self, block_id: str, parts: Sequence[bytes | memoryview]) -> None:
+        """A block file, atomically, but its directory not fsynced: sync_blocks() once the snapshot's are written,
+        before its own file refers to them."""
+        snapshot_file.write_atomic(self.block_path(block_id), parts, sync_dir=False)
+
+    def sync_blocks(self) -> None:
+        self.fsync_dir(self.blocks)
+
+    def read_block(self, block_id: str) -> bytes:
+        return _read_block(self.blocks, block_id)
+
+    def block_size(self, block_id: str) -> int | None:
+        try:
+            return self.block_path(block_id).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def unlink_block(self, block_id: str) -> None:
+        self.block_path(block_id).unlink(missing_ok=True)
+
+    def scan_blocks(self) -> tuple[dict[str, Path], list[Path], list[Path]]:
+        """scan() of the blocks dir."""
+        return _scan(self.blocks)
 
     def token_ids(self, snapshot_id: str) -> list[int] | None:
         """Only the token ids, without reading (or verifying) the rest of the file."""
@@ -97,21 +133,10 @@ class SnapshotFiles:
 
     def scan(self) -> tuple[dict[str, Path], list[Path], list[Path]]:
         """({id: path} of snapshot files, temp files, anything else) in the snapshots dir."""
-        ids: dict[str, Path] = {}
-        temps: list[Path] = []
-        other: list[Path] = []
-        for p in self.snapshots.iterdir():
-            sid = id_from_filename(p.name)
-            if sid is not None and p.is_file():
-                ids[sid] = p
-            elif p.name.startswith(".") and p.name.endswith(".tmp"):
-                temps.append(p)
-            else:
-                other.append(p)
-        return ids, temps, other
+        return _scan(self.snapshots)
 
-    def fsync_dir(self) -> None:
-        fd = os.open(self.snapshots, os.O_RDONLY)
+    def fsync_dir(self, d: Path | None = None) -> None:
+        fd = os.open(d or self.snapshots, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
@@ -139,6 +164,38 @@ class SnapshotFiles:
 
     def quarantined(self) -> list[Path]:
         return sorted(p for p in self.quarantine_dir.iterdir() if p.name != "quarantine.jsonl")
+
+
+def read_payload(snapshots_dir: Path, blocks_dir: Path, snapshot_id: str) -> Payload:
+    """A stored snapshot's whole payload, verified, from its file and its KV blocks: what a restore and
+    `snapshots export` read (the latter without opening the store: the file lists its blocks)."""
+    path = Path(snapshots_dir) / snapshot_filename(snapshot_id)
+    tensors, meta = snapshot_file.read(path)
+    return blocks.join(tensors, meta, lambda bid: _read_block(Path(blocks_dir), bid), f"snapshot {path.name}")
+
+
+def _read_block(blocks_dir: Path, block_id: str) -> bytes:
+    try:
+        return (blocks_dir / snapshot_filename(block_id)).read_bytes()
+    except FileNotFoundError:
+        raise blocks.BlockCorrupt(block_id, f"KV block {block_id} is missing.") from None
+    except InvalidName:  # not a block id: a damaged list
+        raise blocks.BlockCorrupt(block_id, f"{block_id[:40]!r} is not a KV block id.") from None
+
+
+def _scan(d: Path) -> tuple[dict[str, Path], list[Path], list[Path]]:
+    ids: dict[str, Path] = {}
+    temps: list[Path] = []
+    other: list[Path] = []
+    for p in d.iterdir():
+        sid = id_from_filename(p.name)
+        if sid is not None and p.is_file():
+            ids[sid] = p
+        elif p.name.startswith(".") and p.name.endswith(".tmp"):
+            temps.append(p)
+        else:
+            other.append(p)
+    return ids, temps, other
 
 
 def _usable_dir(d: Path) -> None:

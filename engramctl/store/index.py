@@ -9,6 +9,7 @@ Column names passed to the update helpers come from code, never from users, and 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import threading
@@ -36,7 +37,20 @@ SNAPSHOT_COLUMNS = (
     "pinned",
     "label",
     "durable",
+    "kind",
 )
+BLOCK_COLUMNS = ("id", "fingerprint", "n_tokens", "nbytes", "checksum", "durable")
+# a snapshot row with the bytes of its KV blocks: all of them, and those no other snapshot uses
+_SNAPSHOT_SELECT = """
+    SELECT s.*,
+        (SELECT COALESCE(SUM(b.nbytes), 0) FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block
+         WHERE sb.snapshot = s.id) AS block_bytes,
+        (SELECT COALESCE(SUM(b.nbytes), 0) FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block
+         WHERE sb.snapshot = s.id
+           AND NOT EXISTS (SELECT 1 FROM snapshot_blocks o WHERE o.block = sb.block AND o.snapshot <> s.id))
+         AS own_block_bytes
+    FROM snapshots s
+"""
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
 _SESSION_SELECT = """
     SELECT s.*, COALESCE(m.depth, 0) AS n_messages,
@@ -54,6 +68,7 @@ class Index:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
         self._db.row_factory = sqlite3.Row
         self._depth = 0
+        self._after: list = []  # what to do once the outermost transaction commits (after_commit)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=OFF")  # references are kept by the store (see schema.py)
@@ -98,11 +113,24 @@ class Index:
                 yield
             except BaseException:
                 self._db.execute("ROLLBACK")
+                self._after.clear()
                 raise
             else:
                 self._db.execute("COMMIT")
             finally:
                 self._depth = 0
+            after, self._after = self._after, []
+            for fn in after:
+                fn()
+
+    def after_commit(self, fn) -> None:
+        """Run `fn` once the transaction this is called in commits (at once outside one; never if it rolls
+        back): a file whose last reference the transaction drops is deleted only once that is durable."""
+        with self.lock:
+            if self._depth:
+                self._after.append(fn)
+            else:
+                fn()
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Cursor:
         with self.lock:
@@ -140,13 +168,20 @@ class Index:
 
     # -- snapshots -----------------------------------------------------------------------------------
     def snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
-        row = self.one("SELECT * FROM snapshots WHERE id = ?", (snapshot_id,))
+        """The row of a snapshot or a prefix state."""
+        row = self.one(_SNAPSHOT_SELECT + " WHERE s.id = ?", (snapshot_id,))
         return None if row is None else _snapshot(row)
 
-    def snapshots(self, session: str | None = None) -> list[SnapshotRecord]:
-        if session is None:
-            return [_snapshot(r) for r in self.rows("SELECT * FROM snapshots ORDER BY id")]
-        return [_snapshot(r) for r in self.rows("SELECT * FROM snapshots WHERE session = ? ORDER BY id", (session,))]
+    def snapshots(self, session: str | None = None, kind: str | None = "snapshot") -> list[SnapshotRecord]:
+        """Snapshots by id (oldest first), of one session if given; prefix states with kind="prefix", every
+        row with kind=None."""
+        where, params = [], []
+        if kind is not None:
+            where, params = ["s.kind = ?"], [kind]
+        if session is not None:
+            where, params = where + ["s.session = ?"], params + [session]
+        sql = _SNAPSHOT_SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
+        return [_snapshot(r) for r in self.rows(sql, params)]
 
     def ancestry(self, snapshot_id: str) -> list[SnapshotRecord]:
         """The snapshot and its ancestors through `parent`, oldest first."""
@@ -154,8 +189,9 @@ class Index:
             """WITH RECURSIVE chain(id, n) AS (
                    SELECT id, 0 FROM snapshots WHERE id = ?
                    UNION ALL SELECT s.parent, c.n + 1 FROM snapshots s JOIN chain c ON s.id = c.id
-                   WHERE s.parent IS NOT NULL)
-               SELECT s.* FROM chain c JOIN snapshots s ON s.id = c.id ORDER BY c.n DESC""",
+                   WHERE s.parent IS NOT NULL)"""
+            + _SNAPSHOT_SELECT
+            + " JOIN chain c ON s.id = c.id ORDER BY c.n DESC",
             (snapshot_id,),
         )
         return [_snapshot(r) for r in rows]
@@ -166,7 +202,8 @@ class Index:
 
     def ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:
         rows = self.rows(
-            "SELECT id FROM snapshots WHERE id >= ? AND id < ? ORDER BY id LIMIT ?", (prefix, prefix + "g", limit)
+            "SELECT id FROM snapshots WHERE id >= ? AND id < ? AND kind = 'snapshot' ORDER BY id LIMIT ?",
+            (prefix, prefix + "g", limit),
         )
         return [r["id"] for r in rows]
 
@@ -176,9 +213,22 @@ class Index:
     def update_snapshot(self, snapshot_id: str, **fields: Any) -> None:
         self._update("snapshots", SNAPSHOT_COLUMNS, "id", snapshot_id, fields)
 
-    def durable_bytes(self) -> tuple[int, int]:
-        row = self.one("SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots WHERE durable = 1")
-        return int(row[0]), int(row[1])
+    def durable_bytes(self, kind: str | None = None) -> tuple[int, int]:
+        """(bytes on disk, durable rows): every durable file, KV blocks included, each block once. With `kind`
+        ("prefix"), only that kind's own files and the blocks its rows use."""
+        if kind is None:
+            row = self.one("SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots WHERE durable = 1")
+            blocks = self.one("SELECT COALESCE(SUM(nbytes), 0) FROM blocks WHERE durable = 1")
+        else:
+            row = self.one(
+                "SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots WHERE durable = 1 AND kind = ?", (kind,)
+            )
+            blocks = self.one(
+                "SELECT COALESCE(SUM(nbytes), 0) FROM blocks WHERE durable = 1 AND id IN "
+                "(SELECT sb.block FROM snapshot_blocks sb JOIN snapshots s ON s.id = sb.snapshot WHERE s.kind = ?)",
+                (kind,),
+            )
+        return int(row[0]) + int(blocks[0]), int(row[1])
 
     def referrers(self, snapshot_id: str) -> list[str]:
         """Sessions whose head or branch point is this snapshot, oldest session first."""
@@ -214,26 +264,94 @@ class Index:
                 self.execute("UPDATE sessions SET base = NULL WHERE base = ?", (sid,))
                 self.execute("DELETE FROM names WHERE snapshot = ?", (sid,))
                 self.execute("DELETE FROM snapshots WHERE id = ?", (sid,))
+                self.execute("DELETE FROM snapshot_blocks WHERE snapshot = ?", (sid,))
         return moved
 
+    # -- KV blocks (store/blocks.py) -----------------------------------------------------------------
+    def block(self, block_id: str) -> sqlite3.Row | None:
+        return self.one("SELECT * FROM blocks WHERE id = ?", (block_id,))
+
+    def blocks(self) -> dict[str, sqlite3.Row]:
+        return {r["id"]: r for r in self.rows("SELECT * FROM blocks")}
+
+    def use_blocks(self, snapshot_id: str, block_ids: list[str], fingerprint: str | None, block_tokens: int) -> None:
+        """Reference `block_ids` (in token order) from the snapshot: rows for blocks not indexed yet are made
+        (durable = 0 until their files are written)."""
+        with self.tx():
+            for seq, bid in enumerate(block_ids):
+                self.execute(
+                    "INSERT OR IGNORE INTO blocks (id, fingerprint, n_tokens, nbytes, durable) VALUES (?, ?, ?, 0, 0)",
+                    (bid, fingerprint, block_tokens),
+                )
+                self.execute(
+                    "INSERT OR REPLACE INTO snapshot_blocks (snapshot, seq, block) VALUES (?, ?, ?)",
+                    (snapshot_id, seq, bid),
+                )
+
+    def block_ids_of(self, snapshot_id: str) -> list[str]:
+        rows = self.rows("SELECT block FROM snapshot_blocks WHERE snapshot = ? ORDER BY seq", (snapshot_id,))
+        return [r["block"] for r in rows]
+
+    def block_users(self, block_id: str) -> list[str]:
+        """The snapshots and prefix states that use a block."""
+        return [r["snapshot"] for r in self.rows("SELECT snapshot FROM snapshot_blocks WHERE block = ?", (block_id,))]
+
+    def update_block(self, block_id: str, **fields: Any) -> None:
+        self._update("blocks", BLOCK_COLUMNS, "id", block_id, fields)
+
+    def bytes_freed_by(self, snapshot_ids: list[str]) -> int:
+        """What deleting these rows together would free: their own files and the blocks only they use."""
+        ids = json.dumps(list(snapshot_ids))
+        own = self.one(
+            "SELECT COALESCE(SUM(nbytes), 0) FROM snapshots WHERE id IN (SELECT value FROM json_each(?))", (ids,)
+        )
+        blocks = self.one(
+            """SELECT COALESCE(SUM(b.nbytes), 0) FROM blocks b
+               WHERE b.id IN (SELECT block FROM snapshot_blocks WHERE snapshot IN (SELECT value FROM json_each(?)))
+                 AND NOT EXISTS (SELECT 1 FROM snapshot_blocks o WHERE o.block = b.id
+                                 AND o.snapshot NOT IN (SELECT value FROM json_each(?)))""",
+            (ids, ids),
+        )
+        return int(own[0]) + int(blocks[0])
+
+    def drop_unused_blocks(self) -> list[tuple[str, int]]:
+        """Delete the rows of blocks no snapshot uses; returns their (id, bytes)."""
+        with self.tx():
+            rows = self.rows(
+                "SELECT id, nbytes FROM blocks "
+                "WHERE NOT EXISTS (SELECT 1 FROM snapshot_blocks sb WHERE sb.block = blocks.id)"
+            )
+            for r in rows:
+                self.execute("DELETE FROM blocks WHERE id = ?", (r["id"],))
+        return [(r["id"], int(r["nbytes"])) for r in rows]
+
     # -- prefix lookup -------------------------------------------------------------------------------
-    def prefix_lengths(self, fingerprint: str, max_tokens: int, session: str | None) -> list[int]:
-        sql = "SELECT DISTINCT n_tokens FROM snapshots WHERE fingerprint = ? AND n_tokens BETWEEN 1 AND ?"
-        params: list[Any] = [fingerprint, max_tokens]
+    def prefix_lengths(
+        self, fingerprint: str | None, max_tokens: int, session: str | None, kind: str = "snapshot"
+    ) -> list[int]:
+        sql = "SELECT DISTINCT n_tokens FROM snapshots WHERE kind = ? AND n_tokens BETWEEN 1 AND ?"
+        params: list[Any] = [kind, max_tokens]
+        if fingerprint is not None:
+            sql, params = sql + " AND fingerprint = ?", params + [fingerprint]
         if session is not None:
             sql, params = sql + " AND session = ?", params + [session]
         return sorted(r[0] for r in self.rows(sql, params))
 
-    def prefix_candidates(self, fingerprint: str, hashes: dict[str, int], session: str | None) -> list[SnapshotRecord]:
-        """Snapshots whose (token hash, length) is one of `hashes`, longest then newest first."""
+    def prefix_candidates(
+        self, fingerprint: str | None, hashes: dict[str, int], session: str | None, kind: str = "snapshot"
+    ) -> list[SnapshotRecord]:
+        """Snapshots (or prefix states: kind) whose (token hash, length) is one of `hashes`, longest then newest
+        first."""
         found: list[SnapshotRecord] = []
         keys = list(hashes)
         for i in range(0, len(keys), 500):
             chunk = keys[i : i + 500]
-            sql = f"SELECT * FROM snapshots WHERE fingerprint = ? AND token_hash IN ({','.join('?' * len(chunk))})"
-            params: list[Any] = [fingerprint, *chunk]
+            sql = _SNAPSHOT_SELECT + f" WHERE s.kind = ? AND s.token_hash IN ({','.join('?' * len(chunk))})"
+            params: list[Any] = [kind, *chunk]
+            if fingerprint is not None:
+                sql, params = sql + " AND s.fingerprint = ?", params + [fingerprint]
             if session is not None:
-                sql, params = sql + " AND session = ?", params + [session]
+                sql, params = sql + " AND s.session = ?", params + [session]
             found += [_snapshot(r) for r in self.rows(sql, params) if hashes.get(r["token_hash"]) == r["n_tokens"]]
         return sorted(found, key=lambda r: (r.n_tokens, r.id), reverse=True)
 
@@ -269,12 +387,14 @@ def _session(row: sqlite3.Row) -> SessionInfo:
 
 def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
     durable = bool(row["durable"])
+    own = int(row["nbytes"])
+    blocks, own_blocks = (int(row["block_bytes"]), int(row["own_block_bytes"])) if durable else (0, 0)
     return SnapshotRecord(
         id=row["id"],
         session=row["session"],
         parent=row["parent"],
         n_tokens=int(row["n_tokens"]),
-        nbytes=int(row["nbytes"]),
+        nbytes=own + blocks,
         checksum=row["checksum"],
         fingerprint=row["fingerprint"],
         model_id=row["model_id"],
@@ -285,4 +405,8 @@ def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
         label=row["label"],
         durable=durable,
         tiers=("disk",) if durable else (),
+        file_bytes=own,
+        own_size_bytes=own + own_blocks,
+        shared_size_bytes=blocks - own_blocks,
+        kind=row["kind"],
     )

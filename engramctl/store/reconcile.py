@@ -8,6 +8,11 @@
   file is verified and the row marked durable; a bad one is quarantined and the row dropped.
 - durable rows: the file size must match the index (cheap); with verify=True every checksum is
   checked too. Corrupt files go to quarantine and their rows are dropped.
+- KV blocks (blocks/): temp files deleted; a block row whose file is missing, damaged (checksum, size) or was
+  never completed drops every snapshot that uses it (and only those); a row not yet marked durable whose file
+  verifies is marked durable; a block file no row names (its last user was deleted just before a crash) is
+  deleted, as is any block no snapshot uses once the rows above are dropped. A snapshot row adopted from its
+  complete file must list the blocks the index says it uses, all of them durable.
 - finally any reference to a missing row (head, branch point, parent) is cleared.
 
 `verify_all` (Store.verify) checks every durable file's checksum of an open store on demand.
@@ -21,7 +26,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
-from engramctl.store import snapshot_file
+from engramctl.store import blocks, snapshot_file
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
 from engramctl.store.records import ReconcileReport
@@ -56,8 +61,69 @@ def verify_file(files: SnapshotFiles, snapshot_id: str) -> tuple[str | None, str
         return None, f"unreadable ({e})"
 
 
+def verify_block(files: SnapshotFiles, block_id: str) -> tuple[str | None, str | None]:
+    """verify_file() of a KV block: (checksum, None), or (None, reason) when it is damaged or not that block."""
+    try:
+        buf = files.read_block(block_id)
+        header = snapshot_file.verify(buf, source=f"KV block {block_id}")
+    except (SnapshotCorrupt, SnapshotMismatch) as e:
+        return None, e.message
+    except OSError as e:
+        return None, f"unreadable ({e})"
+    meta = header["__metadata__"]
+    if meta.get("kind") != blocks.BLOCK_KIND or meta.get("block_id") != block_id:
+        return None, "not the KV block its name says"
+    return meta.get("checksum"), None
+
+
+def _reconcile_blocks(index: Index, files: SnapshotFiles, verify: bool, report: ReconcileReport) -> dict[str, str]:
+    """The KV block pass: returns {snapshot id: reason} for the snapshots a missing or damaged block loses."""
+    on_disk, temps, other = files.scan_blocks()
+    for p in temps:
+        p.unlink(missing_ok=True)
+        report.temp_files_removed.append(p.name)
+    for p in other:
+        if files.quarantine(p, "not a KV block file"):
+            report.quarantined[p.name] = "not a KV block file"
+    rows = index.blocks()
+    for bid, path in on_disk.items():
+        if bid not in rows:
+            path.unlink(missing_ok=True)
+            report.blocks_removed.append(bid)
+    lost: dict[str, str] = {}
+    for bid, row in rows.items():
+        reason = None
+        if bid not in on_disk:
+            reason = "KV block file missing" if row["durable"] else "KV block never written"
+        elif not row["durable"] or verify:
+            checksum, reason = verify_block(files, bid)
+            if checksum is not None and not row["durable"]:
+                index.update_block(bid, durable=1, nbytes=files.block_size(bid), checksum=checksum)
+        elif files.block_size(bid) != row["nbytes"]:
+            reason = f"KV block size {files.block_size(bid)} differs from the indexed {row['nbytes']} bytes"
+        if reason is None:
+            continue
+        if bid in on_disk and files.quarantine(on_disk[bid], reason):
+            report.quarantined[on_disk[bid].name] = reason
+        for sid in index.block_users(bid):
+            lost.setdefault(sid, f"KV block {bid}: {reason}")
+    return lost
+
+
+def _blocks_check_out(index: Index, files: SnapshotFiles, sid: str) -> bool:
+    """A written snapshot file lists the blocks the index says it uses, and they are all durable."""
+    try:
+        listed = blocks.block_ids(snapshot_file.read_metadata(files.path(sid)))
+    except SnapshotCorrupt:
+        return False
+    if listed != index.block_ids_of(sid):
+        return False
+    return all((row := index.block(bid)) is not None and row["durable"] for bid in listed)
+
+
 def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> ReconcileReport:
     report = ReconcileReport()
+    lost = _reconcile_blocks(index, files, verify, report)
     on_disk, temps, other = files.scan()
     for p in temps:
         p.unlink(missing_ok=True)
@@ -65,13 +131,19 @@ def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> Recon
     for p in other:
         if files.quarantine(p, "not a snapshot file"):
             report.quarantined[p.name] = "not a snapshot file"
-    rows = {r.id: r for r in index.snapshots()}
+    rows = {r.id: r for r in index.snapshots(kind=None)}
     for sid, path in on_disk.items():
         if sid not in rows and files.quarantine(path, "no index row for this file"):
             report.quarantined[path.name] = "no index row for this file"
 
     drop: dict[str, str] = {}
     for sid, rec in rows.items():
+        if sid in lost:
+            if sid in on_disk:
+                files.quarantine(on_disk[sid], lost[sid])
+                report.quarantined[on_disk[sid].name] = lost[sid]
+            drop[sid] = lost[sid]
+            continue
         if sid not in on_disk:
             drop[sid] = "file missing" if rec.durable else "never written (stopped before the write finished)"
             continue
@@ -79,16 +151,21 @@ def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> Recon
         if not rec.durable or verify:
             checksum, reason = verify_file(files, sid)
             if checksum is not None and not rec.durable:
+                if not _blocks_check_out(index, files, sid):
+                    files.unlink(sid)  # written, but its blocks were not: as if it never was
+                    drop[sid] = "never written (its KV blocks were not)"
+                    continue
                 index.update_snapshot(sid, durable=1, nbytes=files.size(sid), checksum=checksum)
                 report.made_durable.append(sid)
-        elif files.size(sid) != rec.nbytes:
-            reason = f"size {files.size(sid)} differs from the indexed {rec.nbytes} bytes"
+        elif files.size(sid) != rec.file_bytes:
+            reason = f"size {files.size(sid)} differs from the indexed {rec.file_bytes} bytes"
         if reason is not None:
             files.quarantine(on_disk[sid], reason)
             report.quarantined[on_disk[sid].name] = reason
             drop[sid] = f"corrupt: {reason}"
     with index.tx():
         index.remove_snapshots(drop)
+        unused = index.drop_unused_blocks()
         index.execute(
             "UPDATE sessions SET head = NULL WHERE head IS NOT NULL AND head NOT IN (SELECT id FROM snapshots)"
         )
@@ -98,9 +175,14 @@ def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> Recon
         index.execute(
             "UPDATE snapshots SET parent = NULL WHERE parent IS NOT NULL AND parent NOT IN (SELECT id FROM snapshots)"
         )
+    for bid, _ in unused:
+        files.unlink_block(bid)
+        report.blocks_removed.append(bid)
     report.rows_dropped = drop
     if temps or report.quarantined:
         files.fsync_dir()
+    if report.blocks_removed:
+        files.fsync_dir(files.blocks)
     if not report.clean:
         log.warning("store reconciled after an unclean stop: %s", json.dumps(report.to_json()))
     return report
@@ -111,8 +193,20 @@ def verify_all(core: StoreCore) -> dict[str, str]:
     bad: dict[str, str] = {}
     with core.lock:
         core.check_open()
-        records = core.index.snapshots()
+        records = core.index.snapshots(kind=None)
+        block_rows = [bid for bid, row in core.index.blocks().items() if row["durable"]]
+    for bid in block_rows:
+        _, reason = verify_block(core.files, bid)
+        if reason is not None:
+            with core.lock:
+                if core.index.block(bid) is not None:
+                    core.files.quarantine(core.files.block_path(bid), reason)
+                    users = core.index.block_users(bid)
+                    core.remove(users)
+                    bad.update({sid: f"KV block {bid}: {reason}" for sid in users})
     for rec in records:
+        if rec.id in bad:
+            continue
         if not rec.durable:
             continue
         _, reason = verify_file(core.files, rec.id)

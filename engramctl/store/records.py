@@ -76,8 +76,8 @@ class SnapshotRecord:
     session: str  # owning session (moves to a surviving branch when the owner is deleted)
     parent: str | None
     n_tokens: int
-    nbytes: int  # file size once durable; payload bytes before that
-    checksum: str | None  # the file header's payload checksum, "xxh3_128:<hex>" (set when durable)
+    nbytes: int  # once durable: its own file + every KV block it uses (what `export` writes); payload bytes before
+    checksum: str | None  # its own file header's payload checksum, "xxh3_128:<hex>" (set when durable)
     fingerprint: str | None
     model_id: str | None
     n_messages: int  # transcript messages this state has consumed: transcript[:n_messages]
@@ -87,6 +87,10 @@ class SnapshotRecord:
     label: str | None
     durable: bool  # the file is complete, fsynced and checksummed on disk
     tiers: tuple[str, ...] = ()  # where copies are now, hottest first, e.g. ("ram", "disk")
+    file_bytes: int = 0  # its own file (the constant part when its KV is in blocks); payload bytes before durable
+    own_size_bytes: int = 0  # what deleting it frees: its own file + the KV blocks no other snapshot uses
+    shared_size_bytes: int = 0  # the KV blocks it shares with other snapshots or prefix states
+    kind: str = "snapshot"  # or "prefix": a prefix state (store/prefixes.py)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -110,10 +114,13 @@ class ReconcileReport:
     quarantined: dict[str, str] = field(default_factory=dict)  # file name -> reason
     rows_dropped: dict[str, str] = field(default_factory=dict)  # snapshot id -> reason
     made_durable: list[str] = field(default_factory=list)  # written files whose row had not caught up
+    blocks_removed: list[str] = field(default_factory=list)  # KV block files no snapshot uses (or half written)
 
     @property
     def clean(self) -> bool:
-        return not (self.temp_files_removed or self.quarantined or self.rows_dropped or self.made_durable)
+        return not (
+            self.temp_files_removed or self.quarantined or self.rows_dropped or self.made_durable or self.blocks_removed
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -10,8 +10,11 @@ plan. The rules, in the order `Retention.gc` applies them:
 1. keep-last-N: per owning session, the N newest snapshots stay; older ones go unless protected.
 2. TTL (optional): a session unused for longer than session_ttl_s loses its unprotected snapshots,
    its own head included; its transcript stays, so it resumes by re-prefilling.
-3. disk budget: while the durable bytes exceed the budget, delete the least recently used
-   unprotected snapshots, unlabelled ones before labelled ones.
+3. disk budget: while the durable bytes (own files and KV blocks, each block once) exceed the budget,
+   delete the least recently used unprotected snapshots and prefix states, unlabelled ones before labelled
+   ones; a deletion frees its own file and the blocks nothing else uses (own_size_bytes).
+4. prefix budget: prefix states (store/prefixes.py) are kept within Settings.prefix_state_bytes (their own
+   files and the KV blocks they use), least recently used first, after each one is written and in `gc`.
 
 Protected, always: pinned snapshots (never evicted by any rule), snapshots being written or read,
 and snapshots another live session depends on (its head or its branch point). Rules 1 and 2 also
@@ -36,6 +39,7 @@ log = logging.getLogger("engramctl.store")
 # Over a snapshot's tensor bytes: its header and the file system's rounding, and room kept for the index's
 # transcript writes, so that a disk full of snapshots still records the conversation.
 FILE_SLACK_BYTES = 256 * 1024
+PREFIX_DEFAULT_MAX_BYTES = 2 * 2**30
 
 
 def _evictable(s: SnapshotRecord, protected: set[str]) -> bool:
@@ -83,8 +87,15 @@ def disk_victims(
         if used - freed + need <= budget:
             break
         victims.append(s.id)
-        freed += s.nbytes
+        freed += s.own_size_bytes or s.nbytes  # its blocks that others use stay (shared bytes free nothing)
     return victims, used - freed + need <= budget
+
+
+def prefix_budget(settings, disk_budget: int) -> int:
+    """Bytes prefix states may take: the setting, else a quarter of the disk tier and at most 2 GiB."""
+    if settings.prefix_state_bytes is not None:
+        return int(settings.prefix_state_bytes)
+    return min(disk_budget // 4, PREFIX_DEFAULT_MAX_BYTES)
 
 
 class Retention:
@@ -141,8 +152,36 @@ class Retention:
                     report.deleted.setdefault(sid, "ttl")
             report.freed_bytes += c.remove(list(report.deleted))
             self.enforce_disk(report)
+            for sid in self.keep_prefixes():
+                report.deleted[sid] = "prefix_budget"
             report.messages_removed = c.messages.collect()
         return report
+
+    def prefix_budget(self) -> int:
+        return prefix_budget(self._core.settings, self._core.disk_budget())
+
+    def keep_prefixes(self) -> list[str]:
+        """Evict prefix states, least recently used first, until they fit the prefix budget. Under the lock.
+        Returns the ids evicted."""
+        c = self._core
+        budget = self.prefix_budget()
+        evicted: list[str] = []
+        c.flush_touches()
+        used = c.index.durable_bytes("prefix")[0]
+        if used <= budget:
+            return evicted
+        busy = c.busy()
+        for p in sorted(c.index.snapshots(kind="prefix"), key=lambda r: (r.last_access, r.id)):
+            if used <= budget:
+                break
+            if not p.durable or p.id in busy or p.pinned:
+                continue
+            c.remove([p.id])
+            evicted.append(p.id)
+            used = c.index.durable_bytes("prefix")[0]
+        if evicted:
+            log.info("prefix budget %d bytes: evicted %d prefix state(s)", budget, len(evicted))
+        return evicted
 
     def keep_last(self, session: str) -> None:
         """Keep-last-N for one session, after one of its snapshots became durable. Under the lock."""
@@ -173,21 +212,32 @@ class Retention:
 
     def enforce_disk(self, report: GcReport) -> None:
         c = self._core
-        used = c.index.durable_bytes()[0] + c.disk_reserved
-        victims, _ = disk_victims(c.index.snapshots(), used, 0, c.disk_budget(), c.protected())
-        for sid in victims:
-            report.deleted[sid] = "disk_budget"
-        if victims:
+        while True:  # own sizes undercount what victims sharing blocks free together: recount after each round
+            used = c.index.durable_bytes()[0] + c.disk_reserved
+            victims, _ = disk_victims(c.index.snapshots(kind=None), used, 0, c.disk_budget(), c.protected())
+            if not victims:
+                return
+            for sid in victims:
+                report.deleted[sid] = "disk_budget"
             log.warning("disk budget %d bytes: deleting %d snapshot(s)", c.disk_budget(), len(victims))
-        report.freed_bytes += c.remove(victims)
+            report.freed_bytes += c.remove(victims)
 
     def make_disk_room(self, need: int) -> bool:
         """Evict within the disk budget so that `need` more bytes fit; False when they cannot. Under the lock."""
         c = self._core
         c.flush_touches()
-        used = c.index.durable_bytes()[0] + c.disk_reserved
-        victims, fits = disk_victims(c.index.snapshots(), used, need, c.disk_budget(), c.protected())
-        if fits and victims:
-            log.info("disk budget: evicting %d snapshot(s) to make room", len(victims))
-            c.remove(victims)
-        return fits
+        while True:
+            used = c.index.durable_bytes()[0] + c.disk_reserved
+            snaps = c.index.snapshots(kind=None)
+            protected = c.protected()
+            victims, fits = disk_victims(snaps, used, need, c.disk_budget(), protected)
+            if fits:  # by own sizes, which never overcount what deleting them frees
+                if victims:
+                    log.info("disk budget: evicting %d snapshot(s) to make room", len(victims))
+                    c.remove(victims)
+                return True
+            evictable = [s for s in snaps if _evictable(s, protected)]
+            if not evictable or used - c.index.bytes_freed_by([s.id for s in evictable]) + need > c.disk_budget():
+                return False  # not even deleting all of them would make room
+            # victims sharing blocks free more together than their own sizes say: the least recent one, recount
+            c.remove(victims[:1])

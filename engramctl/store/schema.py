@@ -15,6 +15,18 @@ Invariants the store keeps (and reconcile restores after a crash):
   custom snapshot id or a session's latest save (kind 'saved', name '') names a snapshot row that exists
   (deleting the snapshot deletes the name); a branch name names a session that exists (deleting either
   session deletes the name).
+- KV blocks (3): a snapshot whose payload names its token axes keeps its attention KV's full blocks of
+  store/blocks.py BLOCK_TOKENS tokens in blocks/<block id>.safetensors, shared by every snapshot with the same
+  tokens and bytes. snapshot_blocks lists a snapshot's blocks in token order: those rows are the reference
+  counts (a block's count is its number of rows), written with the snapshot's row before its files, so no
+  retention can free a block a snapshot being written needs. A block with durable = 1 has a complete,
+  checksummed file; a durable snapshot's blocks are all durable. A block no row references is deleted in the
+  transaction that drops its last reference, its file after that transaction commits (reconcile deletes a
+  file left behind by a crash in between).
+- snapshots.kind (3): 'snapshot', or 'prefix' for a prefix state (store/prefixes.py): session '', no parent,
+  tip or names, hidden from the snapshot listings and lookups, kept within its own byte budget.
+- snapshots.nbytes is the snapshot's own file (the constant part once it has blocks); the records add its
+  blocks' bytes (index.py).
 """
 
 from __future__ import annotations
@@ -76,5 +88,25 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX names_by_snapshot ON names (snapshot);
     CREATE INDEX names_by_session ON names (session);
+    """,
+    # 3: KV blocks shared between snapshots; prefix states
+    """
+    ALTER TABLE snapshots ADD COLUMN kind TEXT NOT NULL DEFAULT 'snapshot';
+    CREATE INDEX snapshots_by_kind ON snapshots (kind, fingerprint, token_hash);
+    CREATE TABLE blocks (
+        id          TEXT PRIMARY KEY,
+        fingerprint TEXT,
+        n_tokens    INTEGER NOT NULL,
+        nbytes      INTEGER NOT NULL,
+        checksum    TEXT,
+        durable     INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE snapshot_blocks (
+        snapshot TEXT NOT NULL,
+        seq      INTEGER NOT NULL,
+        block    TEXT NOT NULL,
+        PRIMARY KEY (snapshot, seq)
+    );
+    CREATE INDEX snapshot_blocks_by_block ON snapshot_blocks (block);
     """,
 )

@@ -64,15 +64,24 @@ def encode_parts(tensors: dict[str, Array], metadata: dict[str, str]) -> list[by
     next barrier meanwhile).
     The layout is safetensors' own, so any safetensors tool reads the file: tensors with larger elements first
     (each starts aligned to its element size), then by name, back to back; the data section 8-byte aligned."""
+    entries = []
+    for name, t in tensors.items():
+        # a view of the tensor's memory when it is contiguous on the CPU (states are)
+        entries.append((name, _dtype_code(t), arrays.shape(t), arrays.host_bytes(t)))
+    return encode_entries(entries, metadata)
+
+
+def encode_entries(
+    entries: Sequence[tuple[str, str, Sequence[int], memoryview]], metadata: dict[str, str]
+) -> list[bytes | memoryview]:
+    """encode_parts() of tensors given as (name, safetensors dtype code, shape, their bytes in row-major order):
+    how a KV block (store/blocks.py), cut from the bytes of larger tensors, is written without building arrays."""
     meta = {**{k: str(v) for k, v in metadata.items()}, "format": FORMAT, "format_version": FORMAT_VERSION}
     header: dict = {}
     views: list[memoryview] = []
     at = 0
-    codes = {name: _dtype_code(t) for name, t in tensors.items()}
-    for name in sorted(tensors, key=lambda k: (-_DTYPE_BYTES[codes[k]], k)):
-        t = tensors[name]
-        view = arrays.host_bytes(t)  # a view of the tensor's memory when it is contiguous on the CPU (states are)
-        header[name] = {"dtype": codes[name], "shape": list(arrays.shape(t)), "data_offsets": [at, at + view.nbytes]}
+    for name, code, shape, view in sorted(entries, key=lambda e: (-_DTYPE_BYTES[e[1]], e[0])):
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [at, at + view.nbytes]}
         views.append(view)
         at += view.nbytes
     header["__metadata__"] = meta
@@ -292,10 +301,17 @@ def read_metadata(path: Path) -> dict[str, str]:
 
 
 def write_atomic(
-    path: Path, buf: bytes | Sequence[bytes | memoryview], mode: int = 0o600, *, drop_cache: bool = True
+    path: Path,
+    buf: bytes | Sequence[bytes | memoryview],
+    mode: int = 0o600,
+    *,
+    drop_cache: bool = True,
+    sync_dir: bool = True,
 ) -> None:
     """temp file in the same directory, fsync, rename, fsync the directory: a reader sees all or nothing.
     `buf`: the file's bytes, or its parts in order (encode_parts), written one after the other.
+    sync_dir=False leaves the directory's fsync to the caller, who writes several files and fsyncs it once
+    before anything refers to them (the KV blocks of one snapshot).
 
     Once on disk, the file's pages leave the page cache (POSIX_FADV_DONTNEED): the memory tiers hold the hot
     copies, and a daemon writing two snapshots a turn would otherwise fill the cache with files it rarely
@@ -321,6 +337,8 @@ def write_atomic(
         Path(tmp).unlink(missing_ok=True)
         raise
     crash_point("write.replaced")
+    if not sync_dir:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -3,10 +3,13 @@
 A commit, start to end, is in this file: `commit` checks the payload and that the disk has room
 (Retention.check_disk_room), indexes the snapshot as the session's head (durable = 0) with the transcript
 messages it follows, puts the payload in the hottest memory tier with room, and queues one writer-thread
-job, `_write`: encode (snapshot_file.py), make room within the disk budget (Retention.make_disk_room),
-write atomically (files.py: tmp -> fsync -> rename -> fsync dir), mark the row durable with its checksum,
-then apply keep-last-N to that session. A snapshot that cannot be made durable is dropped as a crash
-would drop it (`_abandon`): heads fall back to its parent, the transcript is untouched.
+job, `_write`: split off the KV blocks (blocks.py) and encode the rest (snapshot_file.py), reference the
+blocks in the index (rows for new ones, durable = 0), make room within the disk budget
+(Retention.make_disk_room), write the blocks not on disk yet and then the snapshot's own file atomically
+(files.py: tmp -> fsync -> rename -> fsync dir), mark the new blocks and the row durable with their checksums
+in one transaction, then apply keep-last-N to that session (a prefix state: the prefix budget). A snapshot
+that cannot be made durable is dropped as a crash would drop it (`_abandon`): heads fall back to its
+parent, the transcript is untouched, blocks only it used go.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from functools import partial
 from typing import Sequence
 
 from engramctl.errors import NotFound, SnapshotCorrupt
-from engramctl.store import arrays, snapshot_file
+from engramctl.store import arrays, blocks, snapshot_file
+from engramctl.store.blocks import BlockCorrupt
 from engramctl.store.core import StoreCore
 from engramctl.store.crashpoints import crash_point
 from engramctl.errors import SnapshotInUse
@@ -31,11 +35,12 @@ from engramctl.store.names import (
 )
 from engramctl.store.prefix import prefix_hashes, token_hash
 from engramctl.store.reconcile import checksum_of
-from engramctl.store.records import Payload, SnapshotRecord, check_payload, payload_nbytes
+from engramctl.store.records import TOKEN_IDS, Payload, SnapshotRecord, check_payload, payload_nbytes
 from engramctl.store.retention import Retention
 from engramctl.store.sessions import Sessions
 
 log = logging.getLogger("engramctl.store")
+BLOCK_HEADER_BYTES = 4096  # a KV block file's header, at most, over its tensors' bytes (for the disk budget)
 
 
 class Snapshots:
@@ -108,28 +113,93 @@ class Snapshots:
                     model_id=meta.get("model_id"),
                     last_used=now,
                 )
-            c.placement.hold(sid)
-            c.placement.put(sid, (tensors, meta), nbytes)
-            hot = c.placement.get(sid, touch=False)  # the writer uses the tier's copy: no second one
-            c.pending[sid] = hot[0] if hot else (tensors, meta)
+            self._hold(sid, (tensors, meta), nbytes)
             record = c.with_tiers(c.index.snapshot(sid))  # type: ignore[arg-type]
-        crash_point("commit.indexed")
-        c.writer.submit(partial(self._write, sid))
+        self.queue_write(sid)
         return record
 
+    def index_prefix(self, payload: Payload, ids: list[int]) -> str:
+        """Prefixes.put's commit, under the lock: a row of kind 'prefix' (no session, parent or transcript),
+        the payload held in memory until written. The caller then calls queue_write outside the lock."""
+        c = self._core
+        tensors, meta = payload
+        nbytes = payload_nbytes(payload)
+        with c.lock:
+            c.check_open()
+            self._retention.check_disk_room(nbytes)
+            now = c.clock()
+            sid = new_snapshot_id(now)
+            meta = {
+                **meta,
+                "n_tokens": str(len(ids)),
+                "snapshot_id": sid,
+                "session": "",
+                "parent": "",
+                "created": repr(now),
+            }
+            c.index.insert_snapshot(
+                id=sid,
+                session="",
+                parent=None,
+                n_tokens=len(ids),
+                nbytes=nbytes,
+                token_hash=token_hash(ids),
+                fingerprint=meta.get("fingerprint"),
+                model_id=meta.get("model_id"),
+                tip=None,
+                n_messages=0,
+                created=now,
+                last_access=now,
+                pinned=0,
+                label=None,
+                durable=0,
+                kind="prefix",
+            )
+            self._hold(sid, (tensors, meta), nbytes)
+        return sid
+
+    def _hold(self, sid: str, payload: Payload, nbytes: int) -> None:
+        """Put a committed payload in the hottest memory tier with room and hold it for the writer. Under the lock."""
+        c = self._core
+        c.placement.hold(sid)
+        c.placement.put(sid, payload, nbytes)
+        hot = c.placement.get(sid, touch=False)  # the writer uses the tier's copy: no second one
+        c.pending[sid] = hot[0] if hot else payload
+
+    def queue_write(self, sid: str) -> None:
+        """Queue the writer-thread job that makes a committed row durable. Outside the lock: it waits while the
+        writer's queue is full."""
+        crash_point("commit.indexed")
+        self._core.writer.submit(partial(self._write, sid))
+
     def _write(self, sid: str) -> None:
-        """Writer-thread job: encode, make room within the disk budget, write atomically, mark durable."""
+        """Writer-thread job: split and encode, reference the KV blocks, make room within the disk budget, write
+        the new blocks and the own file atomically, mark them durable."""
         c = self._core
         with c.lock:
             payload = c.pending.get(sid)
         if payload is None:
             return  # deleted before it was written
+        tensors, meta = payload
         try:
-            parts = snapshot_file.encode_parts(*payload)  # the header, then views of the tensors: nothing copied
+            ids = tensors[TOKEN_IDS].tolist() if TOKEN_IDS in tensors else None
+            constant, own_meta, kv = blocks.split(tensors, meta, ids)
+            parts = snapshot_file.encode_parts(constant, own_meta)  # the header, then views of the tensors
         except Exception as e:
             return self._abandon(sid, f"could not encode it ({e})")
         crash_point("write.encoded")
-        need = sum(memoryview(part).nbytes for part in parts)
+        with c.lock:
+            if sid not in c.pending:
+                return
+            if kv:  # referenced before they are written: no retention frees a block this snapshot needs
+                c.index.use_blocks(sid, [b.id for b in kv], meta.get("fingerprint"), blocks.BLOCK_TOKENS)
+            new = [b for b in kv if not c.index.block(b.id)["durable"]]
+        if kv:
+            crash_point("write.blocks_indexed")
+        fingerprint = meta.get("fingerprint", "")
+        own = sum(memoryview(part).nbytes for part in parts)
+        # a block's bytes are cut when it is written, one at a time: no second copy of the KV in memory
+        need = own + sum(b.data_nbytes + BLOCK_HEADER_BYTES for b in new)
         with c.lock:
             if sid not in c.pending:
                 return
@@ -141,7 +211,15 @@ class Snapshots:
                     f"used by pinned or in-use snapshots; this one needs {need})",
                 )
             c.disk_reserved += need
+        written: dict[str, tuple[int, str | None]] = {}  # block id -> (file bytes, checksum)
         try:
+            for b in new:
+                bp = b.parts(fingerprint)
+                c.files.write_block(b.id, bp)
+                written[b.id] = (sum(memoryview(part).nbytes for part in bp), checksum_of(bp[0]))
+            if new:
+                c.files.sync_blocks()  # one directory fsync for them all, before the own file names them
+                crash_point("write.blocks_written")
             c.files.write(sid, parts)
         except OSError as e:
             with c.lock:
@@ -152,12 +230,22 @@ class Snapshots:
             c.disk_reserved -= need
             if sid not in c.pending or c.index.snapshot(sid) is None:
                 c.files.unlink(sid)  # deleted while being written
+                for bid in written:
+                    if c.index.block(bid) is None:  # its last user went with it
+                        c.files.unlink_block(bid)
                 return
-            c.index.update_snapshot(sid, durable=1, nbytes=need, checksum=checksum_of(parts[0]))
+            with c.index.tx():
+                for bid, (size, checksum) in written.items():
+                    c.index.update_block(bid, durable=1, nbytes=size, checksum=checksum)
+                c.index.update_snapshot(sid, durable=1, nbytes=own, checksum=checksum_of(parts[0]))
             del c.pending[sid]
             c.placement.release(sid)
             crash_point("write.indexed")
-            self._retention.keep_last(c.index.snapshot(sid).session)  # type: ignore[union-attr]
+            rec = c.index.snapshot(sid)
+            if rec is not None and rec.kind == "prefix":
+                self._retention.keep_prefixes()
+            elif rec is not None:
+                self._retention.keep_last(rec.session)
 
     def _abandon(self, sid: str, reason: str) -> None:
         """A committed snapshot that will never be durable: drop it as a crash would."""
@@ -212,8 +300,15 @@ class Snapshots:
                 c.done_reading(sid)
                 if c.index.snapshot(sid) is None:
                     raise NotFound(f"snapshot {sid} was deleted while it was being loaded.") from None
-                c.files.quarantine(c.files.path(sid), e.message)
-                c.remove([sid])
+                if isinstance(e, BlockCorrupt):  # every snapshot using the block is lost, and only those
+                    if is_snapshot_id(e.block_id) and c.files.block_size(e.block_id) is not None:
+                        c.files.quarantine(c.files.block_path(e.block_id), e.message)
+                    lost = sorted(set(c.index.block_users(e.block_id)) | {sid})
+                    log.error("KV block %s is damaged: dropping the %d snapshot(s) using it", e.block_id, len(lost))
+                    c.remove(lost)
+                else:
+                    c.files.quarantine(c.files.path(sid), e.message)
+                    c.remove([sid])
             raise SnapshotCorrupt(e.message, hint="the session resumes from its transcript instead") from None
         except BaseException:
             with c.lock:

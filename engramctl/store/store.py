@@ -12,7 +12,11 @@ Parts (all over one StoreCore, core.py):
   store.sessions     sessions.py    create, get, has, list, touch, head, history, branch, set_head, reset
   store.transcripts  transcript.py  a session's or a snapshot's transcript: append, replace, truncate
   store.names        name_table.py  the Engram API's names: turns, branch names, custom ids, the latest save
-  store.retention    retention.py   keep-last-N, TTL, the disk budget, gc; follows the tier plan it is given
+  store.retention    retention.py   keep-last-N, TTL, the disk and prefix budgets, gc; follows the tier plan
+  store.prefixes     prefixes.py    prefix states: put, longest, load (shared prompt beginnings, no session)
+Storage: a snapshot's attention KV is kept in content-addressed blocks shared by every snapshot and prefix
+state holding the same tokens (blocks.py); its own file holds the rest. A load joins them (bitwise the payload
+committed); `snapshots export` still writes one self-contained file (files.read_payload).
 The tier plan is not the store's: its owner (the daemon: Daemon.tiers; the bench; a listing without a daemon)
 builds a tiers/planner.py TierPlanner over store.retention, and the store commits nothing before it planned.
 Callers use the parts (`store.sessions.branch(...)`); the store's own methods are open, close, flush,
@@ -42,6 +46,7 @@ from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
 from engramctl.store.name_table import NameTable
 from engramctl.store.names import is_snapshot_id, parse_turn_ref
+from engramctl.store.prefixes import Prefixes
 from engramctl.store.reconcile import reconcile, verify_all
 from engramctl.store.retention import Retention
 from engramctl.store.sessions import Sessions
@@ -61,6 +66,7 @@ class Store:
         self.retention = Retention(core)
         self.snapshots = Snapshots(core, self.sessions, self.retention)
         self.names = NameTable(core, self.sessions)
+        self.prefixes = Prefixes(core, self.snapshots, self.retention)
 
     @classmethod
     def open(

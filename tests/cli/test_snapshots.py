@@ -15,7 +15,7 @@ from tests.cli.conftest import seed_store
 def test_ls_modes(cli, seeded):
     human = cli("snapshots", "ls")
     lines = human.stdout.splitlines()
-    assert lines[0].split() == ["ID", "SESSION", "TOKENS", "SIZE", "TIERS", "CREATED", "NOTES"]
+    assert lines[0].split() == ["ID", "SESSION", "TOKENS", "SIZE", "SHARED", "TIERS", "CREATED", "NOTES"]
     assert len(lines) == 1 + 5
     assert "│" not in human.stdout and "─" not in human.stdout  # borderless
     assert "KiB" in human.stdout and "disk" in human.stdout and "head" in human.stdout

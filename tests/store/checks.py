@@ -10,16 +10,28 @@ def assert_consistent(store, verify_loads: bool = True) -> None:
     data = store.settings.paths.data_dir
     files = {id_from_filename(p.name): p for p in (data / "snapshots").iterdir()}
     assert None not in files, f"stray files: {sorted(p.name for p in (data / 'snapshots').iterdir())}"
-    rows = {r.id: r for r in store.snapshots.list()}
+    snaps = {r.id: r for r in store.snapshots.list()}
+    rows = {**snaps, **{r.id: r for r in store.prefixes.list()}}
     assert set(files) == set(rows), set(files) ^ set(rows)
     for sid, r in rows.items():
-        assert r.durable and files[sid].stat().st_size == r.nbytes
+        assert r.durable and files[sid].stat().st_size == r.file_bytes
+        assert r.nbytes == r.own_size_bytes + r.shared_size_bytes
         assert r.parent is None or r.parent in rows
+    # KV blocks: every file has a durable row of its size, every row a file and a user, every use a row
+    index = store._index
+    block_files = {id_from_filename(p.name): p for p in (data / "blocks").iterdir()}
+    assert None not in block_files, f"stray block files: {sorted(p.name for p in (data / 'blocks').iterdir())}"
+    block_rows = index.blocks()
+    assert set(block_files) == set(block_rows), set(block_files) ^ set(block_rows)
+    for bid, row in block_rows.items():
+        assert row["durable"] and block_files[bid].stat().st_size == row["nbytes"]
+        users = index.block_users(bid)
+        assert users and set(users) <= set(rows), (bid, users)
     for s in store.sessions.list():
         assert s.head is None or s.head in rows
         assert s.base is None or s.base in rows
         assert len(store.transcripts.of_session(s.name)) == s.n_messages
-    for sid in rows:
+    for sid in snaps:
         assert len(store.transcripts.of_snapshot(sid)) == rows[sid].n_messages
     for name, (used, _count) in store.retention.usage().items():
         assert used <= store.retention.plan.budget(name), (name, used, store.retention.plan.budget(name))

@@ -25,7 +25,7 @@ def main(seed: int, start: int, saves: int = 50) -> None:
     print("open", flush=True)
     for i in range(start, start + saves):
         name = f"s{rng.randrange(4)}"
-        payload = make_payload(rng.randint(20, 300), i, width=rng.choice([1, 16, 64]))
+        payload = make_payload(rng.randint(20, 300), i, width=rng.choice([1, 16, 64]), blocks=i % 2 == 0)
         rec = store.snapshots.commit(name, payload, messages=[{"role": "user", "content": f"turn {i}"}])
         r = rng.random()
         if r < 0.08:

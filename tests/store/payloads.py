@@ -21,8 +21,11 @@ def make_payload(
     token_ids: list[int] | None = None,
     fingerprint: str = FINGERPRINT,
     width: int = 1,
+    blocks: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """`width` scales the fixed-size (recurrent) part, to make payloads bigger for I/O tests."""
+    """`width` scales the fixed-size (recurrent) part, to make payloads bigger for I/O tests. `blocks`: the
+    metadata names the keys' and values' token axis, as state/codec.to_payload does, so the store keeps
+    their full blocks of tokens in shared KV blocks."""
     g = torch.Generator().manual_seed(seed)
     if token_ids is None:
         token_ids = torch.randint(3, VOCAB, (n_tokens,), generator=g).tolist()
@@ -46,7 +49,19 @@ def make_payload(
         "layout": '["recurrent", "attention", "recurrent"]',
         "text": f"text of {n} tokens (seed {seed})",
     }
+    if blocks:
+        meta["token_axes"] = '{"layers.1.keys":2,"layers.1.values":2}'
     return tensors, meta
+
+
+def prefix_of(payload, n: int, seed: int = 0):
+    """The payload of the same conversation after its first `n` tokens: the same KV for them (what a model's
+    cache holds), the rest of the state drawn anew from `seed`."""
+    tensors, meta = payload
+    out = make_payload(n, seed, token_ids=tensors["token_ids"][:n].tolist(), blocks="token_axes" in meta)
+    out[0]["layers.1.keys"] = tensors["layers.1.keys"][:, :, :n].contiguous()
+    out[0]["layers.1.values"] = tensors["layers.1.values"][:, :, :n].contiguous()
+    return out
 
 
 def nbytes(payload) -> int:

@@ -16,6 +16,7 @@ from checks import assert_consistent
 from engramctl.errors import SnapshotCorrupt
 
 CHILD = Path(__file__).with_name("crash_child.py")
+BLOCKS_CHILD = Path(__file__).with_name("crash_blocks_child.py")
 
 
 def run_and_kill(home: Path, seed: int, start: int, kill_after: int, delay_s: float) -> bool:
@@ -129,4 +130,56 @@ def test_corrupt_file_found_at_load_is_quarantined(open_store, make_payload, eng
         s.snapshots.load(b)
     assert s.sessions.get("a").head == a and s.transcripts.of_session("a")
     assert (engram_home / "quarantine" / path.name).exists()
+    assert_consistent(s)
+
+
+def _blocks_step(home: Path, step: str, point: str | None) -> int:
+    env = {**os.environ, "ENGRAM_HOME": str(home)}
+    env.pop("ENGRAM_TEST_CRASH_AT", None)
+    if point:
+        env["ENGRAM_TEST_CRASH_AT"] = point
+    proc = subprocess.run(
+        [sys.executable, str(BLOCKS_CHILD), step], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert (proc.returncode == 0) == ("done" in proc.stdout), (proc.returncode, proc.stdout)
+    return proc.returncode
+
+
+COMMIT_POINTS = (
+    "commit.indexed",
+    "write.encoded",
+    "write.blocks_indexed",
+    "write.temp_written",  # the first KV block's temp file
+    "write.fsynced",
+    "write.replaced",
+    "write.blocks_written",
+    "write.renamed",
+    "write.indexed",
+)
+DELETE_POINTS = ("remove.unlinked", "remove.blocks_indexed")
+
+
+@pytest.mark.parametrize("step,point", [("commit", p) for p in COMMIT_POINTS] + [("delete", p) for p in DELETE_POINTS])
+def test_a_kill_at_each_step_of_a_block_commit_or_delete_leaves_no_dangling_or_leaked_block(
+    step, point, open_store, engram_home
+):
+    from payloads import make_payload, prefix_of, same_payload
+
+    assert _blocks_step(engram_home, "base", None) == 0
+    if step == "delete":
+        assert _blocks_step(engram_home, "commit", None) == 0
+    assert _blocks_step(engram_home, step, point) == -signal.SIGKILL
+    s = open_store(ram=0, disk="64MB")
+    assert_consistent(s)  # every snapshot's blocks are there and durable; every block file has a user
+    assert not list((engram_home / "blocks").glob(".*.tmp"))
+    full = make_payload(600, 7, blocks=True)
+    head = s.snapshots.info(s.sessions.get("a").head)
+    assert head.n_tokens in (300, 560)  # before or after the commit, never in between
+    assert same_payload(s.snapshots.load(head.id), prefix_of(full, head.n_tokens, 1 if head.n_tokens == 300 else 2))
+    hit = s.prefixes.longest(full[0]["token_ids"].tolist(), fingerprint=full[1]["fingerprint"])
+    assert hit is not None and hit[1] in (280, 600)
+    s.close()
+    assert _blocks_step(engram_home, "delete" if step == "commit" else "commit", None) == 0  # it goes on
+    s = open_store(ram=0, disk="64MB")
     assert_consistent(s)

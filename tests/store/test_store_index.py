@@ -60,3 +60,33 @@ def test_long_transcript_reads_fast(tmp_path):
     assert len(msgs) == 5000 and msgs[-1]["content"] == "message 4999"
     assert tr.read(tip, limit=3)[-1]["content"] == "message 2"
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_a_store_from_before_kv_blocks_opens_and_its_whole_files_load(open_store, make_payload, engram_home):
+    """Schema 2 -> 3: its snapshots become kind 'snapshot', whole files with no blocks, and load as before."""
+    from engramctl.store import snapshot_file
+
+    engram_home.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(engram_home / "index.db")
+    for migration in MIGRATIONS[:2]:
+        db.executescript(migration)
+    db.execute("PRAGMA user_version = 2")
+    payload = make_payload(300, 1, blocks=True)  # even a payload that names token axes stays whole
+    sid = "0" * 31 + "1"
+    (engram_home / "snapshots").mkdir(exist_ok=True)
+    tensors, meta = payload
+    size = snapshot_file.write(engram_home / "snapshots" / f"{sid}.safetensors", tensors, {**meta, "snapshot_id": sid})
+    db.execute("INSERT INTO sessions (name, head, created, last_used) VALUES ('old', ?, 1.0, 1.0)", (sid,))
+    db.execute(
+        "INSERT INTO snapshots (id, session, n_tokens, nbytes, n_messages, created, last_access, durable) "
+        "VALUES (?, 'old', 300, ?, 0, 1.0, 1.0, 1)",
+        (sid, size),
+    )
+    db.commit()
+    db.close()
+    s = open_store()
+    assert s.reconcile_report.clean and s._index.schema_version == len(MIGRATIONS)
+    rec = s.snapshots.info(sid)
+    assert rec.kind == "snapshot" and rec.nbytes == rec.own_size_bytes == size and rec.shared_size_bytes == 0
+    tensors2, _ = s.snapshots.load(sid)
+    assert all((tensors2[k] == tensors[k]).all() for k in tensors)

@@ -107,7 +107,7 @@ def test_an_index_from_before_the_names_opens_and_gains_them(tmp_path):
     db.close()
     idx = Index(path)
     try:
-        assert idx.schema_version == len(MIGRATIONS) == 2
+        assert idx.schema_version == len(MIGRATIONS) >= 2
         assert idx.session("old") is not None
         assert idx.rows("SELECT * FROM names") == []
     finally:

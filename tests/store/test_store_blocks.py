@@ -1,0 +1,268 @@
+"""KV blocks shared between snapshots (store/blocks.py), on real tiny models' states on both backends: a turn
+writes only the blocks its new tokens complete plus the constant part, a branch and another conversation with
+the same tokens share blocks, a load gives back the captured payload bitwise, deleting frees a block with its
+last user, a damaged block fails only its users, export/import round trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from checks import assert_consistent
+
+from engramctl.errors import SnapshotCorrupt
+from engramctl.state.codec import from_payload, to_payload
+from engramctl.store import arrays, exchange
+from engramctl.store.blocks import BLOCK_TOKENS, KV_BLOCKS
+from engramctl.store.files import read_payload
+from engramctl.store.records import payload_nbytes
+
+BACKENDS = ("transformers", "llama.cpp")
+FAMILY = "granitemoehybrid"  # recurrent, attention, recurrent, recurrent: a hybrid with one attention layer
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def model(request):
+    """(backend name, the tiny hybrid's backend) with 64-token prefill chunks."""
+    if request.param == "transformers":
+        zoo, load = request.getfixturevalue("zoo"), request.getfixturevalue("load_backend")
+        return request.param, load(zoo.path(FAMILY), chunk_tokens=64)
+    gguf, load = request.getfixturevalue("gguf_zoo"), request.getfixturevalue("load_llama")
+    return request.param, load(gguf.path(FAMILY), chunk_tokens=64)
+
+
+def ids_of(n: int, seed: int = 0) -> list[int]:
+    return [3 + (i * 7919 + seed * 104729) % 500 for i in range(n)]
+
+
+def states(backend, ids: list[int], at: list[int]) -> list[tuple[dict, dict]]:
+    """Payloads (to_payload) of one conversation captured after each of `at` tokens of `ids`, each an own copy."""
+    live = backend.new_live()
+    out, done = [], 0
+    try:
+        for n in at:
+            backend.prefill(live, ids[done:n])
+            done = n
+            tensors, meta = to_payload(backend.capture(live), backend.spec, {"stage": "test"})
+            out.append(({k: arrays.copy(t) for k, t in tensors.items()}, meta))
+    finally:
+        backend.release(live)
+    return out
+
+
+def kv_bytes_per_token(spec) -> int:
+    total = 0
+    for layer in spec.layers:
+        for ts in layer.tensors.values():
+            if -1 in ts.shape:
+                per = 1
+                for d in ts.shape_at(1):
+                    per *= d
+                total += per * {"float32": 4, "float16": 2, "bfloat16": 2}[ts.dtype]
+    return total
+
+
+def disk(home: Path) -> tuple[int, int, int]:
+    """(bytes of snapshot files, bytes of block files, block files)."""
+    snaps = sum(p.stat().st_size for p in (home / "snapshots").iterdir())
+    blocks = list((home / "blocks").iterdir())
+    return snaps, sum(p.stat().st_size for p in blocks), len(blocks)
+
+
+def same(a, b) -> bool:
+    return a[0].keys() == b[0].keys() and all(arrays.equal(a[0][k], b[0][k]) for k in a[0])
+
+
+def test_a_turn_writes_one_block_and_the_constant_part_and_loads_back_bitwise(model, open_store, engram_home):
+    name, backend = model
+    ids = ids_of(600)
+    first, second = states(backend, ids, [300, 300 + BLOCK_TOKENS])
+    s = open_store(ram=0)  # every load below reads the disk
+    r1 = s.snapshots.commit("talk", first)
+    s.flush()
+    snaps1, blocks1, n1 = disk(engram_home)
+    assert n1 == 1  # 300 tokens: one full block, 44 tokens in the snapshot's own file
+    r2 = s.snapshots.commit("talk", second)
+    s.flush()
+    snaps2, blocks2, n2 = disk(engram_home)
+    i1, i2 = s.snapshots.info(r1.id), s.snapshots.info(r2.id)
+    per_token = kv_bytes_per_token(backend.spec)
+    block_file = blocks2 - blocks1
+    # the second turn wrote exactly its own file and the one block its 256 new tokens completed
+    assert n2 == 2 and snaps2 - snaps1 == i2.file_bytes
+    assert per_token * BLOCK_TOKENS <= block_file < per_token * BLOCK_TOKENS + 4096
+    constant = payload_nbytes(second) - per_token * 512  # recurrent state, logits, ids, 44 tokens of KV
+    assert i2.file_bytes < constant + 4096
+    assert (snaps2 + blocks2) - (snaps1 + blocks1) <= 1.25 * (per_token * BLOCK_TOKENS + constant)
+    # what each reports: own + shared = all of it; the first block is shared by both
+    assert i2.shared_size_bytes == i1.shared_size_bytes == blocks1
+    assert i2.own_size_bytes == i2.file_bytes + block_file and i1.own_size_bytes == i1.file_bytes
+    assert i2.nbytes == i2.own_size_bytes + i2.shared_size_bytes
+    s.close()
+    s = open_store(ram=0)
+    assert s.reconcile_report.clean
+    for rec, payload in ((r1, first), (r2, second)):
+        loaded, came_from = s.snapshots.load_from(rec.id)
+        assert came_from == "disk" and same(loaded, payload), name
+        assert KV_BLOCKS not in loaded[1]
+        from_payload(*loaded, backend.spec)  # the daemon's checks pass
+    assert_consistent(s)
+
+
+def test_a_branch_and_another_conversation_with_the_same_tokens_share_blocks(model, open_store, engram_home):
+    _, backend = model
+    ids = ids_of(700)
+    (trunk,) = states(backend, ids, [300])
+    (branch,) = states(backend, ids[:300] + ids_of(300, seed=1), [600])  # the same 300 tokens, then others
+    (other,) = states(backend, ids, [560])  # another conversation: the same tokens, prefilled in one go
+    s = open_store(ram=0)
+    base = s.snapshots.commit("a", trunk)
+    s.flush()
+    s.sessions.branch(base.id, "b")
+    b = s.snapshots.commit("b", branch)
+    s.flush()
+    assert disk(engram_home)[2] == 2  # the branch shares block 0 and adds one of its own
+    assert s.snapshots.info(b.id).shared_size_bytes == s.snapshots.info(base.id).shared_size_bytes > 0
+    o = s.snapshots.commit("c", other)
+    s.flush()
+    assert disk(engram_home)[2] == 3  # block 0 again shared; its second block is its own tokens
+    for rec, payload in ((base, trunk), (b, branch), (o, other)):
+        assert same(s.snapshots.load(rec.id), payload)
+    assert_consistent(s)
+
+
+def test_deleting_frees_a_block_with_its_last_user(model, open_store, engram_home):
+    _, backend = model
+    ids = ids_of(600)
+    p1, p2 = states(backend, ids, [300, 560])
+    s = open_store(ram=0, keep_last=8)
+    r1, r2 = s.snapshots.commit("a", p1), None
+    s.flush()
+    r2 = s.snapshots.commit("a", p2)
+    s.flush()
+    assert disk(engram_home)[2] == 2
+    s.snapshots.delete(r1.id)  # its block stays: r2 uses it
+    assert disk(engram_home)[2] == 2 and same(s.snapshots.load(r2.id), p2)
+    assert s.snapshots.info(r2.id).shared_size_bytes == 0  # its own now
+    s.snapshots.delete(r2.id, force=True)
+    assert disk(engram_home) == (0, 0, 0)
+    assert s._index.blocks() == {} and s.retention.usage()["disk"] == (0, 0)
+
+
+def test_gc_and_keep_last_free_blocks(model, open_store, engram_home):
+    _, backend = model
+    ids = ids_of(1100)
+    payloads = states(backend, ids, [260, 520, 780, 1040])
+    s = open_store(ram=0, keep_last=2)
+    for p in payloads:
+        s.snapshots.commit("a", p)
+        s.flush()
+    kept = s.snapshots.list("a")
+    assert len(kept) == 2  # the newest two: 780 and 1040 tokens, blocks 0-3 (1040 = 4 x 256 + 16)
+    assert disk(engram_home)[2] == 4
+    s.retention.gc()
+    assert_consistent(s)
+
+
+def test_a_pure_recurrent_state_has_no_blocks(zoo, load_backend, open_store, engram_home):
+    backend = load_backend(zoo.path("mamba2"), chunk_tokens=64)
+    (p,) = states(backend, ids_of(600), [600])
+    s = open_store(ram=0)
+    rec = s.snapshots.commit("m", p)
+    s.flush()
+    assert disk(engram_home)[2] == 0 and s.snapshots.info(rec.id).shared_size_bytes == 0
+    assert same(s.snapshots.load(rec.id), p)
+
+
+def test_a_damaged_block_fails_only_the_snapshots_using_it(model, open_store, engram_home):
+    _, backend = model
+    ids = ids_of(600)
+    p1, p2 = states(backend, ids, [300, 560])
+    (q,) = states(backend, ids_of(600, seed=5), [300])  # another conversation: blocks of its own
+    s = open_store(ram=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    r1 = s.snapshots.commit("a", p1, messages=msgs)
+    r2 = s.snapshots.commit("a", p2, messages=[{"role": "assistant", "content": "hello"}])
+    rq = s.snapshots.commit("q", q, messages=msgs)
+    s.flush()
+    shared = s._index.block_ids_of(r1.id)[0]
+    assert shared == s._index.block_ids_of(r2.id)[0] and shared not in s._index.block_ids_of(rq.id)
+    s.close()
+    path = engram_home / "blocks" / f"{shared}.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-7] ^= 0x10  # a flipped bit in the KV: the size is unchanged, only the checksum sees it
+    path.write_bytes(bytes(data))
+    s = open_store(ram=0)
+    with pytest.raises(SnapshotCorrupt, match="checksum"):
+        s.snapshots.load(r2.id)
+    # both users are gone (the one never loaded too), the session resumes from its transcript
+    assert {r.id for r in s.snapshots.list()} == {rq.id}
+    assert s.sessions.get("a").head is None and len(s.transcripts.of_session("a")) == 2
+    assert (engram_home / "quarantine" / path.name).exists()
+    assert same(s.snapshots.load(rq.id), q)
+    assert_consistent(s)
+
+
+def test_a_damaged_block_found_by_verify_and_a_missing_one_at_open(model, open_store, engram_home):
+    _, backend = model
+    p1, p2 = states(backend, ids_of(600), [300, 560])
+    (q,) = states(backend, ids_of(600, seed=5), [300])
+    s = open_store(ram=0)
+    r1, r2, rq = (s.snapshots.commit(n, p) for n, p in (("a", p1), ("a", p2), ("q", q)))
+    s.flush()
+    own_block = s._index.block_ids_of(r2.id)[1]
+    q_block = s._index.block_ids_of(rq.id)[0]
+    s.close()
+    (engram_home / "blocks" / f"{q_block}.safetensors").unlink()  # a missing block: found at open
+    path = engram_home / "blocks" / f"{own_block}.safetensors"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    s = open_store(ram=0, verify=True)
+    r = s.reconcile_report
+    assert set(r.rows_dropped) == {r2.id, rq.id}
+    assert "checksum" in r.rows_dropped[r2.id] and "missing" in r.rows_dropped[rq.id]
+    assert path.name in r.quarantined
+    assert {x.id for x in s.snapshots.list()} == {r1.id} and s.sessions.get("a").head == r1.id
+    assert same(s.snapshots.load(r1.id), p1)
+    assert_consistent(s)
+
+
+def test_export_writes_one_self_contained_file_and_import_shares_the_blocks_again(model, open_store, engram_home):
+    _, backend = model
+    (p,) = states(backend, ids_of(600), [560])
+    s = open_store(ram=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    rec = s.snapshots.commit("a", p, messages=msgs)
+    s.flush()
+    whole = read_payload(engram_home / "snapshots", engram_home / "blocks", rec.id)  # as `snapshots export` reads
+    buf = exchange.pack(whole, s.transcripts.of_snapshot(rec.id), "a")
+    (engram_home / "blocks").rename(engram_home / "elsewhere")  # the file needs nothing else
+    payload, messages, session = exchange.unpack(buf)
+    (engram_home / "elsewhere").rename(engram_home / "blocks")
+    assert same(payload, p) and messages == msgs and session == "a"
+    assert KV_BLOCKS not in payload[1]
+    blocks_before = disk(engram_home)[2]
+    imported = s.snapshots.commit("imported", payload, messages=messages)
+    s.flush()
+    assert disk(engram_home)[2] == blocks_before  # split into the same blocks: nothing new
+    assert same(s.snapshots.load(imported.id), p)
+    assert s.snapshots.info(imported.id).shared_size_bytes == s.snapshots.info(rec.id).shared_size_bytes > 0
+
+
+def test_store_verify_finds_a_damaged_block_and_drops_only_its_users(model, open_store, engram_home):
+    _, backend = model
+    p1, p2 = states(backend, ids_of(600), [300, 560])
+    s = open_store(ram=0)
+    r1, r2 = s.snapshots.commit("a", p1), s.snapshots.commit("a", p2)
+    s.flush()
+    second = s._index.block_ids_of(r2.id)[1]  # only r2 uses it
+    path = engram_home / "blocks" / f"{second}.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x80
+    path.write_bytes(bytes(data))
+    bad = s.verify()
+    assert set(bad) == {r2.id} and second in bad[r2.id]
+    assert [x.id for x in s.snapshots.list()] == [r1.id] and s.sessions.get("a").head == r1.id
+    assert same(s.snapshots.load(r1.id), p1)
+    assert_consistent(s)

@@ -1,0 +1,156 @@
+"""Prefix states (store/prefixes.py) on a real tiny hybrid's states: put is content-addressed by the token
+ids, longest finds the longest stored exact prefix, load gives the state back bitwise and marks it used, the
+prefix budget evicts the least recently used, they survive a restart, share KV blocks with snapshots, and stay
+out of the snapshot listings."""
+
+from __future__ import annotations
+
+import pytest
+from checks import assert_consistent
+from conftest import fake_hardware
+from test_store_blocks import disk, ids_of, same, states
+
+from engramctl.errors import NotFound, SnapshotCorrupt, UsageError
+from engramctl.settings import load_settings
+from engramctl.state.codec import from_payload
+from tests.helpers import open_planned
+
+FAMILY = "granitemoehybrid"
+
+
+@pytest.fixture(scope="module")
+def backend(zoo, load_backend):
+    return load_backend(zoo.path(FAMILY), chunk_tokens=64)
+
+
+@pytest.fixture
+def open_prefix_store(engram_home, clock):
+    opened = []
+
+    def _open(prefix_bytes=None, **flags):
+        settings = load_settings(
+            {"tier_ram_bytes": 0, "tier_disk_bytes": "256MB", "prefix_state_bytes": prefix_bytes, **flags}
+        )
+        store, _ = open_planned(settings, fake_hardware(), clock=clock)
+        opened.append(store)
+        return store
+
+    yield _open
+    for s in opened:
+        s.close()
+
+
+def put(store, payload) -> str:
+    tensors, meta = payload
+    return store.prefixes.put(tensors, meta, tensors["token_ids"].tolist())
+
+
+def test_put_longest_load(backend, open_prefix_store):
+    ids = ids_of(400)
+    (p40,) = states(backend, ids, [40])
+    (p300,) = states(backend, ids, [300])
+    fp = backend.spec.fingerprint
+    s = open_prefix_store()
+    a, b = put(s, p40), put(s, p300)
+    assert put(s, p300) == b and len(s.prefixes.list()) == 2  # the same ids again: a no-op
+    assert s.prefixes.longest(ids[:300] + [7, 8, 9], fingerprint=fp) == (b, 300)
+    assert s.prefixes.longest(ids[:300], fingerprint=fp) == (b, 300)  # all of the prompt counts too
+    assert s.prefixes.longest(ids[:299], fingerprint=fp) == (a, 40)
+    assert s.prefixes.longest(ids[:200] + ids_of(50, seed=3), fingerprint=fp) == (a, 40)
+    assert s.prefixes.longest(ids[:39], fingerprint=fp) is None
+    assert s.prefixes.longest(ids_of(400, seed=2), fingerprint=fp) is None
+    assert s.prefixes.longest(ids, fingerprint="another model") is None
+    assert s.prefixes.longest(ids) == (b, 300)  # no fingerprint: any model's
+    loaded = s.prefixes.load(b)  # pending or in memory: the payload as put
+    assert same(loaded, p300)
+    s.flush()
+    loaded, came_from = s.prefixes.load_from(b)
+    assert same(loaded, p300)
+    from_payload(*loaded, backend.spec)
+    # hidden from the snapshots and sessions, and from the snapshots' own prefix lookup
+    assert s.snapshots.list() == [] and s.sessions.list() == []
+    assert s.snapshots.find_prefix(ids, fp) is None
+    with pytest.raises(NotFound):
+        s.prefixes.info(s.snapshots.commit("chat", p40).id)
+    s.flush()
+    assert s.prefixes.usage()[:2] == (s._index.durable_bytes("prefix")[0], 2)
+    assert_consistent(s)
+
+
+def test_prefix_states_survive_a_restart_and_share_blocks_with_snapshots(backend, open_prefix_store, engram_home):
+    ids = ids_of(600)
+    (p560,) = states(backend, ids, [560])
+    s = open_prefix_store()
+    rec = s.snapshots.commit("chat", p560)
+    s.flush()
+    blocks_before = disk(engram_home)[2]
+    pid = put(s, p560)
+    s.flush()
+    assert disk(engram_home)[2] == blocks_before == 2  # the prefix state's KV is the snapshot's blocks
+    assert s.prefixes.info(pid).shared_size_bytes == s.snapshots.info(rec.id).shared_size_bytes > 0
+    s.close()
+    s = open_prefix_store()
+    assert s.reconcile_report.clean
+    assert s.prefixes.longest(ids, fingerprint=backend.spec.fingerprint) == (pid, 560)
+    loaded, came_from = s.prefixes.load_from(pid)
+    assert came_from == "disk" and same(loaded, p560)
+    s.snapshots.delete(rec.id, force=True)  # the blocks stay: the prefix state uses them
+    assert disk(engram_home)[2] == 2 and same(s.prefixes.load(pid), p560)
+    s.prefixes.delete(pid)
+    assert disk(engram_home) == (0, 0, 0)
+
+
+def test_the_prefix_budget_evicts_the_least_recently_used(backend, open_prefix_store, clock):
+    p1, p2, p3 = (states(backend, ids_of(300, seed=k), [300])[0] for k in (1, 2, 3))
+    s = open_prefix_store()
+    a = put(s, p1)
+    s.flush()
+    one = s.prefixes.usage()[0]
+    s.close()
+    s = open_prefix_store(prefix_bytes=int(2.5 * one), keep_last=1)
+    assert s.prefixes.usage() == (one, 1, int(2.5 * one))
+    clock.advance(1)
+    b = put(s, p2)
+    s.flush()
+    clock.advance(1)
+    s.prefixes.load(a)  # a is used again: b is now the least recently used
+    clock.advance(1)
+    c = put(s, p3)
+    s.flush()
+    assert {p.id for p in s.prefixes.list()} == {a, c}
+    with pytest.raises(NotFound):
+        s.prefixes.load(b)
+    assert s.prefixes.longest(p2[0]["token_ids"].tolist()) is None
+    s.retention.gc()  # keep-last (1) does not apply to prefix states
+    assert {p.id for p in s.prefixes.list()} == {a, c}
+    assert_consistent(s)
+
+
+def test_a_damaged_prefix_state_is_dropped_not_used(backend, open_prefix_store, engram_home):
+    (p,) = states(backend, ids_of(300), [300])
+    s = open_prefix_store()
+    pid = put(s, p)
+    s.flush()
+    s.close()
+    path = engram_home / "snapshots" / f"{pid}.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 4
+    path.write_bytes(bytes(data))
+    s = open_prefix_store()
+    with pytest.raises(SnapshotCorrupt):
+        s.prefixes.load(pid)
+    assert s.prefixes.longest(ids_of(300)) is None and s.prefixes.list() == []
+    assert_consistent(s)
+
+
+def test_put_refuses_ids_that_disagree_with_the_state(backend, open_prefix_store):
+    (p,) = states(backend, ids_of(50), [50])
+    tensors, meta = p
+    s = open_prefix_store()
+    with pytest.raises(UsageError, match="token_ids"):
+        s.prefixes.put(tensors, meta, ids_of(50, seed=9))
+    with pytest.raises(UsageError, match="at least one"):
+        s.prefixes.put(tensors, meta, [])
+    without = {k: v for k, v in tensors.items() if k != "token_ids"}
+    pid = s.prefixes.put(without, meta, ids_of(50))  # the ids given become its token_ids
+    assert same(s.prefixes.load(pid), p)
