@@ -36,6 +36,15 @@ class Answered:
     result: Any
 
 
+class Deferred(Exception):
+    """A turn job cannot be planned yet: raised by its `fn` at admission; the scheduler keeps it waiting, in
+    its place, until `ready()` (a prefix state another turn is computing: daemon/prefix_states.py)."""
+
+    def __init__(self, why: str, ready: Callable[[], bool]):
+        super().__init__(why)
+        self.ready = ready
+
+
 class Job:
     def __init__(
         self,
@@ -51,6 +60,7 @@ class Job:
         self.session = session  # the named session the turn continues: it waits for that session's running turn
         self.future: concurrent.futures.Future | None = None  # Worker.call's: the result for a caller without a loop
         self.cancel = threading.Event()
+        self.ready: Callable[[], bool] | None = None  # a Deferred turn job: admitted once this says so
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.submitted = time.monotonic()
         self.started: float | None = None

@@ -31,7 +31,7 @@ from typing import Hashable, Sequence
 from engramctl.engine.backend import Live
 from engramctl.engine.boundaries import prompt_stops
 from engramctl.engine.engine import Engine
-from engramctl.errors import NotFound, SnapshotError
+from engramctl.errors import EngramError, NotFound, SnapshotError
 from engramctl.state import SessionState
 from engramctl.state.codec import from_payload, to_payload
 from engramctl.store.prefix import token_hash
@@ -53,7 +53,6 @@ class PrefixStates:
     def __init__(self, engine: Engine, store: Store, *, enabled: bool = True):
         self.engine, self.store, self.enabled = engine, store, enabled
         self._claims: dict[str, Claim] = {}  # token hash of the prefix -> the turn computing it
-        self._known: set[str] = set()  # prefixes kept since the daemon started (their captures are skipped)
         self._lock = threading.Lock()  # counts() reads from the event loop
         self.restored = 0  # prompts that started from a prefix state
         self.offered = 0  # states kept
@@ -62,19 +61,18 @@ class PrefixStates:
     def stops(
         self, messages: Sequence[dict] | None, consumed_text: str, feed: Sequence[int], start: int, ids: Sequence[int]
     ) -> list[int]:
-        """The stops of a prompt (its whole ids `ids`; `feed` after the `start` tokens its state holds) whose
-        state is not kept yet."""
+        """The stops of a prompt (its whole ids `ids`; `feed` after the `start` tokens its state holds). A stop
+        whose state is kept already is one the prompt would have started from (or past), so none is."""
         if not self.enabled or not feed:
             return []
-        stops = prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start)
-        return [n for n in stops if token_hash(ids[:n]) not in self._known]
+        return prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start)
 
     # -- a prompt's state from a kept prefix -------------------------------------------------------------------
     def longest(self, ids: Sequence[int]) -> int:
         """The length of the longest kept prefix of `ids` (0: none)."""
         if not self.enabled:
             return 0
-        hit = self.store.prefixes.longest(list(ids))
+        hit = self.store.prefixes.longest(list(ids), fingerprint=self.engine.info.fingerprint)
         return 0 if hit is None else hit[1]
 
     def restore(self, ids: Sequence[int], longer_than: int = 0) -> tuple[Live, int, float, str] | None:
@@ -84,7 +82,7 @@ class PrefixStates:
         if not self.enabled:
             return None
         for _ in range(4):
-            hit = self.store.prefixes.longest(list(ids))
+            hit = self.store.prefixes.longest(list(ids), fingerprint=self.engine.info.fingerprint)
             if hit is None or hit[1] <= longer_than:
                 return None
             pid, n = hit
@@ -107,6 +105,11 @@ class PrefixStates:
             for n in stops:
                 self._claims.setdefault(token_hash(ids[:n]), Claim(owner, n, tuple(ids[:n])))
 
+    def claimed(self, claim: Claim) -> bool:
+        """Is the state `claim` names still to come?"""
+        with self._lock:
+            return self._claims.get(token_hash(claim.ids)) is claim
+
     def awaited(self, ids: Sequence[int], start: int) -> Claim | None:
         """The longest prefix of `ids` past `start` tokens that a running turn will keep, if any."""
         if not self.enabled or not self._claims:
@@ -123,18 +126,14 @@ class PrefixStates:
     def offer(self, ids: Sequence[int], state: SessionState) -> str | None:
         """A turn's state after ids (a stop of its prompt): kept in the store, its claim released. Returns the
         prefix state's id (None when it could not be kept: the prompt goes on, later prompts compute it)."""
-        key = token_hash(ids)
         with self._lock:
-            self._claims.pop(key, None)
-        if key in self._known:
-            return None
+            self._claims.pop(token_hash(ids), None)
         try:
-            tensors, meta = to_payload(state, self.engine.spec, {"kind": "prefix"})
+            tensors, meta = to_payload(state, self.engine.spec, {})
             pid = self.store.prefixes.put(tensors, meta, list(ids))
-        except (SnapshotError, OSError) as e:
+        except (EngramError, OSError) as e:  # the prompt goes on without it: a later one computes it again
             log.warning("could not keep the prefix state at %d tokens (%s)", len(ids), e)
             return None
-        self._known.add(key)
         self.offered += 1
         return pid
 
@@ -143,10 +142,6 @@ class PrefixStates:
         with self._lock:
             for key in [k for k, c in self._claims.items() if c.owner == owner]:
                 del self._claims[key]
-
-    def forget(self) -> None:
-        """The store dropped prefix states (gc, a budget change): captures are no longer skipped for them."""
-        self._known.clear()
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -31,7 +31,7 @@ import time
 import weakref
 from typing import Iterator
 
-from engramctl.daemon.job import Answered, Failed, Job
+from engramctl.daemon.job import Answered, Deferred, Failed, Job
 from engramctl.daemon.sequence import Sequence
 from engramctl.engine.engine import Engine
 from engramctl.engine.turn import Event, TurnDone
@@ -111,13 +111,21 @@ class Scheduler:
                 break
             job = self.waiting.popleft()
             reads -= not job.turn
-            if (job.session is not None and job.session in held) or (job.turn and full):
+            # a deferred job waits while the turn it waits for runs (with none running, nothing will come)
+            waits = job.ready is not None and bool(self.running) and not job.ready()
+            if (job.session is not None and job.session in held) or (job.turn and full) or waits:
                 kept.append(job)
                 if job.session is not None:
                     held.add(job.session)
                 continue
             try:
                 out = job.fn(job)
+            except Deferred as d:  # it waits for a state another turn is computing: its place is kept
+                job.ready = d.ready
+                kept.append(job)
+                if job.session is not None:
+                    held.add(job.session)
+                continue
             except BaseException as e:  # noqa: BLE001 - a refused turn goes back to its request
                 if not isinstance(e, EngramError):
                     log.exception("%s failed", job.name)

@@ -26,10 +26,11 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from engramctl.daemon import turn_result
-from engramctl.daemon.job import Failed, Job
+from engramctl.daemon.job import Deferred, Failed, Job
+from engramctl.daemon.prefix_states import PrefixStates
 from engramctl.daemon.recorder import Recorder, TurnRecord
 from engramctl.daemon.scheduler import Scheduler
 from engramctl.daemon.sequence import Sequence
@@ -56,12 +57,6 @@ from engramctl.store.store import Store
 log = logging.getLogger("engramctl.daemon")
 
 AUTO_PREFIX = "auto-"
-
-
-class PrefixSink(Protocol):
-    """Whoever keeps the states a turn captures at its prefill stops (Turn's `stops`)."""
-
-    def offer(self, event: PrefixState) -> None: ...
 
 
 def plain(message: dict) -> dict[str, str]:
@@ -118,7 +113,8 @@ class ConversationService:
         self.recorder = Recorder(engine, store)
         self.turns = 0
         self.in_flight: collections.Counter[str] = collections.Counter()  # session -> turns planned, not ended
-        self.prefix_sink: PrefixSink | None = None  # where PrefixState events go (None: nowhere)
+        # the states kept where conversations diverge; none for a Mamba1 model, which resumes token by token
+        self.prefixes = PrefixStates(engine, store, enabled=reuse and engine.info.resume != "token_by_token")
 
     @property
     def hot(self) -> Hot | None:
@@ -161,20 +157,33 @@ class ConversationService:
         conversation = [plain(m) for m in transcript] + new
         live, origin = self.states.for_session(name, head, transcript, follow_head=base is None)
         budget = self.default_max_tokens
-        turn = self.plan_turn(
-            live, origin, lambda: Turn.for_messages(self.engine, live, conversation, params, default_max_tokens=budget)
-        )
+        if origin.tier is None and not live.token_ids and self.prefixes.enabled:  # a new conversation's first prompt
+            tok = self.engine.tokenizer
+            text = tok.render(conversation, add_generation_prompt=True)
+            self.engine.check_text(text)
+            ids = tok.encode(text)
+            live, origin = self._from_prefix(ids, live, origin)
+            turn = self.plan_turn(
+                live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params, default_max_tokens=budget)
+            )
+        else:
+            turn = self.plan_turn(
+                live,
+                origin,
+                lambda: Turn.for_messages(self.engine, live, conversation, params, default_max_tokens=budget),
+            )
         if turn.reset:
             log.info("session %s: the chat template is not prefix-stable here; re-prefilling the conversation", name)
             origin = Origin(parent=origin.parent)
         record = TurnRecord(name, origin.parent, new, before_commit=before_commit)
-        return self.sequence(turn, name, origin, record, job, t0)
+        return self.sequence(turn, name, origin, record, job, t0, conversation)
 
     def complete(self, req: CompletionRequest, job: Job | None = None) -> Sequence:
         """A raw prompt (/v1/completions, Ollama's generate): the anonymous path, on the prompt's own ids."""
         t0 = time.perf_counter()
         self.states.release_retired()
-        return self._prefix(req.ids, req.text, [{"role": "user", "content": req.text}], req.params, job, t0)
+        conversation = [{"role": "user", "content": req.text}]
+        return self._prefix(req.ids, req.text, conversation, req.params, job, t0, raw=True)
 
     def _anonymous(self, messages: list[dict], params: SamplingParams, job: Job | None, t0: float) -> Sequence:
         tok = self.engine.tokenizer
@@ -184,18 +193,48 @@ class ConversationService:
         return self._prefix(tok.encode(text), text, conversation, params, job, t0)
 
     def _prefix(
-        self, ids: list[int], text: str, conversation: list[dict], params: SamplingParams, job: Job | None, t0: float
+        self,
+        ids: list[int],
+        text: str,
+        conversation: list[dict],
+        params: SamplingParams,
+        job: Job | None,
+        t0: float,
+        *,
+        raw: bool = False,
     ) -> Sequence:
-        """A turn on `ids` from the longest stored snapshot that holds a prefix of them."""
+        """A turn on `ids` from the longest stored snapshot or prefix state that holds a prefix of them."""
         budget = self.default_max_tokens
         reply_budget(self.engine, len(ids), params.max_tokens, budget)  # refuse before looking anything up
         live, origin, source = self.states.longest_prefix(ids)
+        before = origin
+        live, origin = self._from_prefix(ids, live, origin)
+        if origin is not before:
+            source = None  # a prefix state: no conversation it continues
         turn = self.plan_turn(
             live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params, default_max_tokens=budget)
         )
         session = source if self._continues(source, origin, conversation) else f"{AUTO_PREFIX}{secrets.token_hex(8)}"
         record = TurnRecord(session, origin.parent, [], replace_transcript=conversation)
-        return self.sequence(turn, session, origin, record, job, t0)
+        return self.sequence(turn, session, origin, record, job, t0, None if raw else conversation)
+
+    def _from_prefix(self, ids: list[int], live: Live, origin: Origin) -> tuple[Live, Origin]:
+        """`live` (holding a prefix of `ids`), or the longest prefix state holding more of them. A prompt whose
+        longer prefix a running turn is computing waits for it (Deferred), not to compute it a second time."""
+        held = len(live.token_ids)
+        claim = self.prefixes.awaited(ids, max(held, self.prefixes.longest(ids)))
+        if claim is not None:
+            self.states.give_back(live, origin)
+            raise Deferred(
+                f"waiting for the state after {claim.n_tokens} tokens another turn is computing",
+                lambda: not self.prefixes.claimed(claim),
+            )
+        hit = self.prefixes.restore(ids, longer_than=held)
+        if hit is None:
+            return live, origin
+        self.states.give_back(live, origin)
+        new_live, n, restore_ms, tier = hit
+        return new_live, Origin(tier, n, restore_ms, None)
 
     def _continues(self, source: str | None, origin: Origin, conversation: list[dict]) -> bool:
         """Does an anonymous turn record into the auto session whose state it continues? Only when it goes on
@@ -225,11 +264,26 @@ class ConversationService:
         return turn
 
     def sequence(
-        self, turn: Turn, session: str, origin: Origin, record: TurnRecord, job: Job | None, t0: float
+        self,
+        turn: Turn,
+        session: str,
+        origin: Origin,
+        record: TurnRecord,
+        job: Job | None,
+        t0: float,
+        messages: list[dict] | None = None,
     ) -> Sequence:
-        """The planned turn as the scheduler steps it (its events come to `handle`)."""
+        """The planned turn as the scheduler steps it (its events come to `handle`). Its prefill stops where the
+        prompt's `messages` begin (None: a raw prompt) and at intervals, to keep the states there."""
         self.in_flight[session] += 1
-        return Sequence(turn, session, origin, record, t0, job)
+        seq = Sequence(turn, session, origin, record, t0, job)
+        start = 0 if turn.reset else len(turn.live.token_ids)
+        ids = [*(() if turn.reset else turn.live.token_ids), *turn.feed]
+        consumed = "" if turn.reset else turn.live.text
+        stops = self.prefixes.stops(messages, consumed, turn.feed, start, ids)
+        turn.stops = sorted({*turn.stops, *(n for n in stops if start < n < turn.prompt_tokens)})
+        self.prefixes.claim(seq, ids, turn.stops)
+        return seq
 
     # -- a turn's events: the scheduler's steps return them, the worker hands each here -------------------
     def handle(self, seq: Sequence, event: Event | Failed) -> Any:
@@ -246,9 +300,8 @@ class ConversationService:
                 seq.emit("piece", event)
             case PromptState(prompt=prompt):
                 self.recorder.prompt(seq.record, prompt)
-            case PrefixState():
-                if self.prefix_sink is not None:
-                    self.prefix_sink.offer(event)
+            case PrefixState(token_ids=ids, state=state):
+                self.prefixes.offer(ids, state)
             case Finished(finish=finish):
                 seq.result = turn_result.finished(seq.result, finish)
                 seq.emit("finish", seq.result)  # the stream's last choice: it does not wait for the reply state
@@ -293,6 +346,7 @@ class ConversationService:
         return end[0]
 
     def _ended(self, seq: Sequence) -> None:
+        self.prefixes.ended(seq)
         self.in_flight[seq.session] -= 1
         if self.in_flight[seq.session] <= 0:
             del self.in_flight[seq.session]

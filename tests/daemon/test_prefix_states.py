@@ -5,6 +5,8 @@ conversations arriving together compute the shared prefix once. In-process daemo
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -99,7 +101,7 @@ def test_kept_prefixes_survive_a_restart(engines, engram_home):
         oai, h = d.clients()
         after = _ask(oai, "After the restart, something new?")
         assert after["cached_tokens"] == n_system
-        assert after["origin"]["tier"] in ("disk", "ram")
+        assert after["tier"] in ("disk", "ram") and after["restored_tokens"] == n_system
         h.close()
 
 
@@ -110,11 +112,71 @@ def test_conversations_arriving_together_compute_the_shared_prefix_once(engines,
     with InProcessDaemon(engine) as d:
         oai, h = d.clients()
         questions = [f"Question number {i}, about somewhere else?" for i in range(4)]
-        with ThreadPoolExecutor(4) as pool:
-            answers = list(pool.map(lambda q: _ask(oai, q), questions))
+        worker, gate = d.daemon.worker, threading.Event()
+        with ThreadPoolExecutor(5) as pool:
+            held = pool.submit(worker.call, lambda: gate.wait(60))  # the worker is busy: the four queue up
+            asked = [pool.submit(_ask, oai, q) for q in questions]
+            deadline = time.monotonic() + 60
+            while worker.waiting < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert worker.waiting == 4  # they arrive together: admitted in one pass
+            gate.set()
+            held.result()
+            answers = [a.result() for a in asked]
         computed = sorted(a["computed_tokens"] for a in answers)
         prompts = [a["usage"].prompt_tokens for a in answers]
         # one of them computed the system prompt; the other three only their own question
         assert sum(computed) == sum(prompts) - 3 * n_system
         assert sorted(a["cached_tokens"] for a in answers) == [0, n_system, n_system, n_system]
+        h.close()
+
+
+def _reply_state(engine, question: str, first: str | None) -> dict:
+    """The tensors of session b's reply snapshot, after session a (asking `first`) kept the system prompt's
+    state in the same daemon; with first None, b runs alone on a new store."""
+    import numpy as np
+
+    with InProcessDaemon(engine) as d:
+        oai, h = d.clients()
+        if first is not None:
+            _ask(oai, first, extra_body={"session": "a"})
+        ext = _ask(oai, question, extra_body={"session": "b"})
+        assert ext["cached_tokens"] == (0 if first is None else _system_tokens(engine))
+        tensors, _meta = d.store.snapshots.load(ext["snapshot_id"])
+        h.close()
+        return {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v).copy() for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", ("granitemoehybrid", "mamba2"))
+def test_a_conversation_from_a_prefix_state_is_bitwise_its_solo_run(engines, tmp_path, monkeypatch, backend, family):
+    """The state kept at another conversation's stop, stored and restored, then the rest fed in the chunks its
+    own stops cut: bitwise the state (and last logits) of the conversation run alone, which stops there too."""
+    engine = engines(backend, family)
+    question = "Which coast is warmest in October, and why?"
+    shared = _reply_state(engine, question, first="Something else first?")
+    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "solo-home"))
+    solo = _reply_state(engine, question, first=None)
+    assert shared.keys() == solo.keys()
+    for name in solo:
+        assert shared[name].tobytes() == solo[name].tobytes(), name
+
+
+def test_a_damaged_prefix_state_is_ignored_and_the_prompt_computed(engines, engram_home):
+    engine = engines("llama.cpp", "granitemoehybrid")
+    with InProcessDaemon(engine) as d:
+        oai, h = d.clients()
+        _ask(oai, "Before the damage?")
+        d.store.flush()
+        (kept,) = d.store.prefixes.list()
+        h.close()
+    path = engram_home / "snapshots" / f"{kept.id}.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 4  # one bit of its recurrent state, past the header
+    path.write_bytes(bytes(data))
+    with InProcessDaemon(engine) as d:
+        oai, h = d.clients()
+        after = _ask(oai, "After the damage?")
+        assert after["cached_tokens"] == 0 and after["computed_tokens"] == after["prompt_tokens"]
+        assert [p.id for p in d.store.prefixes.list()] != [kept.id]  # dropped (and the prompt kept a new one)
         h.close()
