@@ -13,7 +13,8 @@ one block per call, consecutive calls separated by a newline. By `tool_choice`:
   parallel_tool_calls is false) and nothing after them: what calls.plain_messages renders back;
 - "required": the reply is one call or more (exactly one when parallel_tool_calls is false), nothing else;
 - a named function: exactly one call, to that function;
-- "none": no grammar (tool_grammar is not asked).
+- "none": text that never opens a call (the model still sees the tools: the conversation's prompt stays the
+  same whatever a turn's tool_choice, so the next turn continues from this one's state).
 
 Each call's JSON is literal text around the arguments' own JSON Schema (`%json`), so a schema's `$ref`s
 resolve within it as written. Separators are json.dumps' (", " and ": "), which calls.call_text uses too: a
@@ -74,9 +75,41 @@ def _choice_error(message: str) -> UsageError:
 
 
 def arguments_schema(tool: dict) -> dict:
-    """The JSON Schema a call's arguments follow: the function's `parameters` (none: an empty object)."""
+    """The JSON Schema a call's arguments follow: the function's `parameters` (none: an empty object), its
+    objects closed (closed())."""
     params = tool["function"].get("parameters")
-    return params if params else _NO_ARGUMENTS
+    return closed(params) if params else _NO_ARGUMENTS
+
+
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with every object that lists its properties and says nothing of others taking no others, as
+    llama.cpp's and xgrammar's grammars read a schema for generation: a small model left free to add keys
+    writes key after key (SmolLM2 filled a 2-property pydantic model's call with "temperature_min_max": [...]
+    until max_tokens). A schema that says additionalProperties (or patternProperties) keeps its word; allOf
+    branches are left open (closing each would refuse what the others add). `strict: true` asks the same."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(v) for k, v in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(v) for v in out[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = closed(out["additionalProperties"])
+    said = any(k in out for k in ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf"))
+    if isinstance(out.get("properties"), dict) and not said:
+        out["additionalProperties"] = False
+    return out
 
 
 def _json_in_lark(schema: dict) -> str:
@@ -109,7 +142,7 @@ def check_tools(tools: RequestTools) -> None:
 def tool_grammar(tools: RequestTools, choice: ToolChoice, parallel: bool = True) -> str:
     """The grammar spec (engine/constraint.py) of a reply under `choice`; check_tools first names a bad schema."""
     if choice.mode == "none":
-        raise ValueError("tool_choice none has no grammar")
+        return lark_spec(f"start: TEXT\nTEXT: {_TEXT}")
     callable_ = [(i, t) for i, t in enumerate(tools.declared) if choice.mode != "function" or _name(t) == choice.name]
     open_, close = _lark_string(TOOL_CALL_OPEN + "\n"), _lark_string("\n" + TOOL_CALL_CLOSE)
     lines = [

@@ -3,9 +3,9 @@
     tools = ToolRequest.of(body.tools, body.tool_choice, body.parallel_tool_calls)   # 400s name the field
     turn = await run_tool_turn(d, request, tools, messages, session, params)
 
-The model is told about the tools in a system message (agent/calls.py, once per conversation) and, unless
-tool_choice is "none", the reply is held to agent/tool_grammar.py's grammar: "auto" lets it answer in text or
-call, "required" makes it call, a named function makes it call that one; every call it writes is well formed
+The model is told about the tools in a system message (agent/calls.py, once per conversation) and the reply
+is held to agent/tool_grammar.py's grammar: "auto" lets it answer in text or call, "required" makes it call,
+a named function makes it call that one, "none" keeps it to text; every call it writes is well formed
 and its arguments validate against the function's `parameters`. Calls to engram tools (agent/tools.py) run in
 the conversation's session; the client's own functions are handed back, as OpenAI and Ollama do. The turn is
 an ordinary turn: snapshotted, and a next request carrying the tool results continues from its state (the
@@ -47,21 +47,19 @@ class ToolRequest:
         return cls(declared, tool_choice(choice, declared), parallel is not False)
 
     def params(self, params: SamplingParams) -> SamplingParams:
-        """`params` with the grammar of the reply (tool_choice "none": unchanged); a tool whose parameters the
-        grammar cannot enforce is a 400 naming it, before anything runs."""
-        if self.choice.mode == "none":
-            return params
+        """`params` with the grammar of the reply; a tool whose parameters the grammar cannot enforce is a 400
+        naming it, before anything runs (not for "none": it calls nothing)."""
         if params.grammar is not None:
             err = UsageError("response_format: a JSON reply cannot be combined with tools on this server.")
             err.param = "response_format"
             raise err
-        check_tools(self.tools)
+        if self.choice.mode != "none":
+            check_tools(self.tools)
         return constrained(params, lambda: tool_grammar(self.tools, self.choice, self.parallel), "tools")
 
     def messages(self, d, messages: list[dict], session: str | None) -> list[dict]:
-        """The request's messages with the tools system message (not for tool_choice "none")."""
-        if self.choice.mode == "none":
-            return messages
+        """The request's messages with the tools system message, whatever tool_choice says: a conversation's
+        prompt stays the same from turn to turn, so each continues from the state the last one left."""
         transcript: list[dict] = []
         if session is not None:
             try:
