@@ -2,6 +2,7 @@
 token, so a reply that ends by itself always parses and validates. It is never retried or repaired.
 
     spec = grammar_spec(schema)            # the text SamplingParams.grammar carries (hashable)
+    spec = lark_spec(grammar)              # or a Lark grammar (agent/tool_grammar.py: tool calls, %json inside)
     check(spec)                            # UnsupportedSchema (400) naming the feature, before generating
     c = Constraint(spec, tokenizer)        # one per reply (Sampler holds it)
     logits = c.mask(logits); ...; c.advance(token)
