@@ -208,7 +208,7 @@ class ChatCompletionRequest(Sampling):
     @model_validator(mode="after")
     def _supported(self):
         if self.n != 1:
-            raise ValueError(f"n: only 1 choice per request is supported (got {self.n})")
+            raise ValueError(f"n: only n=1 is supported (got {self.n})")
         if not self.tools and self.tool_choice not in (None, "auto", "none"):
             raise ValueError("tool_choice: a tool call was asked for, but the request declares no tools")
         if self.top_logprobs is not None and not self.logprobs:

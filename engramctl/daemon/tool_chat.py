@@ -26,6 +26,7 @@ from engramctl.agent.tool_grammar import ToolChoice, check_tools, tool_choice, t
 from engramctl.agent.tools import error_json
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.dispatch import Dispatcher
+from engramctl.daemon.json_frame import encode
 from engramctl.daemon.response_format import constrained
 from engramctl.daemon.service import ChatRequest
 from engramctl.daemon.streaming import SSE_HEADERS, Completion, job_result, sse
@@ -46,12 +47,13 @@ class ToolRequest:
         declared = agent_calls.request_tools(tools or [])
         return cls(declared, tool_choice(choice, declared), parallel is not False)
 
-    def params(self, params: SamplingParams) -> SamplingParams:
+    def params(self, params: SamplingParams, format_field: str = "response_format") -> SamplingParams:
         """`params` with the grammar of the reply; a tool whose parameters the grammar cannot enforce is a 400
-        naming it, before anything runs (not for "none": it calls nothing)."""
+        naming it, before anything runs (not for "none": it calls nothing). A structured-output grammar already
+        there (`format_field`) cannot be combined with the tools'."""
         if params.grammar is not None:
-            err = UsageError("response_format: a JSON reply cannot be combined with tools on this server.")
-            err.param = "response_format"
+            err = UsageError(f"{format_field}: a JSON reply cannot be combined with tools on this server.")
+            err.param = format_field
             raise err
         if self.choice.mode != "none":
             check_tools(self.tools)
@@ -99,17 +101,19 @@ async def run_tool_turn(
     session: str | None,
     params: SamplingParams,
     *,
-    within_context: bool = False,
+    ollama: bool = False,
 ) -> ToolTurn:
     """Run the turn (the whole reply: calls are parsed from it once it ends), then the engram tools it called.
-    `within_context` (Ollama's rule): a reply budget past the context's room becomes the room."""
-    chat = ChatRequest(messages=tools.messages(d, messages, session), session=session, params=tools.params(params))
+    `ollama`: Ollama's rules, a reply budget past the context's room becomes the room, and `format` is the
+    structured-output field."""
+    fmt = "format" if ollama else "response_format"
+    chat = ChatRequest(messages=tools.messages(d, messages, session), session=session, params=tools.params(params, fmt))
 
     def run(job):
         try:
             return d.service.chat(chat, job.emit, job.cancel)
         except ContextOverflow:
-            if not within_context or chat.params.max_tokens is None:
+            if not ollama or chat.params.max_tokens is None:
                 raise
         roomy = dataclasses.replace(chat, params=dataclasses.replace(chat.params, max_tokens=None))
         return d.service.chat(roomy, job.emit, job.cancel)
@@ -194,13 +198,10 @@ async def ollama_chat_with_tools(body, request: Request, answer):
     """/api/chat with tools, answered in Ollama's shapes: `message.tool_calls` ([{"function": {"index", "name",
     "arguments": {...}}}]), done_reason "stop"; streamed, the finished reply as NDJSON: one message line with
     the content and the calls, then the done line."""
-    from engramctl.daemon.json_frame import encode
-    from engramctl.daemon.routes_ollama import NDJSON
-
     d = daemon_of(request)
     tools = ToolRequest.of(body.tools, body.choice, body.parallel_tool_calls)
     messages = [m.plain() for m in body.messages]
-    turn = await run_tool_turn(d, request, tools, messages, None, body.params(), within_context=True)
+    turn = await run_tool_turn(d, request, tools, messages, None, body.params(), ollama=True)
     final = answer.final(turn.result, "" if body.stream else turn.content)
     if turn.calls:
         final["engram"] = turn.engram()
@@ -214,4 +215,4 @@ async def ollama_chat_with_tools(body, request: Request, answer):
         return JSONResponse(final)
     message = {"role": "assistant", "content": turn.content, **({"tool_calls": calls} if calls else {})}
     lines = [encode({**answer.piece(""), "message": message}) + "\n", encode(final) + "\n"]
-    return StreamingResponse(iter(lines), media_type=NDJSON, headers=SSE_HEADERS)
+    return StreamingResponse(iter(lines), media_type="application/x-ndjson", headers=SSE_HEADERS)
