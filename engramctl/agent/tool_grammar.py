@@ -113,8 +113,8 @@ def closed(schema: Any) -> Any:
 
 
 def _json_in_lark(schema: dict) -> str:
-    options = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
-    return "%json " + json.dumps({**schema, "x-guidance": {**options, **_JSON_OPTIONS}}, ensure_ascii=False)
+    # llguidance reads its options from the schema's "x-guidance": ours replace any a request sent
+    return "%json " + json.dumps({**schema, "x-guidance": _JSON_OPTIONS}, ensure_ascii=False)
 
 
 def _lark_string(text: str) -> str:
@@ -131,6 +131,11 @@ def check_tools(tools: RequestTools) -> None:
     """Refuse (UnsupportedSchema, param naming the tool) a function whose parameters the grammar cannot enforce."""
     for i, tool in enumerate(tools.declared):
         where = f"tools[{i}].function.parameters"
+        kind = arguments_schema(tool).get("type", "object")
+        if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+            err = UnsupportedSchema(f'{where}: a call\'s arguments are a JSON object: give "type": "object".')
+            err.param = where
+            raise err
         try:
             check(lark_spec(f"start: {_json_in_lark(arguments_schema(tool))}"))
         except UnsupportedSchema as e:

@@ -97,7 +97,20 @@ def test_objects_are_closed_unless_the_schema_says_otherwise():
 
 
 def test_a_schema_the_grammar_cannot_enforce_is_refused_naming_the_tool():
-    bad = {**WEATHER, "function": {**WEATHER["function"], "parameters": {"type": "array", "uniqueItems": True}}}
+    bad = {
+        **WEATHER,
+        "function": {
+            **WEATHER["function"],
+            "parameters": {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}},
+        },
+    }
     with pytest.raises(UnsupportedSchema) as e:
         check_tools(request_tools([TOOLS[1], bad]))
     assert e.value.param == "tools[1].function.parameters" and "uniqueItems" in e.value.message
+
+
+def test_parameters_that_are_not_an_object_are_refused():
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+    with pytest.raises(UnsupportedSchema) as e:
+        check_tools(request_tools([bad]))
+    assert e.value.param == "tools[0].function.parameters" and '"type": "object"' in e.value.message
