@@ -26,6 +26,7 @@ CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, 
 # three) held a new user's first command for one to two minutes on a 2-core CPU. 512 tokens is several
 # paragraphs, far past a simple answer (20-150 tokens), and at the 40-100 tokens/s such a model decodes on
 # CPU it ends within seconds either way; --max-tokens lifts it. Interactive chat keeps the context's budget.
+# (Being explicit, it is refused like any max_tokens once a session has less room left: the error says how much.)
 ONE_SHOT_MAX_TOKENS = 512
 REPEAT_WINDOW = 64  # tokens repeat_penalty looks back over (Ollama's repeat_last_n)
 
