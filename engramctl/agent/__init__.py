@@ -5,6 +5,7 @@ model itself can call, defined once (tools.py) and served over REST, WebSocket a
     arguments.py      a call's arguments checked before anything runs (validate_arguments)
     schema_check.py   JSON Schema checking (jsonschema) whose errors name the field
     calls.py          tool calls written by the model in its reply: the tools prompt, parsing, message shapes
+    tool_grammar.py   tool_choice, and the grammar that holds the reply's calls to the tools' schemas
 
 Running a tool needs the daemon's store and conversation service: that is engramctl.daemon.dispatch.
 The MCP server (`engramctl mcp`) is a client of the daemon: engramctl.cli.mcp_server.

@@ -73,21 +73,28 @@ class RequestTools:
         return self.engram | self.client
 
 
+def _refused(field: str, problem: str) -> UsageError:
+    err = UsageError(f"{field}: {problem}")
+    err.param = field
+    return err
+
+
 def request_tools(tools: Iterable[Any]) -> RequestTools:
-    """Check the shape of a request's `tools` (OpenAI function tools); UsageError names the bad entry."""
+    """Check the shape of a request's `tools` (OpenAI function tools, which Ollama's are too); UsageError
+    names the bad entry (`param`)."""
     declared, engram, client = [], set(), set()
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type", "function") != "function":
-            raise UsageError(f'tools[{i}]: only function tools are supported ({{"type": "function", ...}}).')
+            raise _refused(f"tools[{i}]", 'only function tools are supported ({"type": "function", ...}).')
         fn = t.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
-            raise UsageError(f"tools[{i}].function.name: must be 1-64 letters, digits, '_', '.' or '-'.")
+            raise _refused(f"tools[{i}].function.name", "must be 1-64 letters, digits, '_', '.' or '-'.")
         if name in engram or name in client:
-            raise UsageError(f"tools[{i}].function.name: {name!r} is declared twice.")
+            raise _refused(f"tools[{i}].function.name", f"{name!r} is declared twice.")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
-            raise UsageError(f"tools[{i}].function.parameters: must be a JSON Schema object.")
+            raise _refused(f"tools[{i}].function.parameters", "must be a JSON Schema object.")
         (engram if name in STATE_TOOLS else client).add(name)
         declared.append({"type": "function", "function": fn})
     return RequestTools(tuple(declared), frozenset(engram), frozenset(client))
@@ -223,21 +230,26 @@ def call_text(name: str, arguments: Any) -> str:
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
+def assistant_text(content: str, calls: Any) -> str:
+    """An assistant message with tool calls (OpenAI's arguments as a JSON string, Ollama's as an object) as
+    the model wrote it: its text, then one <tool_call> block per call."""
+    blocks = []
+    for c in calls if isinstance(calls, list) else []:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            blocks.append(call_text(fn["name"], fn.get("arguments", {})))
+    return "\n".join(([content] if content else []) + blocks)
+
+
 def plain_messages(messages: Iterable[Any]) -> list[dict[str, str]]:
     """Request messages (schemas.ChatMessage) as role/content dicts for the chat template, with an
     assistant's tool_calls written back as <tool_call> blocks so the model sees what it called."""
     out = []
     for m in messages:
         msg = m.plain()
-        extra = m.model_extra or {}
-        calls = extra.get("tool_calls")
-        if m.role == "assistant" and isinstance(calls, list) and calls:
-            blocks = []
-            for c in calls:
-                fn = c.get("function") if isinstance(c, dict) else None
-                if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-                    blocks.append(call_text(fn["name"], fn.get("arguments", {})))
-            msg["content"] = "\n".join(([msg["content"]] if msg["content"] else []) + blocks)
+        calls = (m.model_extra or {}).get("tool_calls")
+        if m.role == "assistant" and calls:
+            msg["content"] = assistant_text(msg["content"], calls)
         out.append(msg)
     return out
 

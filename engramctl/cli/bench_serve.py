@@ -254,9 +254,7 @@ def _render_concurrent(concurrent: dict) -> list[str]:
 
 
 def _render_agents(agents: dict) -> list[str]:
-    lines = [
-        "\n(e) agents: new conversations at once sharing a system prompt; wave 3 after both servers restarted"
-    ]
+    lines = ["\n(e) agents: new conversations at once sharing a system prompt; wave 3 after both servers restarted"]
     rows = []
     for n, by in agents.items():
         for name, waves in by.items():

@@ -16,7 +16,7 @@ import typer
 from engramctl.cli import common
 from engramctl.cli.complete import complete_session
 from engramctl.cli.conversation import ChatSession
-from engramctl.engine.sampling_params import CHAT_DEFAULTS
+from engramctl.engine.sampling_params import CHAT_DEFAULTS, ONE_SHOT_MAX_TOKENS
 from engramctl.engine.sampling_params import OPTIONS as SAMPLING_OPTIONS
 from engramctl.errors import UsageError
 
@@ -108,7 +108,8 @@ def chat(
         "max_tokens": max_tokens,
         "seed": seed,
     }
-    sampling = {**CHAT_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+    budget = {"max_tokens": ONE_SHOT_MAX_TOKENS} if one_shot else {}  # an answer within seconds (sampling_params)
+    sampling = {**CHAT_DEFAULTS, **budget, **{k: v for k, v in given.items() if v is not None}}
     link = chatlink.connect_chat(st, out, requested_model=model)
     try:
         conv = ChatSession(link, out, name, system=system, sampling=sampling, events=out.json)

@@ -23,7 +23,7 @@ from engramctl.daemon.auth import OLLAMA_PATHS, PUBLIC_PATHS, AuthMiddleware, ch
 from engramctl.daemon.engram_api import answers
 from engramctl.daemon.engram_api import routes as engram_api_routes
 from engramctl.daemon.context import Daemon
-from engramctl.daemon.errors import body_for, error_body, validation_problem
+from engramctl.daemon.errors import INVALID_REQUEST, body_for, error_body, validation_problem
 from engramctl.daemon.limits import MAX_BODY_BYTES, BodyLimitMiddleware, JsonContentTypeMiddleware, RetryAfterMiddleware
 from engramctl.daemon.model import load_model
 from engramctl.daemon.schemas import ERROR_BODY_SCHEMA
@@ -107,7 +107,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         message, param = validation_problem(list(exc.errors()))
-        return answer(request, 400, error_body(message, 400, "invalid_request", param=param))
+        return answer(request, 400, error_body(message, 400, INVALID_REQUEST, param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -116,7 +116,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no route {request.method} {request.url.path}."
         elif isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI read a body that is not UTF-8
-            detail, code = "the request body is not valid JSON: it is not UTF-8 text.", "invalid_request"
+            detail, code = "the request body is not valid JSON: it is not UTF-8 text.", INVALID_REQUEST
         headers = getattr(exc, "headers", None)
         if exc.status_code == 405:
             # Starlette's Allow names only the first route of the path; a path may have one route per method

@@ -7,6 +7,7 @@ the same exception class. No fastapi or pydantic import here, so the client may 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from engramctl.errors import (  # re-exported: the daemon and the client import them from here
@@ -16,10 +17,23 @@ from engramctl.errors import (  # re-exported: the daemon and the client import 
     QueueFull,
     RequestTooLarge,
     ShuttingDown,
+    UsageError,
 )
 from engramctl.protocol import ErrorBody
 
 __all__ = ["AuthenticationFailed", "Cancelled", "QueueFull", "RequestTooLarge", "ShuttingDown"]
+
+# The one spelling of a malformed request's `code` (a body pydantic refuses, a UsageError): UsageError's kind,
+# which the client maps back to UsageError.
+INVALID_REQUEST = UsageError.kind
+# A refusal's sentence starts with the field it blames ("top_logprobs: needs logprobs: true"): its `param`.
+_FIELD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_]*)*): ")
+
+
+def field_named(message: str) -> str | None:
+    """The request field a refusal's message starts with, if it starts with one."""
+    m = _FIELD.match(message)
+    return m.group(1) if m else None
 
 
 def status_for(exc: BaseException) -> int:
@@ -49,7 +63,8 @@ def body_for(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """(status, JSON body) for an exception; unexpected ones get a generic 500 message."""
     status = status_for(exc)
     if isinstance(exc, EngramError):
-        return status, error_body(exc.message, status, exc.kind, exc.hint, exc.param)
+        param = exc.param if exc.param is not None or status >= 500 else field_named(exc.message)
+        return status, error_body(exc.message, status, exc.kind, exc.hint, param)
     return status, error_body(f"internal error: {type(exc).__name__}: {exc}", status, "internal_error")
 
 
@@ -72,4 +87,7 @@ def validation_problem(errors: list[dict[str, Any]], where: str = "") -> tuple[s
         where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
     msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    return (f"{where}: {msg}{more}" if where else f"{msg}{more}"), where or None
+    named = field_named(msg)  # a model validator's check names its field first ("images: ...")
+    if not where:
+        return f"{msg}{more}", named
+    return f"{where}: {msg}{more}", f"{where}.{named}" if named else where

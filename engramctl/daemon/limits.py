@@ -9,7 +9,7 @@ import json
 from starlette.exceptions import HTTPException
 
 from engramctl.daemon.engram_api import answers
-from engramctl.daemon.errors import error_body
+from engramctl.daemon.errors import INVALID_REQUEST, error_body
 
 MAX_BODY_BYTES = 8 * 2**20
 MAX_IMPORT_BYTES = 4 * 2**30  # a snapshot file: a constant state plus the attention KV of its tokens
@@ -65,7 +65,7 @@ class BodyLimitMiddleware:
         return f"the request body ({n} bytes) is larger than the {limit // 2**20} MiB limit."
 
     async def _refuse(self, scope, send, message: str, status: int = 413) -> None:
-        code = "request_too_large" if status == 413 else "invalid_request"
+        code = "request_too_large" if status == 413 else INVALID_REQUEST
         body = json.dumps(answers.failure(scope.get("path", ""), error_body(message, status, code))).encode()
         await send(
             {

@@ -151,6 +151,6 @@ def show(d: Daemon, fim: bool) -> dict[str, Any]:
         "template": template if isinstance(template, str) else "",
         "details": details(d),
         "model_info": model_info,
-        "capabilities": ["completion", *(["insert"] if fim else [])],
+        "capabilities": ["completion", "tools", *(["insert"] if fim else [])],  # tools: daemon/tool_chat.py
         "modified_at": iso(d.started),
     }

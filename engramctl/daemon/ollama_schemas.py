@@ -5,9 +5,13 @@
 bounded from their one definition there, num_predict is max_tokens (negative: as long as the context
 allows), num_ctx and the runner's own options (num_gpu, num_thread, ...) are accepted and change nothing.
 `format` ("json" or a JSON Schema) constrains the reply (daemon/response_format.py; a schema feature the grammar
-cannot enforce is a 400 naming it). What would change the answer in a way this server cannot honour yet is
-refused with a 400 naming the field: `images`, `tools`, `logprobs`, a `template` override. `keep_alive` and `think`
-are accepted (the model stays loaded while the daemon runs; there is no thinking mode).
+cannot enforce is a 400 naming it). /api/chat's `tools` are Ollama's (OpenAI's function tools); the reply's
+calls come back in `message.tool_calls` with arguments as an object, and `role: "tool"` messages (with
+`tool_name`) carry the results back (daemon/tool_chat.py). Ollama has no `tool_choice`; this server takes one
+(OpenAI's values) at the top level or, where a client can only pass `options` (the `ollama` package,
+LangChain's ChatOllama), as options.tool_choice. What would change the answer in a way this server cannot
+honour yet is refused with a 400 naming the field: `images`, `logprobs`, a `template` override. `keep_alive`
+and `think` are accepted (the model stays loaded while the daemon runs; there is no thinking mode).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from engramctl.agent.calls import assistant_text
 from engramctl.daemon.response_format import constrained, ollama_spec
 from engramctl.daemon.schemas import Text, check_stops, sampling_field
 from engramctl.engine.sampling_params import CHAT_DEFAULTS, OPTIONS, SamplingParams
@@ -47,6 +52,7 @@ OllamaOptions = create_model(
     **{name: sampling_field(OPTIONS[name]) for name in (*SHARED, "stop")},
     num_predict=(int | None, Field(None, description="Longest reply in tokens; -1 or -2: what the context allows.")),
     num_ctx=(int | None, Field(None, ge=1, description="Accepted; the served model's own context is used.")),
+    tool_choice=(Any, Field(None, description="With tools (this server's, not Ollama's): as OpenAI's tool_choice.")),
 )
 
 Format = Annotated[
@@ -55,11 +61,12 @@ Format = Annotated[
 
 
 class OllamaMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # thinking, tool_name: accepted, not used
+    model_config = ConfigDict(extra="ignore")  # thinking: accepted, not used
     role: str = Field(json_schema_extra={"enum": ["system", "user", "assistant", "tool"]})
     content: Text | None = None
     images: list[Any] | None = None
     tool_calls: list[Any] | None = None
+    tool_name: str | None = None  # a tool message's: the function whose result it is (the template sees content)
 
     @field_validator("role")
     @classmethod
@@ -75,6 +82,9 @@ class OllamaMessage(BaseModel):
         return self
 
     def plain(self) -> dict[str, str]:
+        """The message as the chat template sees it: an assistant's tool calls as the model wrote them."""
+        if self.role == "assistant" and self.tool_calls:
+            return {"role": self.role, "content": assistant_text(self.content or "", self.tool_calls)}
         return {"role": self.role, "content": self.content or ""}
 
 
@@ -110,12 +120,15 @@ class _Generating(BaseModel):
 class OllamaChatRequest(_Generating):
     messages: list[OllamaMessage] = Field(default_factory=list)
     tools: list[Any] | None = None
+    tool_choice: Any = None  # this server's (Ollama has none): OpenAI's values; options.tool_choice says the same
+    parallel_tool_calls: bool | None = None
 
-    @model_validator(mode="after")
-    def _no_tools(self):
-        if self.tools:
-            raise ValueError("tools: tool calls are not available on the Ollama routes yet (use /v1/chat/completions)")
-        return self
+    @property
+    def choice(self) -> Any:
+        """tool_choice, from the top level or the options."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return getattr(self.options, "tool_choice", None)
 
 
 class OllamaGenerateRequest(_Generating):

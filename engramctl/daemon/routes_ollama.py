@@ -68,6 +68,10 @@ async def chat(body: OllamaChatRequest, request: Request):
     answer = Answer(d.model_id, chat=True)
     if not body.messages:  # Ollama's "load the model" (or, with keep_alive 0, "unload") request
         return JSONResponse(answer.idle("unload" if body.unload else "load"))
+    if body.tools:  # the model may call tools: daemon/tool_chat.py
+        from engramctl.daemon.tool_chat import ollama_chat_with_tools
+
+        return await ollama_chat_with_tools(body, request, answer)
     messages = [m.plain() for m in body.messages]
     params = body.params()
 

@@ -51,8 +51,9 @@ async def get_model(model: str, request: Request):
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     d = daemon_of(request)
+    body.check_reply_room(d.engine.info.context_length)
     if body.tools:  # the model may call tools: engramctl/agent/calls.py
-        from engramctl.daemon.routes_agent import chat_with_tools
+        from engramctl.daemon.tool_chat import chat_with_tools
 
         return await chat_with_tools(body, request)
     params = body.params()

@@ -6,8 +6,9 @@ the sampling options OpenAI lacks (top_k, min_p, repeat_penalty: engine/sampling
 all, OpenAI's presence/frequency penalties and logit_bias included). Unknown OpenAI fields (user, ...)
 are accepted and ignored, as other local servers do; fields that would change the answer in a way we
 cannot honour (n > 1) are refused with a 400. `logprobs: true` (with `top_logprobs`, 0 to 20) answers each
-reply token's logprob in OpenAI's shape (logprobs_json.py). `tools` go to routes_agent.chat_with_tools;
-`response_format` (structured output) is daemon/response_format.py's.
+reply token's logprob in OpenAI's shape (logprobs_json.py). `tools`, `tool_choice` and `parallel_tool_calls` go
+to tool_chat.chat_with_tools; `response_format` (structured output) is daemon/response_format.py's. A refusal
+names its field first ("n: ..."), which errors.validation_problem makes the error's `param`.
 /v1/completions' body is in completion_schemas.py, Ollama's in ollama_schemas.py.
 
 The snapshot routes' bodies are in engram_api/schemas.py, over the parts defined here (ChatMessage,
@@ -32,7 +33,7 @@ from pydantic import (
 
 from engramctl.daemon.response_format import ResponseFormat, constrained
 from engramctl.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP, MAX_TOP_LOGPROBS, OPTIONS, SamplingParams
-from engramctl.errors import UsageError
+from engramctl.errors import ContextOverflow, UsageError
 from engramctl.store.names import named_session
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -157,6 +158,19 @@ class _SamplingRules(BaseModel):
             options["max_tokens"] = self.max_completion_tokens  # type: ignore[attr-defined]
         return SamplingParams.from_options(options)
 
+    def check_reply_room(self, context_length: int | None) -> None:
+        """A reply budget the model's context cannot hold with any prompt, refused before anything runs and
+        named as the request spelled it (the engine's own check, later, knows only max_tokens)."""
+        for name in ("max_completion_tokens", "max_tokens"):
+            n = getattr(self, name, None)
+            if n is not None and context_length and n >= context_length:
+                err = ContextOverflow(
+                    f"{name}: {n} tokens do not fit the model's context of {context_length} tokens with a prompt.",
+                    hint=f"ask for fewer than {context_length} tokens",
+                )
+                err.param = name
+                raise err
+
 
 # The sampling fields shared by chat completions, restore-with-continuation and the agent's WebSocket
 # chat: every option SamplingParams defines, plus OpenAI's newer name for max_tokens.
@@ -179,7 +193,9 @@ class ChatCompletionRequest(Sampling):
     conversation_id: str | None = documented(None, ENGRAM_NAME_DOC)  # the original Engram server's name for `session`
     rid: str | None = documented(None, ENGRAM_NAME_DOC)  # its clients' request id, their conversation key without one
     tools: list[Any] | None = None
-    tool_choice: Any = None  # "auto" (None) or "none": routes_agent.chat_with_tools; others are refused (_supported)
+    # "auto" (None), "none", "required" or {"type": "function", "function": {"name": ...}}: tool_chat.py
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None  # false: one call at most (tool_grammar.py); absent or true: several
     logprobs: bool | None = Field(None, description="Answer each reply token's logprob (choices[].logprobs).")
     top_logprobs: int | None = Field(
         None,
@@ -192,12 +208,9 @@ class ChatCompletionRequest(Sampling):
     @model_validator(mode="after")
     def _supported(self):
         if self.n != 1:
-            raise ValueError("only n=1 is supported")
-        if self.tool_choice not in (None, "auto", "none"):  # "required" or a named function: not enforced yet
-            raise ValueError(
-                f'tool_choice: {self.tool_choice!r} is not supported; give "auto" (the model may call a tool) or '
-                '"none" (a forced or named tool call is not enforced by this server yet)'
-            )
+            raise ValueError(f"n: only n=1 is supported (got {self.n})")
+        if not self.tools and self.tool_choice not in (None, "auto", "none"):
+            raise ValueError("tool_choice: a tool call was asked for, but the request declares no tools")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs: true")
         if self.logprobs and self.tools:

@@ -2,6 +2,7 @@
 token, so a reply that ends by itself always parses and validates. It is never retried or repaired.
 
     spec = grammar_spec(schema)            # the text SamplingParams.grammar carries (hashable)
+    spec = lark_spec(grammar)              # or a Lark grammar (agent/tool_grammar.py: tool calls, %json inside)
     check(spec)                            # UnsupportedSchema (400) naming the feature, before generating
     c = Constraint(spec, tokenizer)        # one per reply (Sampler holds it)
     logits = c.mask(logits); ...; c.advance(token)
@@ -44,7 +45,11 @@ import numpy as np
 from engramctl.errors import UnsupportedModel, UnsupportedSchema
 
 JSON_OBJECT = "json_object"  # the spec of OpenAI's {"type": "json_object"} and Ollama's format "json"
+# A spec starting with this is a grammar in llguidance's Lark dialect (agent/tool_grammar.py: tool calls), not
+# a JSON Schema; the header is llguidance's own way of saying so.
+LARK_HEADER = "%llguidance {}\n"
 MAX_SPEC_BYTES = 64 * 1024  # a schema is read, compiled and kept per request: a bound keeps that small
+MAX_LARK_BYTES = 256 * 1024  # a tools grammar holds every declared function's schema
 _COMPACT = {"whitespace_flexible": False}
 _lock = threading.Lock()
 _tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -63,14 +68,25 @@ def grammar_spec(schema: Any) -> str:
     return spec
 
 
+def lark_spec(grammar: str) -> str:
+    """What SamplingParams.grammar holds for a Lark grammar (llguidance's dialect, `%json {...}` inside)."""
+    spec = LARK_HEADER + grammar
+    if len(spec) > MAX_LARK_BYTES:
+        raise UnsupportedSchema(f"the tools' schemas are {len(spec)} bytes as a grammar; at most {MAX_LARK_BYTES}.")
+    return spec
+
+
 @lru_cache(maxsize=256)
 def _grammar(spec: str) -> str:
     """llguidance's grammar for a spec, checked (UnsupportedSchema naming what it cannot enforce)."""
     import llguidance
 
-    schema = {"type": "object"} if spec == JSON_OBJECT else json.loads(spec)
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_COMPACT)
+        if spec.startswith(LARK_HEADER):
+            grammar = llguidance.LLMatcher.grammar_from_lark(spec)
+        else:
+            schema = {"type": "object"} if spec == JSON_OBJECT else json.loads(spec)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_COMPACT)
         error = llguidance.LLMatcher.validate_grammar(grammar)
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -84,10 +100,11 @@ def _grammar(spec: str) -> str:
 
 def _explain(error: str) -> str:
     """llguidance's refusal as a sentence that names the schema feature."""
-    keys = re.match(r"Unimplemented keys: \[(.*)\]", error)
+    keys = re.search(r"Unimplemented keys: \[(.*?)\]", error)  # a Lark grammar's %json says where first
     if keys:
         names = ", ".join(json.loads(f"[{keys.group(1)}]"))
         return f"the JSON Schema uses {names}, which structured output cannot enforce; leave it out."
+    error = error.split("\n   1 | ", 1)[0]  # a Lark grammar's error quotes the grammar after it
     lines = [line.strip() for line in error.splitlines() if line.strip().strip("^")]  # a regex error spans lines
     return f"the JSON Schema is not supported: {' '.join(lines)[:300]}"
 

@@ -21,6 +21,13 @@ DEFAULT_MAX_TOKENS = 4096  # a reply's budget when max_tokens is not given: this
 # temperature 1.0 with no cut-off small models ramble. The API keeps OpenAI's defaults (a client that
 # leaves a field out expects them); --temperature 0 is greedy.
 CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "repeat_penalty": 1.1}
+# A `chat` one-shot's reply budget when its user sets none. A one-shot answers a question and exits; at the
+# 4,096-token budget a 135M model that wanders (it does at temperature 0.8, about one first question in
+# three) held a new user's first command for one to two minutes on a 2-core CPU. 512 tokens is several
+# paragraphs, far past a simple answer (20-150 tokens), and at the 40-100 tokens/s such a model decodes on
+# CPU it ends within seconds either way; --max-tokens lifts it. Interactive chat keeps the context's budget.
+# (Being explicit, it is refused like any max_tokens once a session has less room left: the error says how much.)
+ONE_SHOT_MAX_TOKENS = 512
 REPEAT_WINDOW = 64  # tokens repeat_penalty looks back over (Ollama's repeat_last_n)
 
 

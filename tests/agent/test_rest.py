@@ -313,24 +313,33 @@ def test_model_tool_call_errors_streaming_and_tool_choice(client, app, monkeypat
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls" and "engram" not in events[-2]
     assert events[-1]["choices"] == [] and events[-1]["engram"]["tool_results"]  # the trailing chunk (issue 18)
     assert events[-1]["usage"]["completion_tokens"] == 3
-    # tool_choice none: no prompt, no parsing, nothing run
+    # tool_choice none: the tools stay in the prompt (the conversation's prefix), no parsing, nothing run
     seen = _script(monkeypatch, app, '{"name": "checkpoint", "arguments": {}}')
     out = client.post("/v1/chat/completions", json={**body, "tool_choice": "none"}).json()
     assert out["choices"][0]["message"]["content"] == '{"name": "checkpoint", "arguments": {}}'
-    assert "tool_results" not in out["engram"] and seen[0].messages[0]["role"] == "user"
+    assert "tool_results" not in out["engram"] and "<tools>" in seen[0].messages[0]["content"]
     # a plain reply with tools declared is a plain answer
     _script(monkeypatch, app, "No tools needed.")
     out = client.post("/v1/chat/completions", json=body).json()
     assert out["choices"][0]["message"] == {"role": "assistant", "content": "No tools needed."}
     assert out["choices"][0]["finish_reason"] in ("stop", "length")
-    # a forced or named tool call is not enforced: refused, naming tool_choice (it was silently ignored)
-    for choice in ("required", {"type": "function", "function": {"name": "checkpoint"}}, "banana", 42):
+    # a tool_choice that is none of OpenAI's, or names an undeclared function: a 400 naming it
+    for choice, param in (
+        ("banana", "tool_choice"),
+        (42, "tool_choice"),
+        ({"type": "function", "function": {"name": "nope"}}, "tool_choice.function.name"),
+    ):
         r = client.post("/v1/chat/completions", json={**body, "tool_choice": choice})
-        assert r.status_code == 400 and "tool_choice" in r.json()["error"]["message"], (choice, r.text)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param and param in err["message"], (choice, r.text)
+    r = client.post(
+        "/v1/chat/completions", json={**{k: v for k, v in body.items() if k != "tools"}, "tool_choice": "required"}
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
     assert client.post("/v1/chat/completions", json={**body, "tool_choice": "auto"}).status_code == 200
     # malformed tools are a 400
     r = client.post("/v1/chat/completions", json={**body, "tools": [{"type": "retrieval"}]})
-    assert r.status_code == 400 and "tools[0]" in r.json()["error"]["message"]
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0]", r.text
 
 
 def test_openai_client_reads_the_tool_call_flow(client, app, monkeypatch):

@@ -78,7 +78,9 @@ def test_every_door_starts_from_a_kept_prefix(engines, engram_home):
         oai, h = d.clients()
         _ask(oai, "First question?")
         ol = ollama.Client(host=d.url, headers={"Authorization": f"Bearer {d.daemon.token}"})
-        r = ol.chat(model="m", messages=[SYSTEM, {"role": "user", "content": "From Ollama?"}], options={"num_predict": 3})
+        r = ol.chat(
+            model="m", messages=[SYSTEM, {"role": "user", "content": "From Ollama?"}], options={"num_predict": 3}
+        )
         assert r.prompt_eval_count is not None
         tok = engine.tokenizer
         prompt_ids = tok.encode(tok.render([SYSTEM, {"role": "user", "content": "From Ollama?"}]))

@@ -45,7 +45,7 @@ def test_a_body_that_is_not_utf8_is_a_400_with_the_error_shape(client):
             assert r.status_code == 400, (path, raw, r.status_code, r.text)
             err = r.json()["error"]
             assert "not valid JSON" in err["message"] and "UTF-8" in err["message"], (path, r.json())
-            assert err["type"] == "invalid_request_error" and err["code"] == "invalid_request"
+            assert err["type"] == "invalid_request_error" and err["code"] == "invalid_request_error"
     assert client.post("/get_snapshot_info", json={"snapshot_id": sid}).status_code == 200  # nothing touched
 
 

@@ -1,0 +1,218 @@
+"""A chat turn whose request declares tools, on /v1/chat/completions (OpenAI's shapes) and /api/chat (Ollama's).
+
+    tools = ToolRequest.of(body.tools, body.tool_choice, body.parallel_tool_calls)   # 400s name the field
+    turn = await run_tool_turn(d, request, tools, messages, session, params)
+
+The model is told about the tools in a system message (agent/calls.py, once per conversation) and the reply
+is held to agent/tool_grammar.py's grammar: "auto" lets it answer in text or call, "required" makes it call,
+a named function makes it call that one, "none" keeps it to text; every call it writes is well formed
+and its arguments validate against the function's `parameters`. Calls to engram tools (agent/tools.py) run in
+the conversation's session; the client's own functions are handed back, as OpenAI and Ollama do. The turn is
+an ordinary turn: snapshotted, and a next request carrying the tool results continues from its state (the
+calls, sent back in the history, render to the text the model generated: calls.assistant_text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from engramctl.agent import calls as agent_calls
+from engramctl.agent.tool_grammar import ToolChoice, check_tools, tool_choice, tool_grammar
+from engramctl.agent.tools import error_json
+from engramctl.daemon.context import daemon_of
+from engramctl.daemon.dispatch import Dispatcher
+from engramctl.daemon.json_frame import encode
+from engramctl.daemon.response_format import constrained
+from engramctl.daemon.service import ChatRequest
+from engramctl.daemon.streaming import SSE_HEADERS, Completion, job_result, sse
+from engramctl.daemon.turn_json import engram_json
+from engramctl.daemon.turn_result import TurnResult
+from engramctl.engine.sampling_params import SamplingParams
+from engramctl.errors import ContextOverflow, EngramError, NotFound, ToolArgumentError, UsageError
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    tools: agent_calls.RequestTools
+    choice: ToolChoice
+    parallel: bool
+
+    @classmethod
+    def of(cls, tools: Any, choice: Any, parallel: bool | None) -> ToolRequest:
+        declared = agent_calls.request_tools(tools or [])
+        return cls(declared, tool_choice(choice, declared), parallel is not False)
+
+    def params(self, params: SamplingParams, format_field: str = "response_format") -> SamplingParams:
+        """`params` with the grammar of the reply; a tool whose parameters the grammar cannot enforce is a 400
+        naming it, before anything runs (not for "none": it calls nothing). A structured-output grammar already
+        there (`format_field`) cannot be combined with the tools'."""
+        if params.grammar is not None:
+            err = UsageError(f"{format_field}: a JSON reply cannot be combined with tools on this server.")
+            err.param = format_field
+            raise err
+        if self.choice.mode != "none":
+            check_tools(self.tools)
+        return constrained(params, lambda: tool_grammar(self.tools, self.choice, self.parallel), "tools")
+
+    def messages(self, d, messages: list[dict], session: str | None) -> list[dict]:
+        """The request's messages with the tools system message, whatever tool_choice says: a conversation's
+        prompt stays the same from turn to turn, so each continues from the state the last one left."""
+        transcript: list[dict] = []
+        if session is not None:
+            try:
+                transcript = d.store.transcripts.of_session(session)
+            except NotFound:
+                pass
+        return agent_calls.with_tools_message(messages, transcript, agent_calls.tools_message(self.tools))
+
+
+@dataclass
+class ToolTurn:
+    """A finished turn: its result, the reply's text outside the calls, the calls, and (for engram tools the
+    daemon ran) their results and ready-to-append tool messages."""
+
+    result: TurnResult
+    content: str
+    calls: list[agent_calls.ParsedCall]
+    tool_results: list[dict] = field(default_factory=list)
+    tool_messages: list[dict] = field(default_factory=list)
+
+    @property
+    def ran(self) -> bool:
+        return bool(self.tool_results)
+
+    def engram(self) -> dict[str, Any]:
+        ext = engram_json(self.result)
+        if self.calls:
+            ext["tool_results"], ext["tool_messages"] = self.tool_results, self.tool_messages
+        return ext
+
+
+async def run_tool_turn(
+    d,
+    request: Request,
+    tools: ToolRequest,
+    messages: list[dict],
+    session: str | None,
+    params: SamplingParams,
+    *,
+    ollama: bool = False,
+) -> ToolTurn:
+    """Run the turn (the whole reply: calls are parsed from it once it ends), then the engram tools it called.
+    `ollama`: Ollama's rules, a reply budget past the context's room becomes the room, and `format` is the
+    structured-output field."""
+    fmt = "format" if ollama else "response_format"
+    chat = ChatRequest(messages=tools.messages(d, messages, session), session=session, params=tools.params(params, fmt))
+
+    def run(job):
+        try:
+            return d.service.chat(chat, job)
+        except ContextOverflow:
+            if not ollama or chat.params.max_tokens is None:
+                raise
+        roomy = dataclasses.replace(chat, params=dataclasses.replace(chat.params, max_tokens=None))
+        return d.service.chat(roomy, job)
+
+    job = d.worker.submit(run, name="chat", turn=True, session=chat.session)
+    result: TurnResult = await job_result(job, request)
+    if tools.choice.mode == "none":
+        return ToolTurn(result, result.text, [])
+    content, parsed = agent_calls.parse_tool_calls(result.text, tools.tools.names)
+    turn = ToolTurn(result, content, parsed)
+    if parsed:
+        turn.tool_results, turn.tool_messages = await _execute(d, parsed, tools.tools, result.session)
+    return turn
+
+
+async def _execute(d, parsed, tools, session: str | None) -> tuple[list[dict], list[dict]]:
+    results, messages = [], []
+    dispatcher = Dispatcher(d)
+    for call in parsed:
+        if call.name not in tools.engram:
+            continue  # the client's own function: it runs it
+        try:
+            if call.error is not None:
+                raise ToolArgumentError(call.error, "arguments")
+            result = await dispatcher.call(call.name, call.arguments, session=session)
+            results.append({"tool_call_id": call.id, "name": call.name, "ok": True, "result": result})
+            messages.append(agent_calls.tool_message(call, result))
+        except EngramError as e:
+            err = error_json(e)
+            results.append({"tool_call_id": call.id, "name": call.name, "ok": False, "error": err})
+            messages.append(agent_calls.tool_message(call, {"error": err}))
+    return results, messages
+
+
+# -- /v1/chat/completions ----------------------------------------------------------------------------------
+async def chat_with_tools(body, request: Request):
+    """A chat completion whose request declares tools, answered in OpenAI's shapes (streamed: the finished
+    reply as SSE chunks, its calls in one delta)."""
+    d = daemon_of(request)
+    tools = ToolRequest.of(body.tools, body.tool_choice, body.parallel_tool_calls)
+    messages = agent_calls.plain_messages(body.messages)
+    turn = await run_tool_turn(d, request, tools, messages, body.session_name, body.params())
+    completion = Completion(d.model_id, d.engine.info.fingerprint)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    response = completion.response(turn.result)
+    if turn.calls:
+        response["choices"][0]["message"] = {
+            "role": "assistant",
+            "content": turn.content or None,
+            "tool_calls": [c.openai() for c in turn.calls],
+        }
+        response["choices"][0]["finish_reason"] = "tool_calls"
+        response["engram"] = turn.engram()
+    if not body.stream:
+        return JSONResponse(response)
+    trailer = body.session_name is not None or turn.ran
+    return StreamingResponse(
+        _replay(completion, response, include_usage, trailer), media_type="text/event-stream", headers=SSE_HEADERS
+    )
+
+
+async def _replay(completion: Completion, response: dict, include_usage: bool, trailer: bool):
+    """A finished completion as SSE chunks (a reply that may hold tool calls is parsed whole first), ending as
+    streaming.py's: the finish, then (for a session, usage asked for, or tools the daemon ran: their results)
+    the chunk without choices with the `engram` object."""
+    choice = response["choices"][0]
+    message, reason = choice["message"], choice["finish_reason"]
+    yield sse(completion.chunk({"role": "assistant", "content": ""}))
+    if message.get("content"):
+        yield sse(completion.chunk({"content": message["content"]}))
+    if message.get("tool_calls"):
+        deltas = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        yield sse(completion.chunk({"tool_calls": deltas}))
+    yield sse(completion.chunk({}, reason))
+    if trailer or include_usage:
+        yield sse(completion.usage_chunk(response["usage"] if include_usage else None, engram=response["engram"]))
+    yield "data: [DONE]\n\n"
+
+
+# -- /api/chat -----------------------------------------------------------------------------------------------
+async def ollama_chat_with_tools(body, request: Request, answer):
+    """/api/chat with tools, answered in Ollama's shapes: `message.tool_calls` ([{"function": {"index", "name",
+    "arguments": {...}}}]), done_reason "stop"; streamed, the finished reply as NDJSON: one message line with
+    the content and the calls, then the done line."""
+    d = daemon_of(request)
+    tools = ToolRequest.of(body.tools, body.choice, body.parallel_tool_calls)
+    messages = [m.plain() for m in body.messages]
+    turn = await run_tool_turn(d, request, tools, messages, None, body.params(), ollama=True)
+    final = answer.final(turn.result, "" if body.stream else turn.content)
+    if turn.calls:
+        final["engram"] = turn.engram()
+    calls = [
+        {"id": c.id, "function": {"index": i, "name": c.name, "arguments": c.arguments or {}}}
+        for i, c in enumerate(turn.calls)
+    ]
+    if not body.stream:
+        if calls:
+            final["message"]["tool_calls"] = calls
+        return JSONResponse(final)
+    message = {"role": "assistant", "content": turn.content, **({"tool_calls": calls} if calls else {})}
+    lines = [encode({**answer.piece(""), "message": message}) + "\n", encode(final) + "\n"]
+    return StreamingResponse(iter(lines), media_type="application/x-ndjson", headers=SSE_HEADERS)
