@@ -231,7 +231,8 @@ def garbage_bodies() -> list[tuple[str, bytes, dict[str, str]]]:
         # uncapped, a route that ignores the garbage field generated up to the context (1,645 tokens, seconds).
         (
             "huge option",
-            b'{"options": {"temperature": 1e999999, "num_predict": 2}, "max_tokens": 2, "prompt": "x", "stream": false}',
+            b'{"options": {"temperature": 1e999999, "num_predict": 2}, "max_tokens": 2, '
+            b'"prompt": "x", "stream": false}',
             {},
         ),
         (
@@ -244,7 +245,8 @@ def garbage_bodies() -> list[tuple[str, bytes, dict[str, str]]]:
         ),
         (
             "denormal penalty",
-            b'{"repeat_penalty": 5e-324, "max_tokens": 2, "options": {"num_predict": 2}, "prompt": "x", "messages": []}',
+            b'{"repeat_penalty": 5e-324, "max_tokens": 2, "options": {"num_predict": 2}, '
+            b'"prompt": "x", "messages": []}',
             {},
         ),
         (

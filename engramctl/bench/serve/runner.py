@@ -123,7 +123,7 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                     result["multi_turn"] = workloads.multi_turn(client, servers, cfg.turns, cfg.turn_tokens, cfg.seed)
                 if "long" in cfg.workloads:
                     say(
-                        f"(f) one conversation resent whole to {cfg.long_context} tokens, +{cfg.long_turn_tokens} a turn"
+                        f"(f) one conversation resent whole to {cfg.long_context} tokens, {cfg.long_turn_tokens} a turn"
                     )
                     result["long"] = shared.long_conversation(
                         client, servers, work / "home", ctx_long, cfg.long_turn_tokens, cfg.agent_tokens, cfg.seed
