@@ -22,7 +22,6 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -90,37 +89,42 @@ def fresh(engine, ids: list[int]):
 
 
 def run_turn(engine, ids, text, tokens: int, scheduler: bool) -> tuple[dict, list[int]]:
-    from engramctl.daemon.scheduler import Scheduler, TurnRequest
+    from engramctl.daemon.job import Failed
+    from engramctl.daemon.recorder import TurnRecord
+    from engramctl.daemon.scheduler import Scheduler
+    from engramctl.daemon.sequence import Sequence
+    from engramctl.daemon.state_cache import Origin
+    from engramctl.engine.generate import Piece
     from engramctl.engine.sampling import SamplingParams
-    from engramctl.engine.turn import Turn
+    from engramctl.engine.turn import PromptState, Turn, TurnDone
 
     turn = Turn.for_tokens(
         engine, engine.new_live(), ids, text, SamplingParams(temperature=0.0, max_tokens=tokens), capture=False
     )
     clock: list[Clock] = []
     pieces: list[str] = []
+    done = None
 
-    def on_prompt(_prompt) -> None:  # the prompt is in: generation starts here
-        clock.append(Clock())
+    def hear(event) -> None:
+        nonlocal done
+        if isinstance(event, PromptState):  # the prompt is in and its first token sampled: generation starts
+            clock.append(Clock())
+        elif isinstance(event, Piece):
+            pieces.append(event)
+        elif isinstance(event, TurnDone):
+            done = event
+        elif isinstance(event, Failed):
+            raise event.error
 
     if scheduler:
-        request = TurnRequest(
-            turn,
-            threading.Event(),
-            on_prompt=on_prompt,
-            on_piece=pieces.append,
-            on_done=lambda done: done,
-            on_fail=lambda: None,
-        )
         s = Scheduler(engine)
-        s.start(request)
+        s.start(Sequence(turn, "profile", Origin(), TurnRecord("profile", None, []), 0.0))
         while s.busy:
-            s.step()
-        if request.error is not None:
-            raise request.error
-        done = request.result
+            for _, event in s.step():
+                hear(event)
     else:
-        done = turn.run(on_prompt=on_prompt, on_piece=pieces.append)
+        for event in turn.events():
+            hear(event)
     generated = list(done.finish.token_ids)
     # every generated token but the first was fed by a step, and settling fed the last: one decode each
     figures = clock[0].since(len(generated))

@@ -21,6 +21,7 @@ import threading
 
 import pytest
 
+from engramctl.daemon.job import Job
 from engramctl.daemon.service import ChatRequest
 from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import Cancelled
@@ -73,7 +74,10 @@ def _cancelled_prefill(client, session: str, text: str, looks: int) -> None:
     """A turn cancelled during its prompt prefill, as the worker runs it when the client goes away."""
     req = ChatRequest([{"role": "user", "content": text}], session, SamplingParams(temperature=0.0, max_tokens=4))
     with pytest.raises(Cancelled):
-        client.daemon.service.chat(req, lambda kind, value: None, CancelAfter(looks)).run()
+        job = Job(lambda job: None, "cancelled prefill", None, turn=True, session=session)
+        job.cancel = CancelAfter(looks)
+        svc = client.daemon.service
+        svc.run(svc.chat(req, job))
 
 
 @both_backends
