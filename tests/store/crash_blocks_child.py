@@ -1,9 +1,12 @@
 """Child process for the KV block crash tests: one step of a conversation whose snapshots share KV blocks,
 run with ENGRAM_TEST_CRASH_AT armed by the parent (store/crashpoints.py), which then reopens the store.
 
-    base    session a: 300 tokens (block 0 + 44 in its own file); session q: 300 other tokens; a prefix state
-    commit  session a: 560 tokens (block 0 shared, block 1 new), then a prefix state of 600 (blocks 0, 1 shared)
-    delete  session a's head deleted (block 1 freed, block 0 still used), then session q (its block freed)
+    base    session a: 300 tokens (full blocks, the rest in its own file); session q: 300 other tokens; a prefix
+            state of 280 of a's tokens
+    commit  session a: 560 tokens (its first blocks shared, new ones written), then a prefix state of 600 (all of
+            560's blocks shared)
+    delete  session a's head deleted (its new blocks freed, the shared ones still used), then session q (its
+            blocks freed)
 Prints "done" when the step finished (the kill point was not reached)."""
 
 from __future__ import annotations

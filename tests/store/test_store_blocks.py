@@ -19,6 +19,9 @@ from engramctl.store.records import payload_nbytes
 
 BACKENDS = ("transformers", "llama.cpp")
 FAMILY = "granitemoehybrid"  # recurrent, attention, recurrent, recurrent: a hybrid with one attention layer
+B = BLOCK_TOKENS
+ONE = B + 44  # tokens: one full block, 44 more in the snapshot's own file
+TWO = 2 * B + 48  # two full blocks, 48 more
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -75,25 +78,25 @@ def same(a, b) -> bool:
 
 def test_a_turn_writes_one_block_and_the_constant_part_and_loads_back_bitwise(model, open_store, engram_home):
     name, backend = model
-    ids = ids_of(600)
-    first, second = states(backend, ids, [300, 300 + BLOCK_TOKENS])
+    ids = ids_of(3 * B)
+    first, second = states(backend, ids, [ONE, ONE + B])
     s = open_store(ram=0)  # every load below reads the disk
     r1 = s.snapshots.commit("talk", first)
     s.flush()
     snaps1, blocks1, n1 = disk(engram_home)
-    assert n1 == 1  # 300 tokens: one full block, 44 tokens in the snapshot's own file
+    assert n1 == 1
     r2 = s.snapshots.commit("talk", second)
     s.flush()
     snaps2, blocks2, n2 = disk(engram_home)
     i1, i2 = s.snapshots.info(r1.id), s.snapshots.info(r2.id)
     per_token = kv_bytes_per_token(backend.spec)
     block_file = blocks2 - blocks1
-    # the second turn wrote exactly its own file and the one block its 256 new tokens completed
+    # the second turn wrote exactly its own file and the one block its B new tokens completed
     assert n2 == 2 and snaps2 - snaps1 == i2.file_bytes
-    assert per_token * BLOCK_TOKENS <= block_file < per_token * BLOCK_TOKENS + 4096
-    constant = payload_nbytes(second) - per_token * 512  # recurrent state, logits, ids, 44 tokens of KV
+    assert per_token * B <= block_file < per_token * B + 4096
+    constant = payload_nbytes(second) - per_token * 2 * B  # recurrent state, logits, ids, 44 tokens of KV
     assert i2.file_bytes < constant + 4096
-    assert (snaps2 + blocks2) - (snaps1 + blocks1) <= 1.25 * (per_token * BLOCK_TOKENS + constant)
+    assert (snaps2 + blocks2) - (snaps1 + blocks1) <= 1.25 * (per_token * B + constant)
     # what each reports: own + shared = all of it; the first block is shared by both
     assert i2.shared_size_bytes == i1.shared_size_bytes == blocks1
     assert i2.own_size_bytes == i2.file_bytes + block_file and i1.own_size_bytes == i1.file_bytes
@@ -111,10 +114,10 @@ def test_a_turn_writes_one_block_and_the_constant_part_and_loads_back_bitwise(mo
 
 def test_a_branch_and_another_conversation_with_the_same_tokens_share_blocks(model, open_store, engram_home):
     _, backend = model
-    ids = ids_of(700)
-    (trunk,) = states(backend, ids, [300])
-    (branch,) = states(backend, ids[:300] + ids_of(300, seed=1), [600])  # the same 300 tokens, then others
-    (other,) = states(backend, ids, [560])  # another conversation: the same tokens, prefilled in one go
+    ids = ids_of(3 * B)
+    (trunk,) = states(backend, ids, [ONE])
+    (branch,) = states(backend, ids[:ONE] + ids_of(ONE, seed=1), [2 * ONE])  # the same ONE tokens, then others
+    (other,) = states(backend, ids, [TWO])  # another conversation: the same tokens, prefilled in one go
     s = open_store(ram=0)
     base = s.snapshots.commit("a", trunk)
     s.flush()
@@ -133,8 +136,8 @@ def test_a_branch_and_another_conversation_with_the_same_tokens_share_blocks(mod
 
 def test_deleting_frees_a_block_with_its_last_user(model, open_store, engram_home):
     _, backend = model
-    ids = ids_of(600)
-    p1, p2 = states(backend, ids, [300, 560])
+    ids = ids_of(3 * B)
+    p1, p2 = states(backend, ids, [ONE, TWO])
     s = open_store(ram=0, keep_last=8)
     r1, r2 = s.snapshots.commit("a", p1), None
     s.flush()
@@ -151,14 +154,14 @@ def test_deleting_frees_a_block_with_its_last_user(model, open_store, engram_hom
 
 def test_gc_and_keep_last_free_blocks(model, open_store, engram_home):
     _, backend = model
-    ids = ids_of(1100)
-    payloads = states(backend, ids, [260, 520, 780, 1040])
+    ids = ids_of(5 * B)
+    payloads = states(backend, ids, [B + 4, 2 * B + 8, 3 * B + 12, 4 * B + 16])
     s = open_store(ram=0, keep_last=2)
     for p in payloads:
         s.snapshots.commit("a", p)
         s.flush()
     kept = s.snapshots.list("a")
-    assert len(kept) == 2  # the newest two: 780 and 1040 tokens, blocks 0-3 (1040 = 4 x 256 + 16)
+    assert len(kept) == 2  # the newest two: 3 and 4 blocks, the same first 3
     assert disk(engram_home)[2] == 4
     s.retention.gc()
     assert_consistent(s)
@@ -176,9 +179,9 @@ def test_a_pure_recurrent_state_has_no_blocks(zoo, load_backend, open_store, eng
 
 def test_a_damaged_block_fails_only_the_snapshots_using_it(model, open_store, engram_home):
     _, backend = model
-    ids = ids_of(600)
-    p1, p2 = states(backend, ids, [300, 560])
-    (q,) = states(backend, ids_of(600, seed=5), [300])  # another conversation: blocks of its own
+    ids = ids_of(3 * B)
+    p1, p2 = states(backend, ids, [ONE, TWO])
+    (q,) = states(backend, ids_of(3 * B, seed=5), [ONE])  # another conversation: blocks of its own
     s = open_store(ram=0)
     msgs = [{"role": "user", "content": "hi"}]
     r1 = s.snapshots.commit("a", p1, messages=msgs)
@@ -205,8 +208,8 @@ def test_a_damaged_block_fails_only_the_snapshots_using_it(model, open_store, en
 
 def test_a_damaged_block_found_by_verify_and_a_missing_one_at_open(model, open_store, engram_home):
     _, backend = model
-    p1, p2 = states(backend, ids_of(600), [300, 560])
-    (q,) = states(backend, ids_of(600, seed=5), [300])
+    p1, p2 = states(backend, ids_of(3 * B), [ONE, TWO])
+    (q,) = states(backend, ids_of(3 * B, seed=5), [ONE])
     s = open_store(ram=0)
     r1, r2, rq = (s.snapshots.commit(n, p) for n, p in (("a", p1), ("a", p2), ("q", q)))
     s.flush()
@@ -230,7 +233,7 @@ def test_a_damaged_block_found_by_verify_and_a_missing_one_at_open(model, open_s
 
 def test_export_writes_one_self_contained_file_and_import_shares_the_blocks_again(model, open_store, engram_home):
     _, backend = model
-    (p,) = states(backend, ids_of(600), [560])
+    (p,) = states(backend, ids_of(3 * B), [TWO])
     s = open_store(ram=0)
     msgs = [{"role": "user", "content": "hi"}]
     rec = s.snapshots.commit("a", p, messages=msgs)
@@ -252,7 +255,7 @@ def test_export_writes_one_self_contained_file_and_import_shares_the_blocks_agai
 
 def test_store_verify_finds_a_damaged_block_and_drops_only_its_users(model, open_store, engram_home):
     _, backend = model
-    p1, p2 = states(backend, ids_of(600), [300, 560])
+    p1, p2 = states(backend, ids_of(3 * B), [ONE, TWO])
     s = open_store(ram=0)
     r1, r2 = s.snapshots.commit("a", p1), s.snapshots.commit("a", p2)
     s.flush()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from checks import assert_consistent
 from conftest import fake_hardware
-from test_store_blocks import disk, ids_of, same, states
+from test_store_blocks import TWO, disk, ids_of, same, states
 
 from engramctl.errors import NotFound, SnapshotCorrupt, UsageError
 from engramctl.settings import load_settings
@@ -78,24 +78,24 @@ def test_put_longest_load(backend, open_prefix_store):
 
 
 def test_prefix_states_survive_a_restart_and_share_blocks_with_snapshots(backend, open_prefix_store, engram_home):
-    ids = ids_of(600)
-    (p560,) = states(backend, ids, [560])
+    ids = ids_of(TWO + 40)
+    (p_two,) = states(backend, ids, [TWO])
     s = open_prefix_store()
-    rec = s.snapshots.commit("chat", p560)
+    rec = s.snapshots.commit("chat", p_two)
     s.flush()
     blocks_before = disk(engram_home)[2]
-    pid = put(s, p560)
+    pid = put(s, p_two)
     s.flush()
     assert disk(engram_home)[2] == blocks_before == 2  # the prefix state's KV is the snapshot's blocks
     assert s.prefixes.info(pid).shared_size_bytes == s.snapshots.info(rec.id).shared_size_bytes > 0
     s.close()
     s = open_prefix_store()
     assert s.reconcile_report.clean
-    assert s.prefixes.longest(ids, fingerprint=backend.spec.fingerprint) == (pid, 560)
+    assert s.prefixes.longest(ids, fingerprint=backend.spec.fingerprint) == (pid, TWO)
     loaded, came_from = s.prefixes.load_from(pid)
-    assert came_from == "disk" and same(loaded, p560)
+    assert came_from == "disk" and same(loaded, p_two)
     s.snapshots.delete(rec.id, force=True)  # the blocks stay: the prefix state uses them
-    assert disk(engram_home)[2] == 2 and same(s.prefixes.load(pid), p560)
+    assert disk(engram_home)[2] == 2 and same(s.prefixes.load(pid), p_two)
     s.prefixes.delete(pid)
     assert disk(engram_home) == (0, 0, 0)
 
