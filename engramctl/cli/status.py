@@ -198,6 +198,18 @@ def tiers(json_: bool = JsonOpt) -> None:
                     "none" if not ttl else f"unpinned snapshots of sessions idle over {human_duration(ttl)} go",
                 ),
                 ("pins", "never evicted"),
+                ("prefix states", prefix_line(plan.get("prefix_states"))),
             ]
         )
     )
+
+
+def prefix_line(p: dict | None) -> str:
+    """The states kept where conversations diverge: how many, their bytes within their own budget."""
+    if not p:
+        return "-"
+    line = f"{count(p['count'])} kept, {size(p['used_bytes'])} of their own {size(p['budget_bytes'])}"
+    line += " (the least recently used go first)"
+    if "restored" in p:
+        line += f"; since the daemon started: {count(p['kept_since_start'])} kept, {count(p['restored'])} restored from"
+    return line

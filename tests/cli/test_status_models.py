@@ -52,6 +52,8 @@ def test_tiers(cli, seeded, monkeypatch):
     disk = data["tiers"][2]
     assert disk["snapshots"] == 5 and disk["used_bytes"] > 0
     assert data["retention"]["keep_last"] == 8
+    assert data["prefix_states"]["count"] == 0 and data["prefix_states"]["budget_bytes"] > 0
+    assert "PREFIX STATES" in human.stdout and "0 kept" in human.stdout
     assert "--quiet" not in cli("tiers", "--help").stdout  # a plan has no id to print
 
 

@@ -86,15 +86,9 @@ def _written_bytes(server: Server) -> int:
 
 
 def _snapshot_sizes(client: httpx.Client, daemon: Server) -> list[tuple[int, int]]:
-    """(tokens, whole size in bytes) of every snapshot the daemon keeps: whole = own + shared bytes."""
+    """(tokens, whole size in bytes: its own file and every KV block it uses) of every snapshot the daemon keeps."""
     body = client.get(daemon.url + "/list_snapshots", headers=daemon.headers).json()
-    out = []
-    for s in body.get("snapshots", []):
-        whole = s.get("bytes") or 0
-        if s.get("shared_bytes") is not None and s.get("own_bytes") is not None:
-            whole = s["own_bytes"] + s["shared_bytes"]
-        out.append((int(s.get("tokens") or 0), int(whole)))
-    return out
+    return [(int(s.get("tokens") or 0), int(s.get("bytes") or 0)) for s in body.get("snapshots", [])]
 
 
 def state_cost(sizes: list[tuple[int, int]]) -> tuple[float, float] | None:
