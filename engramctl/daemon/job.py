@@ -82,7 +82,10 @@ class Job:
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         """The job's end, to whoever waits: the route (its last event) or Worker.call's caller (the future).
         The worker's alone to call."""
-        self.emit("done", result) if error is None else self.emit("error", error)
+        if error is None:
+            self.emit("done", result)
+        else:
+            self.emit("error", error)
         if self.future is not None and error is None:
             self.future.set_result(result)
         elif self.future is not None:
