@@ -48,8 +48,10 @@ class Snapshot:
     label: str | None
     durable: bool  # complete, fsynced and checksummed on disk
     tiers: tuple[str, ...] = ()  # where copies are now, hottest first
+    file_bytes: int = 0  # its own file (the constant part when its KV is in blocks); payload bytes before durable
     own_size_bytes: int = 0  # what deleting it frees: its own file + the KV blocks only it uses
     shared_size_bytes: int = 0  # KV blocks it shares with other snapshots or prefix states
+    kind: str = "snapshot"  # or "prefix": a prefix state (daemon/prefix_states.py)
 
     # On the wire (and in the agent tools' results) these three keep the names the first clients read.
     _WIRE = {"id": "snapshot_id", "n_tokens": "tokens", "nbytes": "bytes"}
@@ -87,8 +89,10 @@ class Snapshot:
             "model_id": self.model_id,
             "fingerprint": self.fingerprint,
             "checksum": self.checksum,
+            "file_bytes": self.file_bytes,
             "own_size_bytes": self.own_size_bytes,
             "shared_size_bytes": self.shared_size_bytes,
+            "kind": self.kind,
         }
 
     @classmethod

@@ -17,6 +17,8 @@ Store operations:
 - commit + flush (disk write-through): encode, checksum, write, fsync, rename, index update;
 - restore RAM: store.snapshots.load of a RAM-tier hit (no copy, the daemon's path) and with copy=True;
 - restore disk, cold / warm: store.snapshots.load of a snapshot only on disk (read, verify checksum, decode);
+  with --blocks its K/V is in shared KV blocks (store/blocks.py), as the daemon stores a state's, and a cold
+  restore finds its blocks out of the page cache too;
 - restore VRAM and promotion RAM->VRAM, only when CUDA is available.
 """
 
@@ -37,7 +39,7 @@ import torch
 from engramctl.bench.coldio import evict
 
 
-def bench_payload(state_mb: float, n_tokens: int, seed: int = 0) -> tuple[dict, dict]:
+def bench_payload(state_mb: float, n_tokens: int, seed: int = 0, blocks: bool = False) -> tuple[dict, dict]:
     g = torch.Generator().manual_seed(seed)
     n_rec, n_att, kv_heads, head_dim = 28, 4, 4, 64  # 4 layers * 2 (k,v) * 4 heads * 64 * 4 B = 8 KiB/token
     per_layer = int(state_mb * 2**20 / 4 / n_rec)
@@ -58,6 +60,9 @@ def bench_payload(state_mb: float, n_tokens: int, seed: int = 0) -> tuple[dict, 
         "dtype": "float32",
         "text": "x" * 100,
     }
+    if blocks:  # the K/V's token axis named, as state/codec.to_payload names it: stored as shared KV blocks
+        axes = {f"layers.{n_rec + j}.{kind}": 2 for j in range(n_att) for kind in ("keys", "values")}
+        meta["token_axes"] = json.dumps(axes, separators=(",", ":"))
     return tensors, meta
 
 
@@ -154,8 +159,9 @@ def store_ops(payload, repeat: int, home: Path) -> dict:
         store.close()
         store = open_store(settings)
         if cold:
-            for p in (home / "snapshots").glob("*.safetensors"):
-                evict(p)
+            for p in [*(home / "snapshots").glob("*.safetensors"), *(home / "blocks").rglob("*")]:
+                if p.is_file():
+                    evict(p)
 
     pick = iter(ids * 4)
     store = open_store(settings)
@@ -190,9 +196,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--blocks", action="store_true", help="store the K/V as shared KV blocks, as the daemon does")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    payload = bench_payload(args.state_mb, args.tokens)
+    payload = bench_payload(args.state_mb, args.tokens, blocks=args.blocks)
     size = nbytes(payload)
     with tempfile.TemporaryDirectory(prefix="engram-bench-", dir=os.environ.get("BENCH_TMP")) as tmp:
         base = baselines(size, Path(tmp), args.repeat)

@@ -137,7 +137,8 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                 for n in cfg.agent_clients:
                     say(f"(e) {n} agents sharing a {cfg.system_tokens}-token system prompt: 2 waves, a restart, 1 more")
                     at_once = _at_once(daemon, n, at_once, say)
-                    peer = _peer(cfg, ctx, n, work)
+                    # each slot holds what one of the daemon's conversations may (-np n splits -c n ways)
+                    peer = _peer(cfg, ctx * n, n, work)
                     try:
                         both = [daemon] + ([peer] if peer else [])
                         result["agents"][str(n)] = shared.agents(
