@@ -296,7 +296,8 @@ def _render_long(long: dict) -> list[str]:
     if cost:
         lines.append(
             f"state: {cost['constant_bytes']} bytes constant + {cost['kv_bytes_per_token']} bytes/token of KV; "
-            f"data dir / (KV once + {long['kept_snapshots']} constant parts): {_fmt(long.get('data_dir_ratio'))}"
+            f"data dir / (KV once + {long.get('kept_states', long['kept_snapshots'])} constant parts: "
+            f"{long['kept_snapshots']} snapshots and the prefix states): {_fmt(long.get('data_dir_ratio'))}"
         )
     return lines
 

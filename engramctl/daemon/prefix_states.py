@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 from engramctl.engine.backend import Live
-from engramctl.engine.boundaries import prompt_stops
+from engramctl.engine.boundaries import INTERVAL_TOKENS, prompt_stops
 from engramctl.engine.engine import Engine
 from engramctl.errors import EngramError, NotFound, SnapshotError
 from engramctl.state import SessionState
@@ -59,13 +59,15 @@ class PrefixStates:
 
     # -- where a prompt keeps states ------------------------------------------------------------------------
     def stops(
-        self, messages: Sequence[dict] | None, consumed_text: str, feed: Sequence[int], start: int, ids: Sequence[int]
+        self, messages: Sequence[dict] | None, consumed_text: str, feed: Sequence[int], start: int, *, opens: bool
     ) -> list[int]:
-        """The stops of a prompt (its whole ids `ids`; `feed` after the `start` tokens its state holds). A stop
+        """The stops of a prompt (`feed` after the `start` tokens its state holds, whose text is `consumed_text`);
+        `opens`: it starts a conversation (an empty state or a prefix state), so it stops at intervals too. A stop
         whose state is kept already is one the prompt would have started from (or past), so none is."""
         if not self.enabled or not feed:
             return []
-        return prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start)
+        interval = INTERVAL_TOKENS if opens else None
+        return prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start, interval)
 
     # -- a prompt's state from a kept prefix -------------------------------------------------------------------
     def longest(self, ids: Sequence[int]) -> int:

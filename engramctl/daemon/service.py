@@ -274,13 +274,15 @@ class ConversationService:
         messages: list[dict] | None = None,
     ) -> Sequence:
         """The planned turn as the scheduler steps it (its events come to `handle`). Its prefill stops where the
-        prompt's `messages` begin (None: a raw prompt) and at intervals, to keep the states there."""
+        prompt's `messages` begin (None: a raw prompt) and, for a prompt that starts a conversation, at intervals,
+        to keep the states there (daemon/prefix_states.py)."""
         self.in_flight[session] += 1
         seq = Sequence(turn, session, origin, record, t0, job)
         start = 0 if turn.reset else len(turn.live.token_ids)
         ids = [*(() if turn.reset else turn.live.token_ids), *turn.feed]
         consumed = "" if turn.reset else turn.live.text
-        stops = self.prefixes.stops(messages, consumed, turn.feed, start, ids)
+        opens = origin.parent is None  # from nothing or a prefix state, not a snapshot of a conversation
+        stops = self.prefixes.stops(messages, consumed, turn.feed, start, opens=opens)
         turn.stops = sorted({*turn.stops, *(n for n in stops if start < n < turn.prompt_tokens)})
         self.prefixes.claim(seq, ids, turn.stops)
         return seq

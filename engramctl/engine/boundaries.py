@@ -9,7 +9,9 @@ delimiters mark those places whatever the model: message i begins where the rend
 when that render is a prefix of the whole one and tokenizes to a prefix of its ids (else no stop there: a
 state at a token count that another prompt's ids never reach would never be reused). A long prompt also
 stops every INTERVAL_TOKENS, at absolute multiples, so two prompts sharing a long prefix share a stop near its
-end whatever their messages.
+end whatever their messages; the caller asks for these only for a prompt that starts a conversation (from an
+empty state or a prefix state), not one a conversation continues from its own snapshot, whose turns already
+keep a state at each prompt's end (two snapshots a turn) and whose long messages no other conversation sends.
 
 The stops depend only on the prompt's tokens and messages, never on where the state started: a solo run of
 the whole prompt and a run restored at any of its stops cut their chunks at the same places after it, which
@@ -68,12 +70,12 @@ def prompt_stops(
     consumed_text: str,
     feed: Sequence[int],
     start: int,
-    interval: int = INTERVAL_TOKENS,
+    interval: int | None = INTERVAL_TOKENS,
 ) -> list[int]:
     """Every stop of a prompt fed from `start` tokens: its messages' (None: a raw prompt, none) and the
-    interval's, ascending, each at least MIN_STOP_TOKENS and strictly inside the fed part."""
+    interval's (None: none), ascending, each at least MIN_STOP_TOKENS and strictly inside the fed part."""
     end = start + len(feed)
-    stops = set(interval_stops(start, end, interval))
+    stops = set(interval_stops(start, end, interval)) if interval else set()
     if messages:
         stops.update(message_stops(tokenizer, messages, consumed_text, feed, start))
     return sorted(s for s in stops if start < s < end and s >= MIN_STOP_TOKENS)

@@ -182,3 +182,15 @@ def test_a_damaged_prefix_state_is_ignored_and_the_prompt_computed(engines, engr
         assert after["cached_tokens"] == 0 and after["computed_tokens"] == after["prompt_tokens"]
         assert [p.id for p in d.store.prefixes.list()] != [kept.id]  # dropped (and the prompt kept a new one)
         h.close()
+
+
+def test_only_a_prompt_that_starts_a_conversation_stops_at_intervals(engines, engram_home):
+    """A long message in a conversation that continues its own snapshot keeps no interval states (its turns keep
+    two snapshots each); the same prompt starting a conversation does: every INTERVAL_TOKENS."""
+    from engramctl.daemon.prefix_states import PrefixStates
+    from engramctl.engine.boundaries import INTERVAL_TOKENS
+
+    prefixes = PrefixStates(engines("llama.cpp", "granitemoehybrid"), store=None)
+    feed = list(range(5, 5 + 2 * INTERVAL_TOKENS + 10))
+    assert prefixes.stops(None, "", feed, 0, opens=True) == [INTERVAL_TOKENS, 2 * INTERVAL_TOKENS]
+    assert prefixes.stops(None, "", feed, 0, opens=False) == []

@@ -143,13 +143,18 @@ def long_conversation(
             rows.append(row)
             turn += 1
         sizes = _snapshot_sizes(client, daemon)
+        prefixes = client.get(daemon.url + "/v1/tiers", headers=daemon.headers).json().get("prefix_states") or {}
     cost = state_cost(sizes)
-    return {"turns": rows, "load": meter.result} | _written_vs_floor(rows, sizes, cost)
+    kept = len(sizes) + int(prefixes.get("count") or 0)
+    return {"turns": rows, "load": meter.result, "prefix_states": prefixes} | _written_vs_floor(rows, sizes, cost, kept)
 
 
-def _written_vs_floor(rows: list[dict], sizes: list[tuple[int, int]], cost: tuple[float, float] | None) -> dict:
+def _written_vs_floor(
+    rows: list[dict], sizes: list[tuple[int, int]], cost: tuple[float, float] | None, kept: int
+) -> dict:
     """Each turn's bytes written over its floor (its new tokens' KV + two snapshots' constant parts: the prompt
-    snapshot and the reply snapshot), and the data dir over (the KV once + each kept snapshot's constant)."""
+    snapshot and the reply snapshot), and the data dir over (the KV once + the constant part of each of the `kept`
+    states: snapshots and prefix states)."""
     if cost is None:
         return {"state_cost": None}
     constant, per_token = cost
@@ -157,11 +162,12 @@ def _written_vs_floor(rows: list[dict], sizes: list[tuple[int, int]], cost: tupl
         floor = r["new_tokens"] * per_token + 2 * constant
         r["written_ratio"] = round(r["written_bytes"] / floor, 3) if floor > 0 else None
     longest = max(n for n, _ in sizes)
-    floor_dir = longest * per_token + len(sizes) * constant
+    floor_dir = longest * per_token + kept * constant
     last = rows[-1]["data_dir_bytes"] if rows else 0
     return {
         "state_cost": {"constant_bytes": round(constant), "kv_bytes_per_token": round(per_token, 1)},
         "written_ratio": _stats([r["written_ratio"] for r in rows[1:]]),  # turn 1 also writes the model's prefix
         "data_dir_ratio": round(last / floor_dir, 3) if floor_dir > 0 else None,
         "kept_snapshots": len(sizes),
+        "kept_states": kept,
     }
