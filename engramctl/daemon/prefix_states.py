@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 from engramctl.engine.backend import Live
-from engramctl.engine.boundaries import INTERVAL_TOKENS, prompt_stops
+from engramctl.engine.boundaries import INTERVAL_TOKENS, MIN_STOP_TOKENS, prompt_stops
 from engramctl.engine.engine import Engine
 from engramctl.errors import EngramError, NotFound, SnapshotError
 from engramctl.state import SessionState
@@ -66,8 +66,12 @@ class PrefixStates:
         whose state is kept already is one the prompt would have started from (or past), so none is."""
         if not self.enabled or not feed:
             return []
-        interval = INTERVAL_TOKENS if opens else None
-        return prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start, interval)
+        if opens:
+            return prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start, INTERVAL_TOKENS)
+        # A conversation going on from its own snapshot: its reply snapshot is already (a token or two short of)
+        # the next message's start, which any prompt continuing it finds; only later messages' starts are new.
+        stops = prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start, None)
+        return [n for n in stops if n - start >= MIN_STOP_TOKENS]
 
     # -- a prompt's state from a kept prefix -------------------------------------------------------------------
     def longest(self, ids: Sequence[int]) -> int:

@@ -194,3 +194,13 @@ def test_only_a_prompt_that_starts_a_conversation_stops_at_intervals(engines, en
     feed = list(range(5, 5 + 2 * INTERVAL_TOKENS + 10))
     assert prefixes.stops(None, "", feed, 0, opens=True) == [INTERVAL_TOKENS, 2 * INTERVAL_TOKENS]
     assert prefixes.stops(None, "", feed, 0, opens=False) == []
+    tok = prefixes.engine.tokenizer  # a conversation going on: a message starting right after its state is not new
+    history = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi."}]
+    consumed = tok.render(history[:1], add_generation_prompt=True) + "Hi.<|im_end|>"
+    messages = [*history, {"role": "user", "content": "Tell me more, please."}]
+    full = tok.render(messages, add_generation_prompt=True)
+    assert full.startswith(consumed)
+    fed = tok.encode(full[len(consumed) :])
+    start = len(tok.encode(consumed))
+    assert prefixes.stops(messages, consumed, fed, start, opens=True) == [start + 1]  # the "\n" after <|im_end|>
+    assert prefixes.stops(messages, consumed, fed, start, opens=False) == []
