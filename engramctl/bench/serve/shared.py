@@ -111,15 +111,15 @@ def long_conversation(
     reply_tokens: int,
     seed: int,
 ) -> dict:
-    """A stock client resending its history, each turn a ~`turn_tokens`-token message, until the next turn
-    would not fit `context_tokens`. Per turn: TTFT per server, the daemon's bytes written and data dir size."""
+    """A stock client resending its history, each turn a ~`turn_tokens`-token message, while the next turn
+    fits `context_tokens` (with room for the message's tokens to run 20% over). Per turn: TTFT per server, the daemon's bytes written and data dir size."""
     history: dict[str, list[dict]] = {s.name: [] for s in servers}
     daemon = next(s for s in servers if s.name == "engramctl")
     rows = []
     prompt_tokens = 0
     turn = 0
     with Meter(servers) as meter:
-        while prompt_tokens + 2 * (turn_tokens + reply_tokens) < context_tokens:
+        while prompt_tokens + int(1.2 * turn_tokens) + 2 * reply_tokens < context_tokens:
             notes = filler_text(seed + 31 * turn, int(turn_tokens * SYSTEM_CHARS_PER_TOKEN))
             notes = notes[: int(turn_tokens * SYSTEM_CHARS_PER_TOKEN)].rsplit(" ", 1)[0]
             user = {"role": "user", "content": f"{user_message(turn)}\n\nMore notes:\n{notes}"}
