@@ -79,12 +79,7 @@ def verify_block(files: SnapshotFiles, block_id: str) -> tuple[str | None, str |
 def _reconcile_blocks(index: Index, files: SnapshotFiles, verify: bool, report: ReconcileReport) -> dict[str, str]:
     """The KV block pass: returns {snapshot id: reason} for the snapshots a missing or damaged block loses."""
     on_disk, temps, other = files.scan_blocks()
-    for p in temps:
-        p.unlink(missing_ok=True)
-        report.temp_files_removed.append(p.name)
-    for p in other:
-        if files.quarantine(p, "not a KV block file"):
-            report.quarantined[p.name] = "not a KV block file"
+    _sweep(files, temps, other, "not a KV block file", report)
     rows = index.blocks()
     for bid, path in on_disk.items():
         if bid not in rows:
@@ -121,16 +116,21 @@ def _blocks_check_out(index: Index, files: SnapshotFiles, sid: str) -> bool:
     return all((row := index.block(bid)) is not None and row["durable"] for bid in listed)
 
 
-def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> ReconcileReport:
-    report = ReconcileReport()
-    lost = _reconcile_blocks(index, files, verify, report)
-    on_disk, temps, other = files.scan()
+def _sweep(files: SnapshotFiles, temps: list, other: list, what: str, report: ReconcileReport) -> None:
+    """Half-written temp files go; a file that is not what its directory holds is quarantined as `what`."""
     for p in temps:
         p.unlink(missing_ok=True)
         report.temp_files_removed.append(p.name)
     for p in other:
-        if files.quarantine(p, "not a snapshot file"):
-            report.quarantined[p.name] = "not a snapshot file"
+        if files.quarantine(p, what):
+            report.quarantined[p.name] = what
+
+
+def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> ReconcileReport:
+    report = ReconcileReport()
+    lost = _reconcile_blocks(index, files, verify, report)
+    on_disk, temps, other = files.scan()
+    _sweep(files, temps, other, "not a snapshot file", report)
     rows = {r.id: r for r in index.snapshots(kind=None)}
     for sid, path in on_disk.items():
         if sid not in rows and files.quarantine(path, "no index row for this file"):

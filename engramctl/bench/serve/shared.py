@@ -112,7 +112,8 @@ def long_conversation(
     seed: int,
 ) -> dict:
     """A stock client resending its history, each turn a ~`turn_tokens`-token message, while the next turn
-    fits `context_tokens` (with room for the message's tokens to run 20% over). Per turn: TTFT per server, the daemon's bytes written and data dir size."""
+    fits `context_tokens` (with room for the message's tokens to run 20% over). Per turn: TTFT per server, the
+    daemon's bytes written and data dir size."""
     history: dict[str, list[dict]] = {s.name: [] for s in servers}
     daemon = next(s for s in servers if s.name == "engramctl")
     rows = []
@@ -146,7 +147,8 @@ def long_conversation(
         prefixes = client.get(daemon.url + "/v1/tiers", headers=daemon.headers).json().get("prefix_states") or {}
     cost = state_cost(sizes)
     kept = len(sizes) + int(prefixes.get("count") or 0)
-    return {"turns": rows, "load": meter.result, "prefix_states": prefixes} | _written_vs_floor(rows, sizes, cost, kept)
+    figures = _written_vs_floor(rows, sizes, cost, kept)
+    return {"turns": rows, "load": meter.result, "prefix_states": prefixes} | figures
 
 
 def _written_vs_floor(
