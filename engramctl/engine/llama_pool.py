@@ -90,6 +90,9 @@ class SequencePool:
         self._serials = itertools.count(1)  # capture serials: what a kept state is known by
         self.restores: collections.Counter = collections.Counter()  # "kept" | "blob": how a state was loaded
         self.shares = 0  # prompts that started from another conversation's cells (share)
+        # with streams, a restore's blob is rewritten for set_data (of_streams) into this buffer, kept: it holds the
+        # largest state restored so far (at most one stream's KV), already in memory for the next restore
+        self._streams_buffer = bytearray()
 
     # -- looking -------------------------------------------------------------------------------------
     def holds(self, live: Live) -> bool:
@@ -363,8 +366,7 @@ class SequencePool:
             self._clear(seq)
 
     def _load(self, blob: bytearray, n_tokens: int, seq: int) -> None:
-        blob = of_streams(blob, self.n_seq) if self.streams else blob
-        n = len(blob)
+        blob, n = of_streams(blob, self.n_seq, self._streams_buffer) if self.streams else (blob, len(blob))
         read = self._lib.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * n).from_buffer(blob), n, seq)
         if read != n:
             self._lib.llama_memory_seq_rm(self._mem, seq, -1, -1)

@@ -55,16 +55,22 @@ def one_stream(blob: bytearray) -> bytearray:
     return blob
 
 
-def of_streams(blob: bytearray, n_stream: int) -> bytearray:
-    """A one-stream blob as set_data takes it into a context of `n_stream` streams, in a new bytearray (`blob`
-    may be a captured state's, never modified): the cells first (they go into the stream of the sequence it
-    is loaded into, whichever entry holds them), then the empty entries."""
+def of_streams(blob: bytearray, n_stream: int, into: bytearray | None = None) -> tuple[bytearray, int]:
+    """A one-stream blob as set_data takes it into a context of `n_stream` streams: (a buffer, the blob's length
+    in it). `blob` (a captured state's) is never modified: the cells are copied first (they go into the stream of
+    the sequence it is loaded into, whichever entry holds them), then the empty entries, into `into` when given
+    (grown as needed: a buffer kept and reused is already in memory, where a new one of a conversation's KV
+    faults in each page as it is written: 26 ms of a 33 ms restore of 1,900 SmolLM2 tokens), else a new one."""
     (have,) = struct.unpack_from("<I", blob, _N_STREAM_AT)
     if have == n_stream:
-        return blob
+        return blob, len(blob)
     if have != 1:
         raise StateFormatError(f"a llama.cpp state blob of {have} KV streams cannot load into {n_stream}.")
-    out = bytearray(len(blob) + 4 * (n_stream - 1))  # the empty entries: zeros
+    n = len(blob) + 4 * (n_stream - 1)
+    out = bytearray(n) if into is None else into
+    if len(out) < n:
+        out.extend(bytes(n - len(out)))
     out[: len(blob)] = blob
+    out[len(blob) : n] = bytes(n - len(blob))  # the empty entries: a cell count of 0 each
     struct.pack_into("<I", out, _N_STREAM_AT, n_stream)
-    return out
+    return out, n

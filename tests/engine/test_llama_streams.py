@@ -36,10 +36,15 @@ def test_blobs_convert_between_one_stream_and_several():
             raw = HEADER + struct.pack("<I", n_stream) + bytes(4 * own) + cells + bytes(4 * (n_stream - 1 - own))
             one = one_stream(bytearray(raw))
             assert one == HEADER + struct.pack("<I", 1) + cells
-            back = of_streams(one, n_stream)
-            assert back == HEADER + struct.pack("<I", n_stream) + cells + bytes(4 * (n_stream - 1))
+            back, n = of_streams(one, n_stream)
+            want = HEADER + struct.pack("<I", n_stream) + cells + bytes(4 * (n_stream - 1))
+            assert back == want and n == len(want)
             assert one == HEADER + struct.pack("<I", 1) + cells  # of_streams leaves its argument as it was
             assert one_stream(back) == one
+            # into a kept buffer holding an earlier, larger blob: the same bytes at its front, the rest ignored
+            kept = bytearray(b"\xff" * (len(want) + 50))
+            into, n = of_streams(one, n_stream, kept)
+            assert into is kept and bytes(kept[:n]) == want
         empty = bytearray(HEADER + struct.pack("<I", n_stream) + bytes(4 * n_stream))
         assert one_stream(empty) == HEADER + struct.pack("<II", 1, 0)
     two = bytearray(HEADER + struct.pack("<I", 2) + cells + cells)  # cells in two streams: not one sequence's
