@@ -5,8 +5,9 @@ nothing heavy happens between the last token and the end of the stream. The prom
 committed once the prompt is in the state and the first token is on its way (`prompt`, at the
 turn's PromptState event: the copy and the commit do not delay the first token), so its file is written
 while the reply is generated: after the reply's last token only the reply snapshot is
-left to write, which halves the window in which a crash loses the turn's snapshots (RELIABILITY.md,
-section 3: two ~35 MB writes after the last token took 0.5-1.15 s on the 350M preset at 2-3k tokens).
+left to write, which halves the window in which a crash loses the turn's snapshots (two ~35 MB writes after
+the last token took 0.5-1.15 s on the 350M preset at 2-3k tokens, docs/history/reliability-2026.md; one takes
+p50 307 ms now, RELIABILITY.md section 3).
 Failing to snapshot never loses the conversation: the transcript is recorded regardless, the next
 turn re-prefills it, and the failure is in the turn's record (`TurnRecord.error`, reported as the result's
 snapshot_error) and the log.
