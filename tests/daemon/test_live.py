@@ -372,7 +372,9 @@ def test_disconnect_while_waiting_for_a_non_streamed_reply_cancels_it(daemon):
         "temperature": 0,
         "messages": [{"role": "user", "content": "Hello there"}],
     }
-    with httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=httpx.Timeout(10, read=0.5)) as h:
+    # the client gives up 0.2 s in, mid-reply: the tiny GGUF writes its whole reply (the context's room, ~2,070
+    # tokens) in ~0.5 s, so a 0.5 s timeout raced the reply's end (a CI run saw it end at 0.48 s)
+    with httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=httpx.Timeout(10, read=0.2)) as h:
         with pytest.raises(httpx.ReadTimeout):
             h.post("/v1/chat/completions", json=body)
     with daemon.http() as h:
