@@ -74,8 +74,7 @@ class StoreSource:
         planner = TierPlanner.start(self.store.settings, self.store.retention)  # the daemon's first plan, as it opens
         root = self.store.settings.paths.data_dir
         tables = installed_tables(root / "ngram", recursive=True)
-        used, n, budget = self.store.prefixes.usage()
-        prefixes = {"prefix_states": {"count": n, "used_bytes": used, "budget_bytes": budget}}
+        prefixes = {"prefix_states": self.store.prefixes.usage_json()}
         if not tables:
             return planner.plan_json() | prefixes
         # shown on the plan, not claimed on the store: a listing shrinks no budget the store keeps within

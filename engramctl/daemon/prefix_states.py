@@ -1,16 +1,17 @@
 """Prefix states: the states the daemon keeps where conversations diverge, and the ones its turns are computing.
 
-    stops = prefixes.stops(messages, consumed_text, feed, start)   # where a new prompt keeps states
-    hit = prefixes.restore(ids)            # the longest kept prefix of ids, injected: (Live, Origin) or None
-    key = prefixes.awaited(ids, start)     # a running turn will keep a longer prefix of ids: wait for it
-    prefixes.claim(owner, ids, stops) ... prefixes.offer(n_tokens, ids, state) ... prefixes.ended(owner)
+    stops = prefixes.stops(messages, consumed_text, feed, start, opens=...)   # where a prompt keeps states
+    n = prefixes.longest(ids)              # the longest kept prefix of ids (0: none)
+    hit = prefixes.restore(ids, longer_than=held)   # it, injected: (live, tokens, restore_ms, tier) or None
+    claim = prefixes.awaited(ids, start)   # a running turn will keep a longer prefix of ids: wait for it
+    prefixes.claim(owner, ids, stops) ... prefixes.offer(ids, state) ... prefixes.ended(owner)
 
 A prompt's prefill stops at the end of its system message(s), at each user message's start and every
 engine/boundaries.py INTERVAL_TOKENS (engine/turn.py cuts its chunks there and returns a PrefixState event at
 each); the service offers each state here, and the store keeps it (store.prefixes: content-addressed by its
 token ids, its KV in the blocks snapshots share, its own byte budget with LRU retention, on disk so it
 survives a restart). A new prompt from any door starts from the longest kept prefix of its ids when that is
-longer than any snapshot it continues (daemon/state_cache.py asks `restore`).
+longer than any snapshot it continues (daemon/service.py `ConversationService._from_prefix` asks).
 
 Several new conversations that arrive together with a prefix nobody has kept yet compute it once: the first
 one's turn claims its stops; a prompt whose ids begin with a claimed, longer prefix than anything kept waits

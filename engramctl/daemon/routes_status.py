@@ -50,14 +50,8 @@ async def tiers(request: Request):
     """The tier plan, the model whose weights share the memory with the hot tiers, and how many
     conversations it serves at once (each resident one holds a state in memory)."""
     d = daemon_of(request)
-    prefixes = {**prefix_usage(d.store), **d.service.prefixes.counts()}
+    prefixes = {**d.store.prefixes.usage_json(), **d.service.prefixes.counts()}
     return {**d.tiers.plan_json(), "model": _model(d), "serving": d.serving(), "prefix_states": prefixes}
-
-
-def prefix_usage(store) -> dict:
-    """The prefix states kept (daemon/prefix_states.py): how many, their bytes on disk and their own budget."""
-    used, n, budget = store.prefixes.usage()
-    return {"count": n, "used_bytes": used, "budget_bytes": budget}
 
 
 @router.get("/v1/sessions")

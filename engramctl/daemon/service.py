@@ -158,10 +158,7 @@ class ConversationService:
         live, origin = self.states.for_session(name, head, transcript, follow_head=base is None)
         budget = self.default_max_tokens
         if origin.tier is None and not live.token_ids and self.prefixes.enabled:  # a new conversation's first prompt
-            tok = self.engine.tokenizer
-            text = tok.render(conversation, add_generation_prompt=True)
-            self.engine.check_text(text)
-            ids = tok.encode(text)
+            text, ids = self._rendered(conversation)
             live, origin = self._from_prefix(ids, live, origin)
             turn = self.plan_turn(
                 live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params, default_max_tokens=budget)
@@ -186,11 +183,16 @@ class ConversationService:
         return self._prefix(req.ids, req.text, conversation, req.params, job, t0, raw=True)
 
     def _anonymous(self, messages: list[dict], params: SamplingParams, job: Job | None, t0: float) -> Sequence:
-        tok = self.engine.tokenizer
         conversation = [plain(m) for m in messages]
-        text = tok.render(conversation, add_generation_prompt=True)
+        text, ids = self._rendered(conversation)
+        return self._prefix(ids, text, conversation, params, job, t0)
+
+    def _rendered(self, conversation: list[dict]) -> tuple[str, list[int]]:
+        """The whole conversation as the chat template renders it for a reply, and its token ids (a text too long
+        for the context whatever it tokenizes to is refused before tokenizing: Engine.check_text)."""
+        text = self.engine.tokenizer.render(conversation, add_generation_prompt=True)
         self.engine.check_text(text)
-        return self._prefix(tok.encode(text), text, conversation, params, job, t0)
+        return text, self.engine.tokenizer.encode(text)
 
     def _prefix(
         self,
@@ -221,15 +223,15 @@ class ConversationService:
     def _from_prefix(self, ids: list[int], live: Live, origin: Origin) -> tuple[Live, Origin]:
         """`live` (holding a prefix of `ids`), or the longest prefix state holding more of them. A prompt whose
         longer prefix a running turn is computing waits for it (Deferred), not to compute it a second time."""
-        held = len(live.token_ids)
-        claim = self.prefixes.awaited(ids, max(held, self.prefixes.longest(ids)))
+        held, kept = len(live.token_ids), self.prefixes.longest(ids)
+        claim = self.prefixes.awaited(ids, max(held, kept))
         if claim is not None:
             self.states.give_back(live, origin)
             raise Deferred(
                 f"waiting for the state after {claim.n_tokens} tokens another turn is computing",
                 lambda: not self.prefixes.claimed(claim),
             )
-        hit = self.prefixes.restore(ids, longer_than=held)
+        hit = self.prefixes.restore(ids, longer_than=held) if kept > held else None  # no second lookup on a miss
         if hit is None:
             return live, origin
         self.states.give_back(live, origin)
@@ -279,12 +281,12 @@ class ConversationService:
         self.in_flight[session] += 1
         seq = Sequence(turn, session, origin, record, t0, job)
         start = 0 if turn.reset else len(turn.live.token_ids)
-        ids = [*(() if turn.reset else turn.live.token_ids), *turn.feed]
         consumed = "" if turn.reset else turn.live.text
         opens = origin.parent is None  # from nothing or a prefix state, not a snapshot of a conversation
-        stops = self.prefixes.stops(messages, consumed, turn.feed, start, opens=opens)
-        turn.stops = sorted({*turn.stops, *(n for n in stops if start < n < turn.prompt_tokens)})
-        self.prefixes.claim(seq, ids, turn.stops)
+        stops = self.prefixes.stops(messages, consumed, turn.feed, start, opens=opens)  # inside the fed part
+        if stops:
+            turn.stops = sorted({*turn.stops, *stops})
+            self.prefixes.claim(seq, [*(() if turn.reset else turn.live.token_ids), *turn.feed], turn.stops)
         return seq
 
     # -- a turn's events: the scheduler's steps return them, the worker hands each here -------------------

@@ -42,9 +42,8 @@ def message_stops(
     part: `feed` (after the `start` tokens the state holds, whose text is `consumed_text`) encodes the render
     of `messages` past `consumed_text`. Only places where the render of the messages before is a prefix of
     the whole render and its tokens are a prefix of the fed ones."""
-    candidates = _candidates(messages)
     stops = []
-    for i in candidates[-MESSAGE_STOPS_MAX:] if len(candidates) > MESSAGE_STOPS_MAX else candidates:
+    for i in _candidates(messages)[-MESSAGE_STOPS_MAX:]:
         before = tokenizer.render(list(messages[:i]), add_generation_prompt=False)
         if len(before) <= len(consumed_text) or not before.startswith(consumed_text):
             continue

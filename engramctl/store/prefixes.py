@@ -125,6 +125,11 @@ class Prefixes:
             used, n = c.index.durable_bytes(KIND)
             return used, n, self._retention.prefix_budget()
 
+    def usage_json(self) -> dict[str, int]:
+        """usage() as `engramctl tiers` shows it (the daemon's /v1/tiers, or the store read without one)."""
+        used, n, budget = self.usage()
+        return {"count": n, "used_bytes": used, "budget_bytes": budget}
+
     def delete(self, prefix_id: str) -> None:
         with self._core.lock:
             self._core.remove([self.info(prefix_id).id])

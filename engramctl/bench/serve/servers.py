@@ -140,6 +140,10 @@ class Server:
                 raise EngramError(f"the daemon still had snapshot writes pending after {timeout_s:.0f} s")
             time.sleep(0.05)
 
+    def written_bytes(self) -> int:
+        """Bytes the server process has caused to be written to storage (Linux /proc/<pid>/io write_bytes)."""
+        return int(self._process().io_counters().write_bytes)
+
     def cpu_s(self) -> float:
         """CPU seconds the server process has used (all its threads)."""
         t = self._process().cpu_times()

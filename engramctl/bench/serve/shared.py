@@ -80,11 +80,6 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
-def _written_bytes(server: Server) -> int:
-    """Bytes the process has caused to be written to storage (Linux /proc/<pid>/io write_bytes)."""
-    return int(server._process().io_counters().write_bytes)
-
-
 def _snapshot_sizes(client: httpx.Client, daemon: Server) -> list[tuple[int, int]]:
     """(tokens, whole size in bytes: its own file and every KV block it uses) of every snapshot the daemon keeps."""
     body = client.get(daemon.url + "/list_snapshots", headers=daemon.headers).json()
@@ -127,7 +122,7 @@ def long_conversation(
             row: dict = {"turn": turn + 1}
             for s in abba(servers, turn):
                 s.settle(client)
-                written0 = _written_bytes(daemon)
+                written0 = daemon.written_bytes()
                 reply = stream_chat(client, s, history[s.name] + [user], GREEDY, reply_tokens, seed)
                 s.settle(client)
                 history[s.name] += [user, {"role": "assistant", "content": reply.text}]
@@ -137,7 +132,7 @@ def long_conversation(
                     "cached_tokens": reply.cached_tokens,
                 }
                 if s is daemon:
-                    row["written_bytes"] = _written_bytes(daemon) - written0
+                    row["written_bytes"] = daemon.written_bytes() - written0
                     row["data_dir_bytes"] = _dir_bytes(daemon_data)
                     prompt_tokens = reply.prompt_tokens or prompt_tokens
                     row["new_tokens"] = (reply.prompt_tokens or 0) - (reply.cached_tokens or 0) + reply_tokens
