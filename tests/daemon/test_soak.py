@@ -31,6 +31,7 @@ def test_soak_stays_flat(model_dir, tmp_path):
 
 # -- four clients at once on the llama.cpp backend (issue 19) --------------------------------------------------
 CLIENTS, SESSIONS_EACH = 4, 3  # 12 conversations over 4 sequences: parked, kept and restored all the time
+GENERATION_TURNS = 12  # a client's sessions are new ones every 12 turns, so no conversation passes 4 turns
 WARM_TURNS, TURNS = 6, 42  # per client: warm-up, then in all
 
 
@@ -46,7 +47,7 @@ def _client_turns(d, k: int, first: int, last: int, failures: list) -> None:
                 max_tokens=4 + t % 5,
                 temperature=0 if t % 2 else 0.8,
                 stream=True,
-                extra_body={"session": f"soak4-{k}-{t % SESSIONS_EACH}"},
+                extra_body={"session": f"soak4-{k}-{t % SESSIONS_EACH}-{t // GENERATION_TURNS}"},
             )
             finish = [c.choices[0].finish_reason for c in stream if c.choices and c.choices[0].finish_reason]
             if finish[-1:] not in (["stop"], ["length"]):
@@ -71,7 +72,11 @@ def _round(d, first: int, last: int) -> None:
 
 def test_four_concurrent_streaming_clients_on_llama_cpp_stay_flat(served_model, tmp_path):
     """4 official openai clients stream 42 turns each at once (12 sessions over the 4 sequences: parking,
-    kept states and restores from the RAM and disk tiers every few turns). After a warm-up of 6 turns each
+    kept states and restores from the RAM and disk tiers every few turns). Each client moves on to 3 new sessions
+    every 12 turns so that the workload is the same at every sample: conversations that grow make every state
+    parked, kept and restored bigger (14-turn ones grew resident memory by ~0.8 MiB per 24 turns, most of it
+    the parked sequences' blobs by tracemalloc, and a clean-clone CI run went past the 2 MiB bound below; with
+    the sessions renewed, 186 turns each levelled off at +5.6 MiB by turn 110). After a warm-up of 6 turns each
     (the RAM tier filled to its budget, the worker's, writer's and uvicorn's threads and the clients'
     connections made), the daemon's resident memory, threads and open fds are sampled every 6 turns each
     and must stay flat:
