@@ -115,6 +115,7 @@ class Session:
     last_used: float
     n_messages: int
     n_snapshots: int  # snapshots it owns
+    stored_bytes: int = 0  # its snapshots' files and the KV blocks they use, each block once
 
     @classmethod
     def from_info(cls, info: Any) -> "Session":

@@ -284,7 +284,10 @@ _add(
                 "head": {**_NULLABLE_STR, "description": "Snapshot id the next turn continues from."},
                 "tokens": {**_INT, "description": "Tokens in the head state."},
                 "snapshot_bytes": {**_INT, "description": "Bytes of the head snapshot."},
-                "stored_bytes": {**_INT, "description": "Bytes of all snapshots the session owns."},
+                "stored_bytes": {
+                    **_INT,
+                    "description": "Bytes of its snapshots on disk, each KV block they share once.",
+                },
                 "tier": {**_NULLABLE_STR, "description": "Hottest tier holding the head: vram, ram or disk."},
                 "hot": {"type": "boolean", "description": "The head state is loaded in the model, ready to continue."},
                 "n_messages": _INT,

@@ -42,6 +42,9 @@ class DaemonSource:
     def tiers(self) -> dict:
         return self.client.tiers()
 
+    def freed_bytes(self, ids: list[str]) -> int:
+        return self.client.freed_bytes(ids)
+
 
 class StoreSource:
     """Reads from the store, opened by this process while no daemon runs."""
@@ -63,6 +66,9 @@ class StoreSource:
 
     def snapshot_transcript(self, sid: str) -> list[dict]:
         return self.store.transcripts.of_snapshot(sid)
+
+    def freed_bytes(self, ids: list[str]) -> int:
+        return self.store.snapshots.freed_bytes(ids)
 
     def tiers(self) -> dict:
         """The plan a daemon would make now, with the N-gram tables written under the data dir's ngram/
@@ -124,6 +130,11 @@ class Listing:
 
     def tiers(self) -> dict:
         return self.source.tiers()
+
+    def freed_bytes(self, ids: list[str]) -> int:
+        """What deleting these snapshots together frees: the blocks they share with each other included,
+        those other snapshots still use left out."""
+        return self.source.freed_bytes(ids) if ids else 0
 
 
 def over(client: Any) -> Listing:

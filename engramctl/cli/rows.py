@@ -36,7 +36,7 @@ def session_rows(sessions: Iterable[Session], snaps: Iterable[Snapshot], hot: se
             **s.to_json(),
             "head_tiers": list(head.tiers) if head else [],
             "head_tokens": head.n_tokens if head else 0,
-            "nbytes": sum(x.nbytes for x in by_id.values() if x.session == s.name),
+            "nbytes": s.stored_bytes,  # the blocks its snapshots share counted once
         }
         if hot is not None:
             row["hot"] = s.name in hot

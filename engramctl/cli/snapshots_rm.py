@@ -81,7 +81,7 @@ def _rm_ids(out: Any, client: Any, listing: Any, refs: list[str], dry_run: bool,
     snaps = list({s["id"]: s for s in (listing.snapshot(r) for r in refs)}.values())
     ids = [s["id"] for s in snaps]
     blocked = [s for s in snaps if (s.get("pinned") or s.get("head_of") or s.get("branch_point_of"))]
-    freed = sum(s["nbytes"] for s in snaps if s.get("durable", True))
+    freed = listing.freed_bytes(ids)
     preview = {"dry_run": True, "deleted": ids, "freed_bytes": freed, "in_use": [s["id"] for s in blocked]}
     if out.human:
         out.note(f"Will delete {len(snaps)} snapshot(s), freeing {size(freed)}:")
@@ -133,7 +133,7 @@ def _rm_session(out: Any, client: Any, listing: Any, name: str, dry_run: bool, y
     snaps = listing.snapshots(name)
     going = [s for s in snaps if s["id"] not in others]
     kept = [s for s in snaps if s["id"] in others]
-    freed = sum(s["nbytes"] for s in going if s.get("durable", True))
+    freed = listing.freed_bytes([s["id"] for s in going])
     n_msg = sessions[name].get("n_messages", 0)
     preview = {
         "dry_run": True,
@@ -159,8 +159,9 @@ def _rm_session(out: Any, client: Any, listing: Any, name: str, dry_run: bool, y
         out.note("Nothing deleted.")
         raise typer.Exit(1)
     deleted = list(client.delete_session(name).get("deleted_snapshots") or [])
-    sizes = {s["id"]: s["nbytes"] for s in snaps if s.get("durable", True)}
-    res = {"session": name, "deleted": deleted, "freed_bytes": sum(sizes.get(i, 0) for i in deleted)}
+    if set(deleted) != {s["id"] for s in going}:  # changed since the preview: what each freed alone, at least
+        freed = sum(s.get("own_size_bytes", 0) for s in snaps if s["id"] in set(deleted))
+    res = {"session": name, "deleted": deleted, "freed_bytes": freed}
     out.result(
         f"Deleted session {name!r}: {len(res['deleted'])} snapshot(s), freed {size(res['freed_bytes'])}.",
         json_obj={"dry_run": False, **res},

@@ -149,6 +149,12 @@ class Client:
         """POST /delete_snapshot. A session head, branch point or pinned snapshot needs force=True."""
         return self.connection.request("POST", "/delete_snapshot", {"snapshot_id": snapshot_id, "force": force})
 
+    def freed_bytes(self, snapshot_ids: list[str]) -> int:
+        """POST /v1/snapshots/freed_bytes: what deleting these snapshots (full ids) together frees on disk."""
+        return self.connection.request("POST", "/v1/snapshots/freed_bytes", {"snapshot_ids": snapshot_ids})[
+            "freed_bytes"
+        ]
+
     def branch_snapshot(self, source: str, new_session: str) -> dict:
         """POST /branch_snapshot: a new session starting at `source` (a session's head, a snapshot id or
         a unique id prefix). Returns the new session."""

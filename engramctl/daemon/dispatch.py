@@ -278,7 +278,7 @@ class Dispatcher:
             "head": info.head,
             "tokens": head.n_tokens if head else 0,
             "snapshot_bytes": head.nbytes if head else 0,
-            "stored_bytes": sum(r.nbytes for r in pool.values() if r.session == session),
+            "stored_bytes": info.stored_bytes,
             "tier": head.tiers[0] if head and head.tiers else None,
             "hot": head is not None and hot is not None and hot.session == session and hot.head == head.id,
             "n_messages": info.n_messages,

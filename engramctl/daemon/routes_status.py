@@ -1,5 +1,5 @@
 """Daemon routes for people and the CLI: /health (no auth), /v1/status, /v1/sessions (list, show,
-delete, reset), /v1/tiers."""
+delete, reset), /v1/tiers, /v1/snapshots/freed_bytes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Request
 from engramctl import __version__
 from engramctl.daemon import session_changes
 from engramctl.daemon.context import daemon_of
+from engramctl.daemon.schemas import FreedBytesRequest
 from engramctl.daemon.streaming import job_result
 from engramctl.protocol import Session
 from engramctl.store.names import validate_session_name
@@ -94,3 +95,11 @@ async def reset_session(name: SessionName, request: Request):
     job = d.worker.submit(lambda job: session_changes.reset(d, name), name="reset_session")
     previous, info = await job_result(job, request)
     return {"success": True, **Session.from_info(info).to_json(), "previous_head": previous}
+
+
+@router.post("/v1/snapshots/freed_bytes")
+async def freed_bytes(body: FreedBytesRequest, request: Request):
+    """What deleting these snapshots together would free on disk (their files and the KV blocks only they
+    use): a snapshot's own size counts blocks it shares, so their sum says too much. 404 names an unknown id."""
+    d = daemon_of(request)
+    return {"snapshot_ids": body.snapshot_ids, "freed_bytes": d.store.snapshots.freed_bytes(body.snapshot_ids)}

@@ -254,3 +254,10 @@ ERROR_BODY_SCHEMA: dict[str, Any] = {
         "message": {"type": "string", "description": "Engram snapshot routes only: error.message again."},
     },
 }
+
+
+class FreedBytesRequest(BaseModel):
+    """POST /v1/snapshots/freed_bytes: the snapshots a deletion would take, by full id."""
+
+    model_config = ConfigDict(extra="forbid")
+    snapshot_ids: Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]], Field(max_length=10_000)]

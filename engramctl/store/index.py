@@ -52,9 +52,15 @@ _SNAPSHOT_SELECT = """
     FROM snapshots s
 """
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
+# stored_bytes: the session's snapshot files and each KV block they use, a block counted once however many
+# of them share it (summing the snapshots' sizes would count a conversation's early blocks once per turn)
 _SESSION_SELECT = """
     SELECT s.*, COALESCE(m.depth, 0) AS n_messages,
-           (SELECT COUNT(*) FROM snapshots x WHERE x.session = s.name) AS n_snapshots
+           (SELECT COUNT(*) FROM snapshots x WHERE x.session = s.name) AS n_snapshots,
+           (SELECT COALESCE(SUM(x.nbytes), 0) FROM snapshots x WHERE x.session = s.name)
+           + (SELECT COALESCE(SUM(b.nbytes), 0) FROM blocks b WHERE b.id IN (
+                SELECT sb.block FROM snapshot_blocks sb JOIN snapshots x ON x.id = sb.snapshot
+                WHERE x.session = s.name)) AS stored_bytes
     FROM sessions s LEFT JOIN messages m ON m.id = s.tip
 """
 
@@ -382,6 +388,7 @@ def _session(row: sqlite3.Row) -> SessionInfo:
         last_used=row["last_used"],
         n_messages=int(row["n_messages"]),
         n_snapshots=int(row["n_snapshots"]),
+        stored_bytes=int(row["stored_bytes"]),
     )
 
 

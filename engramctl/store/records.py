@@ -65,6 +65,7 @@ class SessionInfo:
     last_used: float
     n_messages: int  # transcript length
     n_snapshots: int  # snapshots this session owns
+    stored_bytes: int = 0  # its snapshots' files and the KV blocks they use, each block once
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -397,6 +397,13 @@ class Snapshots:
                 raise SnapshotInUse(f"snapshot {rec.id} is pinned.", hint="unpin it first, or force the delete")
             c.remove([rec.id])
 
+    def freed_bytes(self, snapshot_ids: list[str]) -> int:
+        """What deleting these snapshots together frees on disk: their own files and the KV blocks no other
+        snapshot or prefix state uses (what `snapshots rm` shows before it deletes)."""
+        c = self._core
+        with c.lock:
+            return c.index.bytes_freed_by([c.row(sid).id for sid in snapshot_ids])
+
     def pin(self, snapshot_id: str) -> SnapshotRecord:
         return self._core.set(snapshot_id, pinned=1)
 

@@ -65,6 +65,7 @@ def test_openapi_document_says_what_the_daemon_does(daemon):
         ("POST", "/v1/chat/completions"),
         ("GET", "/v1/status"),
         ("GET", "/v1/tiers"),
+        ("POST", "/v1/snapshots/freed_bytes"),
         ("GET", "/v1/sessions"),
         ("GET", "/v1/sessions/{name}"),
         ("DELETE", "/v1/sessions/{name}"),

@@ -101,6 +101,8 @@ def test_a_turn_writes_one_block_and_the_constant_part_and_loads_back_bitwise(mo
     assert i2.shared_size_bytes == i1.shared_size_bytes == blocks1
     assert i2.own_size_bytes == i2.file_bytes + block_file and i1.own_size_bytes == i1.file_bytes
     assert i2.nbytes == i2.own_size_bytes + i2.shared_size_bytes
+    # the session's stored bytes are what its files and blocks take on disk: the shared block once
+    assert s.sessions.get("talk").stored_bytes == snaps2 + blocks2 < i1.nbytes + i2.nbytes
     s.close()
     s = open_store(ram=0)
     assert s.reconcile_report.clean
