@@ -34,10 +34,7 @@ class StoreBox:
     which the disk-restore measurement closes and reopens (a fresh process's view)."""
 
     def __init__(self, settings) -> None:
-        from engramctl.store.files import SnapshotFiles
-
         self._settings = settings
-        self._files = SnapshotFiles(settings.paths.data_dir)
         self.store, self.tiers = self._open()
 
     def _open(self):
@@ -51,9 +48,6 @@ class StoreBox:
         self.store.close()
         self.store, self.tiers = self._open()
         return self.store
-
-    def snapshot_path(self, sid: str) -> Path:
-        return self._files.path(sid)
 
     def close(self) -> None:
         self.store.close()

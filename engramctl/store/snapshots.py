@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from pathlib import Path
 from typing import Sequence
 
 from engramctl.errors import NotFound, SnapshotCorrupt
@@ -396,6 +397,13 @@ class Snapshots:
             if rec.pinned and not force:
                 raise SnapshotInUse(f"snapshot {rec.id} is pinned.", hint="unpin it first, or force the delete")
             c.remove([rec.id])
+
+    def files(self, snapshot_id: str) -> list[Path]:
+        """The files a load of this snapshot from disk reads: its own, then its KV blocks in token order."""
+        c = self._core
+        with c.lock:
+            sid = c.row(snapshot_id).id
+            return [c.files.path(sid), *(c.files.block_path(b) for b in c.index.block_ids_of(sid))]
 
     def freed_bytes(self, snapshot_ids: list[str]) -> int:
         """What deleting these snapshots together frees on disk: their own files and the KV blocks no other

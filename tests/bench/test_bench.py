@@ -130,6 +130,8 @@ def test_contexts_schema(report):
         assert r["max_abs_logit_diff"] <= 1e-4
     # a hybrid's snapshot = constant + attention K/V per token: it grows with the context
     assert rows[1]["snapshot_bytes"] > rows[0]["snapshot_bytes"]
+    # the cold restore reads the snapshot's file and its 128-token KV blocks, each evicted first
+    assert rows[0]["disk_cold"]["files"] == 1 + 256 // 128 and rows[1]["disk_cold"]["files"] == 1 + 1024 // 128
 
 
 def test_multiturn_schema(report):

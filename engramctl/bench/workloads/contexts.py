@@ -13,7 +13,7 @@ Per run (after one warm-up run at the first L that is not counted):
    llama.cpp the first restore finds the state still kept in the context (engine/llama_pool.py), the
    second copies it in; on transformers they are the same path.
 4. restore from disk: the store is closed and reopened (a fresh process's view: RAM tier empty), the
-   file is evicted from the page cache (posix_fadvise DONTNEED; mincore says whether it worked), then
+   file and its KV blocks' are evicted from the page cache (posix_fadvise DONTNEED; mincore says whether it worked), then
    the same load path reads, checksums and decodes it.
 The logits after the message are compared between the prefill path and both restore paths
 (max_abs_logit_diff): a restore that is fast but wrong would show here.
@@ -83,9 +83,11 @@ def _one_run(engine, box, L: int, ids: list[int], msg: list[int], run: int) -> _
     logits_other = _restore_and_answer(engine, store, rec.id, msg, r, "restore_ram_after_other", "ttft_after_other")
     # 4. restore from disk (cold)
     store = box.reopen()
-    path = box.snapshot_path(rec.id)
-    r.v["evicted"] = coldio.evict(path)
-    r.v["cached_fraction"] = coldio.cached_fraction(path)
+    paths = store.snapshots.files(rec.id)  # its own file and its KV blocks' (store/blocks.py)
+    evicted = [coldio.evict(p) for p in paths]  # every one: all() of a generator would stop at a False
+    r.v["evicted"], r.v["files"] = all(evicted), len(paths)
+    fractions = [coldio.cached_fraction(p) for p in paths]
+    r.v["cached_fraction"] = None if None in fractions else max(fractions)
     r.v["disk_tier"] = (store.snapshots.info(rec.id).tiers or ("?",))[0]
     logits_disk = _restore_and_answer(engine, store, rec.id, msg, r, "restore_disk", "ttft_restored_disk")
     r.v["max_abs_logit_diff"] = max(float(abs(x - ref_logits).max()) for x in (logits_ram, logits_other, logits_disk))
@@ -196,6 +198,7 @@ def _row(L: int, series: dict[str, Series], values: list[dict[str, Any]], messag
         "restored_from": {"ram": values[0]["ram_tier"], "disk": values[0]["disk_tier"]},
         "disk_cold": {
             "evicted": all(v["evicted"] for v in values),
+            "files": values[0]["files"],  # the snapshot's own and its KV blocks', every one evicted
             "cached_fraction_before_read": max(cached) if cached else None,
         },
         "max_abs_logit_diff": max(v["max_abs_logit_diff"] for v in values),
