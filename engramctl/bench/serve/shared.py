@@ -20,7 +20,7 @@ import httpx
 from engramctl.bench.material import filler_text, user_message
 from engramctl.bench.serve.client import GREEDY, stream_chat
 from engramctl.bench.serve.servers import Server
-from engramctl.bench.serve.workloads import Meter, _clients_at_once, _stats, abba
+from engramctl.bench.serve.workloads import Meter, abba, clients_at_once, stats
 
 SYSTEM_CHARS_PER_TOKEN = 2.7  # the corpus filler on SmolLM2's and Granite's tokenizers, measured
 
@@ -65,7 +65,7 @@ def agents(
                 s.restart()
         convs = _wave(seed, wave, n, system)
         for s in abba(servers, wave):
-            per[s.name][f"wave{wave}"] = _clients_at_once(client, s, convs, sampling, tokens, seed)
+            per[s.name][f"wave{wave}"] = clients_at_once(client, s, convs, sampling, tokens, seed)
     return per
 
 
@@ -163,7 +163,7 @@ def _written_vs_floor(
     last = rows[-1]["data_dir_bytes"] if rows else 0
     return {
         "state_cost": {"constant_bytes": round(constant), "kv_bytes_per_token": round(per_token, 1)},
-        "written_ratio": _stats([r["written_ratio"] for r in rows[1:]]),  # turn 1 also writes the model's prefix
+        "written_ratio": stats([r["written_ratio"] for r in rows[1:]]),  # turn 1 also writes the model's prefix
         "data_dir_ratio": round(last / floor_dir, 3) if floor_dir > 0 else None,
         "kept_snapshots": len(sizes),
         "kept_states": kept,

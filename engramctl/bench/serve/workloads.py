@@ -57,7 +57,7 @@ class Meter:
         }
 
 
-def _stats(values: Sequence[float | None]) -> dict:
+def stats(values: Sequence[float | None]) -> dict:
     """Median and [min, max] of the values measured (None: not measured), rounded as the report shows them."""
     vals = [v for v in values if v is not None]
     mid, ends = median(vals), spread(vals)
@@ -89,10 +89,10 @@ def one_stream(
                     s.settle(client)
         out[mode] = {
             name: {
-                "ms_per_token": _stats([r.ms_per_token for r in replies]),
-                "ttft_ms": _stats([r.ttft_s * 1000 for r in replies]),
-                "tokens": _stats([r.completion_tokens or len(r.chunk_times_s) for r in replies]),
-                "cpu_per_wall": _stats(cpu[name]),
+                "ms_per_token": stats([r.ms_per_token for r in replies]),
+                "ttft_ms": stats([r.ttft_s * 1000 for r in replies]),
+                "tokens": stats([r.completion_tokens or len(r.chunk_times_s) for r in replies]),
+                "cpu_per_wall": stats(cpu[name]),
             }
             for name, replies in per.items()
         } | {"load": meter.result}
@@ -137,7 +137,7 @@ def multi_turn(client: httpx.Client, servers: Sequence[Server], turns: int, toke
     with Meter(servers) as cold:
         turn(turns)
     warm_ttft = {
-        s.name: _stats([r["ttft_ms"] for r in rows if r["server"] == s.name and 2 <= r["turn"] <= turns])
+        s.name: stats([r["ttft_ms"] for r in rows if r["server"] == s.name and 2 <= r["turn"] <= turns])
         for s in servers
     }
     restart_ttft = {r["server"]: r["ttft_ms"] for r in rows if r["after_restart"]}
@@ -168,13 +168,16 @@ def concurrent(
             [{"role": "user", "content": first_message(seed + i, f"n={n} round {r} client {i}")}] for i in range(n)
         ]
         for s in abba(servers, run + r):
-            per[s.name].append(_clients_at_once(client, s, messages, sampling, tokens, seed))
+            per[s.name].append(clients_at_once(client, s, messages, sampling, tokens, seed))
     return {name: _rounds_summary(rows) for name, rows in per.items()}
 
 
-def _clients_at_once(
+def clients_at_once(
     client: httpx.Client, s: Server, messages: list[list[dict]], sampling: dict, tokens: int, seed: int
 ) -> dict:
+    """One wave: each conversation of `messages` streamed by a thread of its own, all released at once; the
+    wave's wall, each reply's TTFT, the aggregate tokens/s and what the server said it reused (shared.py's
+    agent waves and the concurrent workload)."""
     n = len(messages)
     replies: list[Reply | BaseException | None] = [None] * n
     barrier = threading.Barrier(n + 1)
@@ -202,7 +205,7 @@ def _clients_at_once(
     return {
         "wall_s": round(wall, 2),
         "ttft_ms": [round(r.ttft_s * 1000, 1) for r in done],
-        "median_ttft_ms": _stats([r.ttft_s * 1000 for r in done])["median"],
+        "median_ttft_ms": stats([r.ttft_s * 1000 for r in done])["median"],
         "aggregate_tok_s": round(generated / wall, 2) if wall > 0 else None,
         "tokens": generated,
         "prompt_tokens": [r.prompt_tokens for r in done],
@@ -216,9 +219,9 @@ def _rounds_summary(rows: list[dict]) -> dict:
     """One server's rounds: the medians (with [min, max]) of wall, aggregate tokens/s and median TTFT; every
     round's TTFTs, tokens and errors together; each round as measured."""
     return {
-        "wall_s": _stats([r["wall_s"] for r in rows]),
-        "aggregate_tok_s": _stats([r["aggregate_tok_s"] for r in rows]),
-        "median_ttft_ms": _stats([r["median_ttft_ms"] for r in rows]),
+        "wall_s": stats([r["wall_s"] for r in rows]),
+        "aggregate_tok_s": stats([r["aggregate_tok_s"] for r in rows]),
+        "median_ttft_ms": stats([r["median_ttft_ms"] for r in rows]),
         "ttft_ms": [t for r in rows for t in r["ttft_ms"]],
         "tokens": [r["tokens"] for r in rows],
         "errors": [e for r in rows for e in r["errors"]],
