@@ -155,10 +155,12 @@ def engine(backend, tiny_engine):
 def load_llama():
     """Load a GGUF file through the llama.cpp backend, with small chunks so tests cross chunk boundaries."""
 
-    def load(path: Path, chunk_tokens: int = 16):
+    def load(path: Path, chunk_tokens: int = 16, device: str = "cpu", sequences: int | None = None):
         from engramctl.engine.loading import load_engine
 
-        engine = load_engine(str(path), path.parent, "cpu", backend="llama.cpp", chunk_tokens=chunk_tokens)
+        engine = load_engine(
+            str(path), path.parent, device, backend="llama.cpp", chunk_tokens=chunk_tokens, sequences=sequences
+        )
         return engine.backend
 
     return load

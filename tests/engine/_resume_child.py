@@ -20,7 +20,7 @@ def _backend(job: dict):
         from engramctl.engine.llama_backend import LlamaCppBackend
 
         path = Path(job["gguf"])
-        return LlamaCppBackend(path, path.name, chunk_tokens=job["chunk_tokens"])
+        return LlamaCppBackend(path, path.name, chunk_tokens=job["chunk_tokens"], device=job.get("device", "cpu"))
     from engramctl.engine.hf_backend import TransformersBackend
     from engramctl.ngram.hashing import NgramConfig
 

@@ -17,17 +17,16 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.fixture(scope="module")
-def resume_run(gguf_zoo, load_llama, tmp_path_factory):
+def resume_run_on(gguf_zoo, load_llama, work, device: str = "cpu", families=LLAMA_FAMILIES) -> tuple[dict, dict]:
     """Parent: prefill N, write the snapshot, then the uninterrupted run (same calls, no snapshot).
-    Child (one fresh process for all families): restore, feed M more, decode greedily."""
-    work = tmp_path_factory.mktemp("llama-resume")
-    gguf_zoo.ensure(LLAMA_FAMILIES)
+    Child (one fresh process for all families): restore, feed M more, decode greedily. On `device`, both
+    (tests/cuda/test_cuda_llama.py runs it on the GPU)."""
+    gguf_zoo.ensure(families)
     ids = _ids(N_TOKENS + MORE_TOKENS, seed=1)
     jobs, refs = [], {}
-    for fam in LLAMA_FAMILIES:
+    for fam in families:
         path = gguf_zoo.path(fam)
-        backend = load_llama(path, chunk_tokens=CHUNK)
+        backend = load_llama(path, chunk_tokens=CHUNK, device=device)
         live = backend.new_live()
         backend.prefill(live, ids[:N_TOKENS])
         snap = work / f"{fam}.safetensors"
@@ -44,25 +43,25 @@ def resume_run(gguf_zoo, load_llama, tmp_path_factory):
             "final": torch.from_numpy(logits),
             "fresh": torch.from_numpy(fresh),
         }
-        jobs.append(
-            {
-                "family": fam,
-                "gguf": str(path),
-                "snapshot": str(snap),
-                "more_ids": ids[N_TOKENS:],
-                "greedy": GREEDY,
-                "chunk_tokens": CHUNK,
-            }
-        )
+        job = {"family": fam, "gguf": str(path), "snapshot": str(snap), "more_ids": ids[N_TOKENS:]}
+        jobs.append(job | {"greedy": GREEDY, "chunk_tokens": CHUNK, "device": device})
     return refs, in_fresh_process("tests.engine._resume_child", work, jobs)
 
 
-@pytest.mark.parametrize("family", LLAMA_FAMILIES)
-def test_restored_state_continues_bitwise_in_a_fresh_process(resume_run, family):
-    refs, got = resume_run
+@pytest.fixture(scope="module")
+def resume_run(gguf_zoo, load_llama, tmp_path_factory):
+    return resume_run_on(gguf_zoo, load_llama, tmp_path_factory.mktemp("llama-resume"))
+
+
+def check_resumed(refs: dict, got: dict, family: str) -> None:
     ref = refs[family]
     assert torch.equal(got[f"{family}.continued_logits"], ref["continued"])
     assert got[f"{family}.greedy"].tolist() == ref["greedy"]
     assert torch.equal(got[f"{family}.final_logits"], ref["final"])
     # the check can fail: without the restored state the same tokens give other logits
     assert not torch.allclose(got[f"{family}.continued_logits"], ref["fresh"], atol=1e-3)
+
+
+@pytest.mark.parametrize("family", LLAMA_FAMILIES)
+def test_restored_state_continues_bitwise_in_a_fresh_process(resume_run, family):
+    check_resumed(*resume_run, family)

@@ -13,8 +13,8 @@ Per run (after one warm-up run at the first L that is not counted):
    llama.cpp the first restore finds the state still kept in the context (engine/llama_pool.py), the
    second copies it in; on transformers they are the same path.
 4. restore from disk: the store is closed and reopened (a fresh process's view: RAM tier empty), the
-   file and its KV blocks' are evicted from the page cache (posix_fadvise DONTNEED; mincore says whether it worked), then
-   the same load path reads, checksums and decodes it.
+   file and its KV blocks' are evicted from the page cache (posix_fadvise DONTNEED; mincore says whether it
+   worked), then the same load path reads, checksums and decodes it.
 The logits after the message are compared between the prefill path and both restore paths
 (max_abs_logit_diff): a restore that is fast but wrong would show here.
 """
