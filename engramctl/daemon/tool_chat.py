@@ -22,15 +22,17 @@ from fastapi import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from engramctl.agent import calls as agent_calls
+from engramctl.agent.text_before_calls import TextBeforeCalls
 from engramctl.agent.tool_grammar import ToolChoice, check_tools, tool_choice, tool_grammar
 from engramctl.agent.tools import error_json
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.dispatch import Dispatcher
+from engramctl.daemon.errors import body_for
 from engramctl.daemon.json_frame import encode
 from engramctl.daemon.response_format import constrained
 from engramctl.daemon.service import ChatRequest
-from engramctl.daemon.streaming import SSE_HEADERS, Completion, job_result, sse
-from engramctl.daemon.turn_json import engram_json
+from engramctl.daemon.streaming import SSE_HEADERS, Completion, first_event, job_result, sse
+from engramctl.daemon.turn_json import engram_json, finish_reason, usage_json
 from engramctl.daemon.turn_result import TurnResult
 from engramctl.engine.sampling_params import SamplingParams
 from engramctl.errors import ContextOverflow, EngramError, NotFound, ToolArgumentError, UsageError
@@ -93,19 +95,11 @@ class ToolTurn:
         return ext
 
 
-async def run_tool_turn(
-    d,
-    request: Request,
-    tools: ToolRequest,
-    messages: list[dict],
-    session: str | None,
-    params: SamplingParams,
-    *,
-    ollama: bool = False,
-) -> ToolTurn:
-    """Run the turn (the whole reply: calls are parsed from it once it ends), then the engram tools it called.
-    `ollama`: Ollama's rules, a reply budget past the context's room becomes the room, and `format` is the
-    structured-output field."""
+def submit_tool_turn(
+    d, tools: ToolRequest, messages: list[dict], session: str | None, params: SamplingParams, *, ollama: bool = False
+):
+    """The turn's job, submitted. `ollama`: Ollama's rules, a reply budget past the context's room becomes the
+    room, and `format` is the structured-output field."""
     fmt = "format" if ollama else "response_format"
     chat = ChatRequest(messages=tools.messages(d, messages, session), session=session, params=tools.params(params, fmt))
 
@@ -118,8 +112,11 @@ async def run_tool_turn(
         roomy = dataclasses.replace(chat, params=dataclasses.replace(chat.params, max_tokens=None))
         return d.service.chat(roomy, job)
 
-    job = d.worker.submit(run, name="chat", turn=True, session=chat.session)
-    result: TurnResult = await job_result(job, request)
+    return d.worker.submit(run, name="chat", turn=True, session=chat.session)
+
+
+async def finish_tool_turn(d, tools: ToolRequest, result: TurnResult) -> ToolTurn:
+    """The finished reply's calls (parsed once it has ended), and the engram tools among them run."""
     if tools.choice.mode == "none":
         return ToolTurn(result, result.text, [])
     content, parsed = agent_calls.parse_tool_calls(result.text, tools.tools.names)
@@ -127,6 +124,21 @@ async def run_tool_turn(
     if parsed:
         turn.tool_results, turn.tool_messages = await _execute(d, parsed, tools.tools, result.session)
     return turn
+
+
+async def run_tool_turn(
+    d,
+    request: Request,
+    tools: ToolRequest,
+    messages: list[dict],
+    session: str | None,
+    params: SamplingParams,
+    *,
+    ollama: bool = False,
+) -> ToolTurn:
+    """Run the turn to its end, then the engram tools it called (a reply that is not streamed)."""
+    job = submit_tool_turn(d, tools, messages, session, params, ollama=ollama)
+    return await finish_tool_turn(d, tools, await job_result(job, request))
 
 
 async def _execute(d, parsed, tools, session: str | None) -> tuple[list[dict], list[dict]]:
@@ -150,14 +162,19 @@ async def _execute(d, parsed, tools, session: str | None) -> tuple[list[dict], l
 
 # -- /v1/chat/completions ----------------------------------------------------------------------------------
 async def chat_with_tools(body, request: Request):
-    """A chat completion whose request declares tools, answered in OpenAI's shapes (streamed: the finished
-    reply as SSE chunks, its calls in one delta)."""
+    """A chat completion whose request declares tools, answered in OpenAI's shapes. Streamed, the reply's text
+    goes out as it is written (text_before_calls.py), its calls in one delta once the reply has ended."""
     d = daemon_of(request)
     tools = ToolRequest.of(body.tools, body.tool_choice, body.parallel_tool_calls)
     messages = agent_calls.plain_messages(body.messages)
-    turn = await run_tool_turn(d, request, tools, messages, body.session_name, body.params())
     completion = Completion(d.model_id, d.engine.info.fingerprint)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        job = submit_tool_turn(d, tools, messages, body.session_name, body.params())
+        await first_event(job, request)  # a refusal keeps its own HTTP status ("start" comes first)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _sse(d, job, tools, completion, include_usage, body.session_name is not None)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    turn = await run_tool_turn(d, request, tools, messages, body.session_name, body.params())
     response = completion.response(turn.result)
     if turn.calls:
         response["choices"][0]["message"] = {
@@ -167,52 +184,81 @@ async def chat_with_tools(body, request: Request):
         }
         response["choices"][0]["finish_reason"] = "tool_calls"
         response["engram"] = turn.engram()
-    if not body.stream:
-        return JSONResponse(response)
-    trailer = body.session_name is not None or turn.ran
-    return StreamingResponse(
-        _replay(completion, response, include_usage, trailer), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+    return JSONResponse(response)
 
 
-async def _replay(completion: Completion, response: dict, include_usage: bool, trailer: bool):
-    """A finished completion as SSE chunks (a reply that may hold tool calls is parsed whole first), ending as
-    streaming.py's: the finish, then (for a session, usage asked for, or tools the daemon ran: their results)
-    the chunk without choices with the `engram` object."""
-    choice = response["choices"][0]
-    message, reason = choice["message"], choice["finish_reason"]
-    yield sse(completion.chunk({"role": "assistant", "content": ""}))
-    if message.get("content"):
-        yield sse(completion.chunk({"content": message["content"]}))
-    if message.get("tool_calls"):
-        deltas = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-        yield sse(completion.chunk({"tool_calls": deltas}))
-    yield sse(completion.chunk({}, reason))
-    if trailer or include_usage:
-        yield sse(completion.usage_chunk(response["usage"] if include_usage else None, engram=response["engram"]))
-    yield "data: [DONE]\n\n"
+async def _sse(d, job, tools: ToolRequest, completion: Completion, include_usage: bool, session: bool):
+    """The turn as SSE chunks, ending as streaming.py's: the finish, then (for a session, usage asked for, or
+    tools the daemon ran: their results) the chunk without choices with the `engram` object."""
+    text = TextBeforeCalls()
+    try:
+        yield sse(completion.chunk({"role": "assistant", "content": ""}))
+        async for kind, value in job.events():
+            if kind == "piece" and (piece := text.feed(str(value))):
+                yield completion.text_sse(piece)
+            elif kind == "done":
+                turn = await finish_tool_turn(d, tools, value)
+                if not turn.calls and (rest := text.rest()):
+                    yield completion.text_sse(rest)
+                if turn.calls:
+                    deltas = [{"index": i, **c.openai()} for i, c in enumerate(turn.calls)]
+                    yield sse(completion.chunk({"tool_calls": deltas}))
+                yield sse(completion.chunk({}, "tool_calls" if turn.calls else finish_reason(value)))
+                if session or turn.ran or include_usage:
+                    usage = usage_json(value) if include_usage else None
+                    yield sse(completion.usage_chunk(usage, engram=turn.engram()))
+                yield "data: [DONE]\n\n"
+            elif kind == "error":
+                yield sse(body_for(value)[1])
+                yield "data: [DONE]\n\n"
+    finally:
+        job.cancel.set()  # the client went away mid-stream (or we are done: then it changes nothing)
 
 
 # -- /api/chat -----------------------------------------------------------------------------------------------
 async def ollama_chat_with_tools(body, request: Request, answer):
     """/api/chat with tools, answered in Ollama's shapes: `message.tool_calls` ([{"function": {"index", "name",
-    "arguments": {...}}}]), done_reason "stop"; streamed, the finished reply as NDJSON: one message line with
-    the content and the calls, then the done line."""
+    "arguments": {...}}}]), done_reason "stop". Streamed as NDJSON: the reply's text as it is written, then one
+    message line with the calls, then the done line."""
     d = daemon_of(request)
     tools = ToolRequest.of(body.tools, body.choice, body.parallel_tool_calls)
     messages = [m.plain() for m in body.messages]
+    if body.stream:
+        job = submit_tool_turn(d, tools, messages, None, body.params(), ollama=True)
+        await first_event(job, request)  # a refusal keeps its own HTTP status
+        return StreamingResponse(_ndjson(d, job, tools, answer), media_type="application/x-ndjson", headers=SSE_HEADERS)
     turn = await run_tool_turn(d, request, tools, messages, None, body.params(), ollama=True)
-    final = answer.final(turn.result, "" if body.stream else turn.content)
+    final = answer.final(turn.result, turn.content)
     if turn.calls:
         final["engram"] = turn.engram()
-    calls = [
+        final["message"]["tool_calls"] = _ollama_calls(turn)
+    return JSONResponse(final)
+
+
+def _ollama_calls(turn: ToolTurn) -> list[dict]:
+    return [
         {"id": c.id, "function": {"index": i, "name": c.name, "arguments": c.arguments or {}}}
         for i, c in enumerate(turn.calls)
     ]
-    if not body.stream:
-        if calls:
-            final["message"]["tool_calls"] = calls
-        return JSONResponse(final)
-    message = {"role": "assistant", "content": turn.content, **({"tool_calls": calls} if calls else {})}
-    lines = [encode({**answer.piece(""), "message": message}) + "\n", encode(final) + "\n"]
-    return StreamingResponse(iter(lines), media_type="application/x-ndjson", headers=SSE_HEADERS)
+
+
+async def _ndjson(d, job, tools: ToolRequest, answer):
+    text = TextBeforeCalls()
+    try:
+        async for kind, value in job.events():
+            if kind == "piece" and (piece := text.feed(str(value))):
+                yield answer.piece_line(piece)
+            elif kind == "done":
+                turn = await finish_tool_turn(d, tools, value)
+                if not turn.calls and (rest := text.rest()):
+                    yield answer.piece_line(rest)
+                final = answer.final(turn.result, "")
+                if turn.calls:
+                    final["engram"] = turn.engram()
+                    message = {"role": "assistant", "content": "", "tool_calls": _ollama_calls(turn)}
+                    yield encode({**answer.piece(""), "message": message}) + "\n"
+                yield encode(final) + "\n"
+            elif kind == "error":
+                yield encode({"error": body_for(value)[1]["error"]["message"]}) + "\n"  # Ollama's: a string
+    finally:
+        job.cancel.set()

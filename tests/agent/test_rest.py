@@ -218,14 +218,27 @@ def test_bad_arguments_change_nothing(client):
 
 # -- the model's own tool calls -------------------------------------------------------------------------------
 def _script(monkeypatch, app, reply: str) -> list:
-    """The model 'writes' `reply` (the turn runs for real; only its text is replaced). Returns the turns seen."""
+    """The model 'writes' `reply` (the turn runs for real; only its text is replaced, in its result and in its
+    stream: the first piece says all of it, the others nothing). Returns the turns seen."""
     svc = app.state.daemon.service
-    real, seen = svc.chat, []
+    real, seen = getattr(svc, "unscripted_chat", svc.chat), []  # a second script replaces the first
+    monkeypatch.setattr(svc, "unscripted_chat", real, raising=False)
 
     def scripted(req, job=None):
         seen.append(req)
         seq = real(req, job)  # the planned turn: its result, once it has run, with the scripted text
         seq.answer = lambda r: dataclasses.replace(r, text=reply)
+        emit, pieces = seq.emit, []
+
+        def emit_scripted(kind, value):
+            if kind == "piece":
+                pieces.append(value)
+                if len(pieces) > 1:
+                    return
+                value = reply
+            emit(kind, value)
+
+        seq.emit = emit_scripted
         return seq
 
     monkeypatch.setattr(svc, "chat", scripted)

@@ -107,6 +107,23 @@ def test_one_call_without_parallel_calls_and_text_with_none(smol):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_streamed_reply_with_tools_sends_its_text_as_it_is_written(smol):
+    """Tools declared, the reply's text streams token by token as without tools (held back: only what could
+    open a call), and the stream adds up to the answer the same request gets unstreamed, calls included."""
+    oai, h = smol.clients()
+    h.close()
+    for choice in ("none", "auto"):
+        kwargs = {"model": "m", "messages": ASK, "tools": TOOLS, "tool_choice": choice, "max_tokens": 24}
+        whole = oai.chat.completions.create(temperature=0, **kwargs)
+        chunks = list(oai.chat.completions.create(temperature=0, stream=True, **kwargs))
+        calls, finish, content = streamed_calls(chunks)
+        assert (content or None, finish) == (whole.choices[0].message.content, whole.choices[0].finish_reason)
+        assert calls == openai_calls(whole)
+        if choice == "none":
+            pieces = [c for c in chunks if c.choices and c.choices[0].delta.content]
+            assert len(pieces) >= 5 and content, choice  # not one piece at the end
+
+
 def test_auto_calls_validate_when_the_model_makes_them(smol):
     oai, h = smol.clients()
     h.close()
