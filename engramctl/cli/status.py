@@ -164,9 +164,12 @@ def tiers(json_: bool = JsonOpt) -> None:
     serves = serving_line(plan.get("serving"))
     if serves:
         hw_fields.append(("serves", serves))
-    hw_fields.extend(offload_fields(plan.get("offload")))
     out.line(render_fields(hw_fields))
     out.line()
+    offload = offload_fields(plan.get("offload"))
+    if offload:  # a block of its own: where the model's layers run, and why
+        out.line(render_fields(offload))
+        out.line()
     rows = plan.get("tiers") or []
     tables = plan.get("tables") or []
     columns = [

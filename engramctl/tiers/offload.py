@@ -176,7 +176,8 @@ def plan_offload(
     rule = (
         f"{k} of {n_blocks + 1} layers on the GPU: every layer would need {arithmetic} > free VRAM "
         f"{human_bytes(gpu.free_bytes)}; the last {k} blocks take {human_bytes(used)} <= free VRAM - reserve"
-        f"{' - ' + tier if tier else ''} = {human_bytes(max(0, room))}; the rest runs on the CPU (layers come before the VRAM tier)"
+        f"{' - ' + tier if tier else ''} = {human_bytes(max(0, room))}; "
+        "the rest runs on the CPU (layers come before the VRAM tier)"
     )
     return _plan(model, k, gpu, reserve, vram_tier_bytes, rule, sequences, sequences_rule)
 

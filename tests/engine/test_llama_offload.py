@@ -1,6 +1,7 @@
 """The llama.cpp backend's offload plan (engine/llama_offload.py over tiers/offload.py) on real GGUF files: each
 layer's bytes from the header's tensor table, the plan on stand-in GPUs, the CPU build loading with no layer on the
-GPU and saying why, and /v1/tiers showing it. The rule's arithmetic on synthetic numbers: tests/tiers/test_offload.py."""
+GPU and saying why, and /v1/tiers showing it. The rule's arithmetic on synthetic numbers:
+tests/tiers/test_offload.py."""
 
 from __future__ import annotations
 
