@@ -145,6 +145,7 @@ def tiers(json_: bool = JsonOpt) -> None:
         **plan,
         "model": plan.get("model"),
         "serving": plan.get("serving"),
+        "offload": plan.get("offload"),  # which layers run on the GPU (llama.cpp; None on transformers, no daemon)
         "retention": plan.get("retention") or retention,
     }
     if out.json:
@@ -165,6 +166,10 @@ def tiers(json_: bool = JsonOpt) -> None:
         hw_fields.append(("serves", serves))
     out.line(render_fields(hw_fields))
     out.line()
+    offload = offload_fields(plan.get("offload"))
+    if offload:  # a block of its own: where the model's layers run, and why
+        out.line(render_fields(offload))
+        out.line()
     rows = plan.get("tiers") or []
     tables = plan.get("tables") or []
     columns = [
@@ -202,6 +207,22 @@ def tiers(json_: bool = JsonOpt) -> None:
             ]
         )
     )
+
+
+def offload_fields(o: Any) -> list[tuple[str, str]]:
+    """Where the llama.cpp model's layers run (tiers/offload.py's plan) as KEY value lines: none without one."""
+    if not isinstance(o, dict) or not o.get("layers"):
+        return []
+    on_gpu = o.get("layers_on_gpu") or 0
+    where = f"{on_gpu}/{o['layers']} layers on the GPU" + (f" ({o['gpu']})" if o.get("gpu") and on_gpu else "")
+    parts = []
+    if on_gpu:
+        parts.append(f"GPU: weights {size(o.get('weights_gpu_bytes'))}, state {size(o.get('state_gpu_bytes'))}")
+    parts.append(f"CPU: weights {size(o.get('weights_cpu_bytes'))}, state {size(o.get('state_cpu_bytes'))}")
+    fields = [("offload", f"{where}; {'; '.join(parts)}"), ("offload rule", o.get("rule") or "-")]
+    if o.get("sequences_rule"):
+        fields.append(("at once", o["sequences_rule"]))
+    return fields
 
 
 def prefix_line(p: dict | None) -> str:

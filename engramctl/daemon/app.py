@@ -31,6 +31,7 @@ from engramctl.engine.engine import Engine
 from engramctl.errors import EngramError, UsageError
 from engramctl.settings import Settings
 from engramctl.store.store import Store
+from engramctl.tiers.hardware import detect_hardware
 from engramctl.tiers.planner import TierPlanner
 
 log = logging.getLogger("engramctl.daemon")
@@ -41,7 +42,9 @@ def _load(settings: Settings) -> tuple[Engine, Store, TierPlanner]:
     try:
         tiers = TierPlanner.start(settings, store.retention)  # a lowered disk budget applies from the start
         engine = load_model(settings, place_tables=tiers.claim_tables)  # the same budgets hold its N-gram tables
-        tiers.replan(model_bytes=0, model_on_cpu=engine.info.device == "cpu")  # the weights show in the figures now
+        # the weights show in the figures now; the VRAM figure is the engine's own where it measures one (ggml)
+        hw = detect_hardware(settings.paths.data_dir, gpu=engine.gpu_memory())
+        tiers.replan(0, engine.info.device == "cpu", hw, vram_snapshots=engine.vram_snapshots)
     except BaseException:
         store.close()
         raise

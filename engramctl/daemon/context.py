@@ -24,6 +24,7 @@ from engramctl.errors import ModelNotFound
 from engramctl.protocol import same_model
 from engramctl.settings import Settings
 from engramctl.store.store import Store
+from engramctl.tiers.hardware import detect_hardware
 from engramctl.tiers.planner import TierPlanner
 
 log = logging.getLogger("engramctl.daemon")
@@ -45,7 +46,13 @@ class Daemon:
         self.settings, self.engine, self.store = settings, engine, store
         # the tier plan the store keeps within, the daemon's own: built here when the caller loaded the model
         # and opened the store itself (tests, benchmarks); shown by /v1/tiers
-        self.tiers = tiers or TierPlanner.start(settings, store.retention, model_on_cpu=engine.info.device == "cpu")
+        self.tiers = tiers or TierPlanner.start(
+            settings,
+            store.retention,
+            model_on_cpu=engine.info.device == "cpu",
+            hardware=detect_hardware(settings.paths.data_dir, gpu=engine.gpu_memory()),
+            vram_snapshots=engine.vram_snapshots,
+        )
         self.token = token or ensure_token(settings)
         self.scheduler = Scheduler(engine, serial=settings.serial_turns)
         # as many hot states as turns run together: each conversation's next turn restores nothing

@@ -48,11 +48,19 @@ async def status(request: Request):
 
 @router.get("/v1/tiers")
 async def tiers(request: Request):
-    """The tier plan, the model whose weights share the memory with the hot tiers, and how many
-    conversations it serves at once (each resident one holds a state in memory)."""
+    """The tier plan, the model whose weights share the memory with the hot tiers, how many
+    conversations it serves at once (each resident one holds a state in memory) and which of its layers
+    run on the GPU (`offload`, llama.cpp: tiers/offload.py; null on transformers)."""
     d = daemon_of(request)
     prefixes = {**d.store.prefixes.usage_json(), **d.service.prefixes.counts()}
-    return {**d.tiers.plan_json(), "model": _model(d), "serving": d.serving(), "prefix_states": prefixes}
+    offload = d.engine.offload  # None: the backend runs the whole model on one device (transformers)
+    return {
+        **d.tiers.plan_json(),
+        "model": _model(d),
+        "serving": d.serving(),
+        "prefix_states": prefixes,
+        "offload": None if offload is None else offload.to_json(),
+    }
 
 
 @router.get("/v1/sessions")

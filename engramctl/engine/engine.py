@@ -69,6 +69,23 @@ class Engine:
         """How the backend lays out its conversations' KV cells, in words for `engramctl ps` (None: nothing to say)."""
         return getattr(self.backend, "kv_layout", None)
 
+    @property
+    def offload(self):
+        """Which layers run on the GPU and why (tiers/offload.py OffloadPlan); None where the backend places the
+        whole model on one device (transformers)."""
+        return getattr(self.backend, "offload", None)
+
+    @property
+    def vram_snapshots(self) -> bool:
+        """Whether this backend's states can be held in the VRAM tier (llama.cpp's are host arrays: no)."""
+        return bool(getattr(self.backend, "vram_snapshots", True))
+
+    def gpu_memory(self) -> tuple[int, int, str] | None:
+        """(free, total, name) of the GPU as the backend measures it, where torch does not (llama.cpp: ggml);
+        None: the tier planner reads torch's figure as before."""
+        measure = getattr(self.backend, "gpu_memory", None)
+        return None if measure is None else measure()
+
     def prefill_chunk(self, live: Live, n_left: int, room: int | None = None) -> int:
         """How many of a prompt's `n_left` remaining tokens one step feeds: the backend's chunk, as its own
         prefill would cut them (a solo turn computes what it always did), or fewer when the step has only

@@ -187,6 +187,15 @@ def _parse(buf, path: Path) -> GgufHeader:
     return GgufHeader(path, metadata, tuple(tensors), c.pos, data_offset)
 
 
+def tensor_sizes(header: GgufHeader) -> dict[str, int]:
+    """name -> bytes each tensor takes in the file (to the next tensor's offset, alignment padding included:
+    at most general.alignment bytes more than its data)."""
+    end = header.path.stat().st_size - header.data_offset
+    ends = sorted({t.offset for t in header.tensors} | {end})
+    next_offset = dict(zip(ends, ends[1:]))
+    return {t.name: next_offset.get(t.offset, t.offset) - t.offset for t in header.tensors}
+
+
 def gguf_fingerprint(header: GgufHeader) -> str:
     h = hashlib.sha256(b"gguf1")
     try:

@@ -29,6 +29,7 @@ from engramctl.engine.llama_batch import Batch
 from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, SHARE_MIN_TOKENS, context_params, context_size
 from engramctl.engine.llama_layout import blob_layout
 from engramctl.engine.llama_lib import import_llama_cpp, library_version, n_cpu_threads, take_errors
+from engramctl.engine.llama_offload import gpu_memory, place
 from engramctl.engine.llama_pool import ParkedState, SequencePool
 from engramctl.engine.llama_threadpool import ThreadPool
 from engramctl.errors import (
@@ -49,6 +50,9 @@ STATE_FORMAT = "llama.cpp-seq3-typed1"  # LLAMA_STATE_SEQ_VERSION 3, as llama_st
 
 
 class LlamaCppBackend:
+    # its states are host arrays (numpy), never held in the VRAM tier: VRAM holds its layers and conversations
+    vram_snapshots = False
+
     def __init__(
         self,
         path: Path,
@@ -77,21 +81,29 @@ class LlamaCppBackend:
         mparams.load_mode = lib.LLAMA_LOAD_MODE_MMAP  # weights stay in the page cache, in their GGUF type
         if device not in ("auto", "cpu", "cuda"):
             raise UsageError(f"device {device!r} is not one of auto, cpu, cuda.")
-        gpu = device != "cpu" and bool(lib.llama_supports_gpu_offload())
-        if device == "cuda" and not gpu:
+        if device == "cuda" and not lib.llama_supports_gpu_offload():
             raise UsageError(
                 "device cuda was requested but llama-cpp-python was built without GPU support.",
                 hint='rebuild it with CMAKE_ARGS="-DGGML_CUDA=ON", or use --device cpu',
             )
-        mparams.n_gpu_layers = 999 if gpu else 0
+        threads = threads or n_cpu_threads()
+        # how many layers go to the GPU, and the context (conversations at once, KV cells) it counted
+        placed = place(
+            lib, header, layout, device=device, context_tokens=context_tokens, sequences=sequences, threads=threads
+        )
+        self.offload = placed.plan  # /v1/tiers, `engramctl tiers`
+        gpu = placed.plan.n_gpu_layers > 0
+        mparams.n_gpu_layers = placed.plan.n_gpu_layers
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise UnsupportedModel(
                 f"llama.cpp could not load {path.name} (architecture {header.architecture!r}): "
                 f"{take_errors() or 'see the daemon log'}"
             )
-        threads = threads or n_cpu_threads()
-        size = context_size(lib, self._model, layout, context_tokens, sequences, threads)
+        size = placed.size
+        n_ctx_train, swa = int(lib.llama_model_n_ctx_train(self._model)), bool(lib.llama_model_n_swa(self._model))
+        if (n_ctx_train, swa) != (placed.n_ctx_train, placed.swa):  # a trained length or window the header hid
+            size = context_size(layout, context_tokens, size.sequences, threads, n_ctx_train=n_ctx_train, swa=swa)
         self.max_sequences, n_ctx = size.sequences, size.n_ctx  # n_ctx: tokens one conversation can hold
         cparams = context_params(lib, size, chunk_tokens, threads)
         self._ctx = lib.llama_init_from_model(self._model, cparams)
@@ -195,6 +207,11 @@ class LlamaCppBackend:
             state_format=STATE_FORMAT,
             backend_version=self.library_version,
         )
+
+    def gpu_memory(self) -> tuple[int, int, str] | None:
+        """(free, total, name) of the GPU now, as ggml measures it (None on the CPU): the tier plan's VRAM figure."""
+        gpu = gpu_memory(self._lib) if self.offload.n_gpu_layers else None
+        return None if gpu is None else (gpu.free_bytes, gpu.total_bytes, gpu.name)
 
     def close(self) -> None:
         """Free the context now (it is freed anyway when the backend is collected); the model follows

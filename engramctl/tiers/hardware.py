@@ -1,7 +1,9 @@
 """What this machine has: RAM, VRAM, free disk under the data dir, CPU model and cores.
 
 torch is never imported here: VRAM is read only when the process has already imported torch (the
-engine has) and CUDA is available, so `engramctl tiers` in a CLI process stays fast.
+engine has) and CUDA is available, so `engramctl tiers` in a CLI process stays fast. The llama.cpp backend
+measures VRAM through ggml instead (engine/llama_offload.py) and its owner passes that figure in (`gpu=`):
+the tier plan and the offload plan then start from the same number.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,10 +85,29 @@ def cuda_memory() -> tuple[int, int, str] | None:
         return None
 
 
-def detect_hardware(data_dir: Path) -> Hardware:
+NVIDIA_SMI_TIMEOUT_S = 5.0
+
+
+def nvidia_smi_memory() -> tuple[int, int, str] | None:
+    """(free, total, name) of GPU 0 from nvidia-smi (~50-300 ms), None without it or a GPU: for a llama.cpp
+    library whose ggml device calls cannot be reached."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    cmd = [exe, "--query-gpu=memory.free,memory.total,name", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=True).stdout
+        free, total, name = (part.strip() for part in out.splitlines()[0].split(",", 2))
+        return int(free) << 20, int(total) << 20, name  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def detect_hardware(data_dir: Path, gpu: tuple[int, int, str] | None = None) -> Hardware:
+    """The figures now; `gpu` (free, total, name) replaces torch's VRAM reading (the llama.cpp engine's)."""
     vm = psutil.virtual_memory()
     disk = shutil.disk_usage(_existing(data_dir))
-    cuda = cuda_memory()
+    cuda = gpu or cuda_memory()
     threads = psutil.cpu_count(logical=True) or os.cpu_count() or 1
     return Hardware(
         ram_total_bytes=int(vm.total),

@@ -3,6 +3,8 @@
 Default rules (the constants below):
 - vram: only with CUDA. 50% of (free VRAM - model weights on the GPU - a working reserve of
   max(1 GiB, 10% of total VRAM)). The reserve is for activations and attention KV during prefill.
+  Off where the serving backend keeps no snapshot copies in VRAM (plan's vram_snapshots: llama.cpp, whose VRAM
+  holds the layers tiers/offload.py places and its conversations' state).
 - ram:  50% of (available RAM - model weights when the model runs on the CPU).
 - disk: the smaller of 20 GiB and 50% of (free disk on the data dir's filesystem + what the store
   already holds there, so a full store does not shrink its own budget at each start).
@@ -83,12 +85,21 @@ def _share(share: float, figure: int) -> int:
     return int(share * max(0, figure))
 
 
-def _vram(hw: Hardware, override: int | None, model_gpu: int) -> TierBudget:
+def vram_reserve(total_bytes: int) -> int:
+    """VRAM kept free for activations, compute buffers and attention KV during prefill: max(1 GiB, 10% of total).
+    The offload plan (tiers/offload.py) keeps the same reserve, so the layers and the tier agree."""
+    return max(VRAM_RESERVE_MIN, int(VRAM_RESERVE_FRACTION * total_bytes))
+
+
+def _vram(hw: Hardware, override: int | None, model_gpu: int, snapshots: bool) -> TierBudget:
+    note = f" (override {human_bytes(override)} ignored)" if override is not None else ""
     if not hw.has_cuda:
-        note = f" (override {human_bytes(override)} ignored)" if override is not None else ""
         return TierBudget("vram", 0, None, "no CUDA device in this process: tier off" + note, "cuda")
     free, total = hw.vram_free_bytes or 0, hw.vram_total_bytes or 0
-    reserve = max(VRAM_RESERVE_MIN, int(VRAM_RESERVE_FRACTION * total))
+    if not snapshots:  # the llama.cpp backend's states are host arrays: VRAM holds its layers and conversations
+        rule = f"the serving backend keeps no snapshot copies in VRAM: tier off; free VRAM {human_bytes(free)}"
+        return TierBudget("vram", 0, free, rule + note, "cuda")
+    reserve = vram_reserve(total)
     default = _share(VRAM_SHARE, free - model_gpu - reserve)
     rule = (
         f"{VRAM_SHARE:.0%} of (free VRAM {human_bytes(free)} - model {human_bytes(model_gpu)} - "
@@ -130,13 +141,15 @@ def plan(
     model_bytes: int = 0,
     model_on_cpu: bool = True,
     stored_disk_bytes: int = 0,
+    vram_snapshots: bool = True,
 ) -> TierPlan:
-    """Budgets for vram, ram and disk (in that order) from the hardware and the overrides."""
+    """Budgets for vram, ram and disk (in that order) from the hardware and the overrides. `vram_snapshots`:
+    whether the serving backend's states can be held in VRAM at all (False: the tier is off, and says why)."""
     get = (lambda f: getattr(settings, f)) if settings is not None else (lambda f: None)
     return TierPlan(
         hardware=hardware,
         tiers=(
-            _vram(hardware, get("tier_vram_bytes"), 0 if model_on_cpu else model_bytes),
+            _vram(hardware, get("tier_vram_bytes"), 0 if model_on_cpu else model_bytes, vram_snapshots),
             _ram(hardware, get("tier_ram_bytes"), model_bytes if model_on_cpu else 0),
             _disk(hardware, get("tier_disk_bytes"), stored_disk_bytes),
         ),

@@ -39,6 +39,7 @@ class TierPlanner:
         self._holder = holder
         self._claims: tuple[TableClaim, ...] = ()  # the N-gram tables claim_tables placed (immutable)
         self._lock = threading.RLock()
+        self._vram_snapshots = True  # whether the serving backend's states can be held in VRAM (plan.plan)
         self.plan: TierPlan | None = None
 
     @classmethod
@@ -49,19 +50,37 @@ class TierPlanner:
         model_bytes: int = 0,
         model_on_cpu: bool = True,
         hardware: Hardware | None = None,
+        vram_snapshots: bool = True,
     ) -> "TierPlanner":
         """A planner whose first plan (replan's arguments) the holder already follows: a lowered disk
         budget applies before the first write."""
         planner = cls(settings, holder)
-        planner.replan(model_bytes, model_on_cpu, hardware)
+        planner.replan(model_bytes, model_on_cpu, hardware, vram_snapshots)
         return planner
 
-    def replan(self, model_bytes: int = 0, model_on_cpu: bool = True, hardware: Hardware | None = None) -> TierPlan:
+    def replan(
+        self,
+        model_bytes: int = 0,
+        model_on_cpu: bool = True,
+        hardware: Hardware | None = None,
+        vram_snapshots: bool | None = None,
+    ) -> TierPlan:
         """Plan the budgets from the hardware (detected now unless given) and make the holder follow them;
-        shrinking tiers evict at once. Pass model_bytes when the detected figures do not show the weights yet."""
+        shrinking tiers evict at once. Pass model_bytes when the detected figures do not show the weights yet,
+        and the hardware the engine measured when its VRAM figure is not torch's (llama.cpp: ggml's);
+        vram_snapshots (kept from the last call when None): whether the engine's states can be held in VRAM."""
         hw = hardware or detect_hardware(self.settings.paths.data_dir)
         with self._lock:
-            new = plan(hw, self.settings, model_bytes, model_on_cpu, stored_disk_bytes=self._holder.stored_bytes())
+            if vram_snapshots is not None:
+                self._vram_snapshots = vram_snapshots
+            new = plan(
+                hw,
+                self.settings,
+                model_bytes,
+                model_on_cpu,
+                stored_disk_bytes=self._holder.stored_bytes(),
+                vram_snapshots=self._vram_snapshots,
+            )
             if self._claims:  # a loaded N-gram table does not move: claimed again where it is
                 new = keep_tables(new, self._claims)
             self._apply(new)

@@ -36,3 +36,23 @@ def test_json_has_the_documented_keys(engram_home):
     j = detect_hardware(engram_home).to_json()
     for k in ("ram_total_bytes", "ram_available_bytes", "vram_total_bytes", "disk_free_bytes", "cpu", "gpu"):
         assert k in j
+
+
+def test_nvidia_smi_is_read_for_a_llama_cpp_without_ggml_device_calls(tmp_path, monkeypatch):
+    from engramctl.tiers.hardware import nvidia_smi_memory
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '11000, 12282, NVIDIA GeForce RTX 4070, rev 1'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert nvidia_smi_memory() == (11000 << 20, 12282 << 20, "NVIDIA GeForce RTX 4070, rev 1")
+    smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
+    assert nvidia_smi_memory() is None
+    smi.unlink()
+    assert nvidia_smi_memory() is None
+
+
+def test_an_engines_vram_figure_replaces_torchs(engram_home):
+    hw = detect_hardware(engram_home, gpu=(3 << 30, 12 << 30, "NVIDIA GeForce RTX 4070"))
+    assert (hw.vram_free_bytes, hw.vram_total_bytes, hw.gpu) == (3 << 30, 12 << 30, "NVIDIA GeForce RTX 4070")
+    assert hw.has_cuda

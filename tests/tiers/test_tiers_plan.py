@@ -73,3 +73,34 @@ def test_plan_json_shape():
     ram = next(t for t in j["tiers"] if t["name"] == "ram")
     assert {"name", "budget_bytes", "used_bytes", "snapshots", "rule"} <= set(ram)
     assert (ram["used_bytes"], ram["snapshots"]) == (123, 2)
+
+
+def test_vram_tier_off_where_the_backend_keeps_no_snapshots_in_vram(engram_home, monkeypatch):
+    """llama.cpp's states are host arrays: the tier is off with CUDA present, and says so (the VRAM figure stays)."""
+    from engramctl.tiers.planner import TierPlanner
+
+    h = hw(vram_total_bytes=24 * GiB, vram_free_bytes=20 * GiB, gpu="Test GPU")
+    monkeypatch.setenv("ENGRAM_TIER_VRAM_BYTES", "2GiB")
+    p = plan(h, load_settings(), vram_snapshots=False)
+    vram = p.tier("vram")
+    assert vram.budget_bytes == 0 and vram.detected_bytes == 20 * GiB
+    assert vram.rule.startswith("the serving backend keeps no snapshot copies in VRAM: tier off")
+    assert "(override 2.0 GiB ignored)" in vram.rule
+    assert plan(h, load_settings()).budget("vram") == 2 * GiB  # a backend that can: the override holds
+
+    class Holder:
+        plans: list = []
+
+        def follow(self, new):
+            self.plans.append(new)
+
+        def stored_bytes(self):
+            return 0
+
+        def usage(self):
+            return {}
+
+    planner = TierPlanner.start(load_settings(), Holder(), hardware=h, vram_snapshots=False)
+    assert planner.plan.budget("vram") == 0
+    assert planner.replan(hardware=h).budget("vram") == 0  # kept across replans that do not say
+    assert planner.replan(hardware=h, vram_snapshots=True).budget("vram") == 2 * GiB

@@ -1,0 +1,125 @@
+"""The llama.cpp backend's offload plan (tiers/offload.py) fed from this model and this machine: the GPU's
+free VRAM through ggml's device calls, each layer's bytes from the GGUF header's tensor table, each layer's
+state from the context's size (llama_context.py), and the conversations served at once on a GPU.
+
+VRAM is read through ggml (ggml_backend_dev_memory on the first GPU device), which llama-cpp-python 0.3.36 does
+not bind but its library exports: the figure llama.cpp itself splits layers by, with no torch. A library
+without those symbols falls back to nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+
+from engramctl.engine import llama_state
+from engramctl.engine.gguf_header import GgufHeader, tensor_sizes
+from engramctl.engine.llama_context import SEQUENCES_MAX, ContextSize, context_size, layer_state_bytes
+from engramctl.tiers.hardware import nvidia_smi_memory
+from engramctl.tiers.offload import Gpu, LayerCost, ModelCost, OffloadPlan, cpu_reason, gpu_sequences, plan_offload
+
+_GPU_TYPES = (1,)  # enum ggml_backend_dev_type: CPU 0, GPU 1 (dedicated memory), IGPU 2, ACCEL 3, META 4
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+_OUTPUT = ("output.weight", "output.bias", "output_norm.weight", "output_norm.bias")
+
+
+def gpu_memory(lib) -> Gpu | None:
+    """The first GPU ggml registered (a CUDA build sees the CUDA devices once llama_backend_init ran), its
+    free and total memory now; None on a CPU build or without a GPU."""
+    if not lib.llama_supports_gpu_offload():
+        return None
+    try:
+        dll = ctypes.CDLL(lib.llama_cpp._lib._name)  # the loaded libllama's handle: dlsym reaches libggml too
+        dll.ggml_backend_dev_count.restype = ctypes.c_size_t
+        dll.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        dll.ggml_backend_dev_get.restype = ctypes.c_void_p
+        dll.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        dll.ggml_backend_dev_type.restype = ctypes.c_int
+        dll.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+        dll.ggml_backend_dev_description.restype = ctypes.c_char_p
+        size_p = ctypes.POINTER(ctypes.c_size_t)
+        dll.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_p, size_p]
+    except (AttributeError, OSError):
+        smi = nvidia_smi_memory()
+        return None if smi is None else Gpu(smi[2], smi[0], smi[1])
+    for i in range(dll.ggml_backend_dev_count()):
+        dev = dll.ggml_backend_dev_get(i)
+        if dll.ggml_backend_dev_type(dev) in _GPU_TYPES:
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            dll.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            name = (dll.ggml_backend_dev_description(dev) or b"GPU").decode("utf-8", "replace")
+            return Gpu(name, int(free.value), int(total.value))
+    return None
+
+
+def model_cost(header: GgufHeader, layout: llama_state.BlobLayout, size: ContextSize) -> ModelCost:
+    """Each block's weights (blk.N.*) and state, the output layer (output matrix and norm; the token embedding,
+    copied, where the output is tied to it) and the rest (token embedding and any other tensor: the CPU's)."""
+    sizes = tensor_sizes(header)
+    blocks = [0] * len(layout.layers)
+    output = rest = 0
+    for name, n in sizes.items():
+        m = _BLOCK.match(name)
+        if m and int(m.group(1)) < len(blocks):
+            blocks[int(m.group(1))] += n
+        elif name in _OUTPUT:
+            output += n
+        else:
+            rest += n
+    tied = 0
+    if "output.weight" not in sizes:  # tied: llama.cpp loads the token embedding a second time for the output
+        tied = sizes.get("token_embd.weight", 0)
+    state = layer_state_bytes(size, layout)
+    return ModelCost(tuple(LayerCost(w, s) for w, s in zip(blocks, state)), output + tied, rest, tied)
+
+
+@dataclass(frozen=True)
+class Placement:
+    plan: OffloadPlan
+    size: ContextSize  # the context the plan counted: what the backend creates
+    n_ctx_train: int  # what the size was computed from (the GGUF header's), checked against llama.cpp's
+    swa: bool
+
+
+def place(
+    lib,
+    header: GgufHeader,
+    layout: llama_state.BlobLayout,
+    *,
+    device: str,
+    context_tokens: int | None,
+    sequences: int | None,
+    threads: int,
+) -> Placement:
+    """The offload plan and the context it counted, before the model loads. On a GPU the conversations served
+    at once default from VRAM (gpu_sequences), else from the cores (llama_context.default_sequences)."""
+    gpu_build = bool(lib.llama_supports_gpu_offload())
+    gpu = gpu_memory(lib) if device != "cpu" else None
+    n_ctx_train = int(header.arch_value("context_length", 0) or 0)
+    swa = bool(header.arch_value("attention.sliding_window", 0))
+
+    def size_for(n: int | None) -> ContextSize:
+        return context_size(layout, context_tokens, n, threads, n_ctx_train=n_ctx_train, swa=swa)
+
+    on_gpu = cpu_reason(device, gpu_build, gpu) is None and gpu is not None
+    if sequences is not None:
+        seq_rule = f"{sequences} at once: set by --sequences / ENGRAM_SEQUENCES"
+    elif on_gpu:
+        weights = model_cost(header, layout, size_for(1))
+        sequences, seq_rule = gpu_sequences(
+            gpu,
+            weights.gpu_bytes(len(weights.layers) + 1)[0],
+            lambda n: model_cost(header, layout, size_for(n)).state_bytes,
+            SEQUENCES_MAX,
+        )
+    else:
+        seq_rule = "from the CPU cores and available RAM (no GPU takes layers)"
+    size = size_for(sequences)
+    if not sequences:
+        seq_rule = f"{size.sequences} at once: " + seq_rule
+    cost = model_cost(header, layout, size)
+    plan = plan_offload(
+        cost, gpu, requested=device, gpu_build=gpu_build, sequences=size.sequences, sequences_rule=seq_rule
+    )
+    return Placement(plan, size, n_ctx_train, swa)
