@@ -1,0 +1,148 @@
+"""scripts/setup.sh's choice of llama.cpp build (scripts/llama_build_args.py), on stand-in hardware: an
+`nvidia-smi` that lists the GPUs given and an `nvcc` that is only ever looked for, never run. Nothing is built."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "llama_build_args.py"
+CPU = "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF"  # the CPU build as CI has always made it
+
+
+def _executable(path: Path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def machine(tmp_path):
+    """run(gpus=[(name, cap)], nvcc=True, **env) -> CompletedProcess of the script on that machine.
+    gpus=None: no nvidia-smi; gpus=[]: nvidia-smi without a GPU (no driver), as on a cloud image."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def run(gpus=None, nvcc=True, cuda_home=None, old_driver=False, **env):
+        for f in bin_dir.iterdir():
+            f.unlink()
+        if gpus is not None:
+            rows = "".join(f"{name}, {cap}\\n" for name, cap in gpus)
+            listing = "".join(f"GPU {i}: {name} (UUID: GPU-{i})\\n" for i, (name, _) in enumerate(gpus))
+            query = '[ "$*" = "--query-gpu=name,compute_cap --format=csv,noheader" ]'
+            if old_driver:  # drivers before 510 know no compute_cap field
+                body = f'[ "$1" = "-L" ] && {{ printf "{listing}"; exit 0; }}\n'
+                body += 'echo "Field compute_cap is not a valid field to query."; exit 2\n'
+            elif gpus:
+                body = f'{query} && {{ printf "{rows}"; exit 0; }}\necho "unexpected arguments: $*" >&2; exit 9\n'
+            else:
+                body = 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9\n'
+            _executable(bin_dir / "nvidia-smi", body)
+        if nvcc:
+            _executable(bin_dir / "nvcc", "exit 99\n")
+        full = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            # where a toolkit would be besides PATH: none unless the test makes one
+            "CUDA_HOME": str(cuda_home or tmp_path / "no-toolkit"),
+            **env,
+        }
+        return subprocess.run(
+            [sys.executable, str(SCRIPT)], check=False, env=full, capture_output=True, text=True, timeout=60
+        )
+
+    return run
+
+
+def _ok(proc) -> tuple[str, list[str]]:
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip(), proc.stderr.splitlines()
+
+
+def test_no_gpu_is_exactly_the_cpu_build(machine):
+    for gpus in (None, []):  # no nvidia-smi at all; nvidia-smi without a driver
+        args, why = _ok(machine(gpus=gpus))
+        assert args == CPU
+        assert why == ["llama.cpp: CPU build (no NVIDIA GPU found by nvidia-smi)"]
+
+
+def test_a_gpu_and_nvcc_build_cuda_for_that_gpu_and_keep_the_cpu_side(machine):
+    args, why = _ok(machine(gpus=[("NVIDIA GeForce RTX 4090", "8.9")]))
+    assert args == f"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=89-real {CPU}"
+    assert len(why) == 1 and "CUDA build for 89-real" in why[0] and "NVIDIA GeForce RTX 4090 8.9" in why[0]
+
+
+def test_two_different_gpus_build_both_architectures_once_each(machine):
+    gpus = [("NVIDIA GeForce RTX 3090", "8.6"), ("NVIDIA GeForce RTX 4090", "8.9"), ("NVIDIA GeForce RTX 3090", "8.6")]
+    args, _ = _ok(machine(gpus=gpus))
+    assert args == f"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86-real;89-real {CPU}"
+    args, _ = _ok(machine(gpus=[("NVIDIA H100 80GB HBM3", "9.0"), ("NVIDIA RTX PRO 6000", "12.0")]))
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90-real;120-real " in args  # ggml itself makes 120 the 120a FP4 needs
+
+
+def test_a_gpu_without_a_compiler_gets_the_cpu_build_and_one_line_saying_what_to_install(machine):
+    args, why = _ok(machine(gpus=[("NVIDIA GeForce RTX 4090", "8.9")], nvcc=False))
+    assert args == CPU
+    assert len(why) == 1
+    assert "NVIDIA GeForce RTX 4090" in why[0] and "no CUDA compiler" in why[0] and "install" in why[0]
+    assert "nvcc" in why[0] and "cuda-toolkit" in why[0]
+
+
+def test_nvcc_outside_path_is_found_in_the_toolkit_and_named_to_cmake(machine, tmp_path):
+    toolkit = tmp_path / "cuda-13.0"
+    _executable(toolkit / "bin" / "nvcc", "exit 99\n")
+    args, _ = _ok(machine(gpus=[("NVIDIA GeForce RTX 3060", "8.6")], nvcc=False, cuda_home=toolkit))
+    assert args == f"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86-real {CPU} -DCMAKE_CUDA_COMPILER={toolkit}/bin/nvcc"
+
+
+def test_engram_cuda_0_forces_the_cpu_build(machine):
+    args, why = _ok(machine(gpus=[("NVIDIA GeForce RTX 4090", "8.9")], ENGRAM_CUDA="0"))
+    assert args == CPU and why == ["llama.cpp: CPU build (ENGRAM_CUDA=0)"]
+
+
+def test_engram_cuda_1_without_a_gpu_builds_the_named_architectures(machine):
+    args, why = _ok(machine(gpus=None, ENGRAM_CUDA="1", ENGRAM_CUDA_ARCHS="90"))
+    assert args == f"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90-real {CPU}"
+    assert "ENGRAM_CUDA=1" in why[0] and "ENGRAM_CUDA_ARCHS" in why[0]
+
+
+def test_engram_cuda_1_without_a_compiler_fails_naming_what_to_install(machine):
+    proc = machine(gpus=[("NVIDIA GeForce RTX 4090", "8.9")], nvcc=False, ENGRAM_CUDA="1")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("Error: ENGRAM_CUDA=1 asks for a CUDA build but no CUDA compiler was found")
+    assert "nvcc" in proc.stderr and "cuda-toolkit" in proc.stderr
+
+
+def test_engram_cuda_1_without_a_gpu_or_architecture_refuses_native(machine):
+    proc = machine(gpus=None, ENGRAM_CUDA="1")
+    assert proc.returncode == 2 and proc.stdout == "" and "ENGRAM_CUDA_ARCHS" in proc.stderr
+
+
+def test_engram_cuda_archs_overrides_the_gpus_own(machine):
+    args, _ = _ok(machine(gpus=[("NVIDIA GeForce RTX 4090", "8.9")], ENGRAM_CUDA_ARCHS="8.6, 90-virtual;89"))
+    assert "-DCMAKE_CUDA_ARCHITECTURES=86-real;90-virtual;89-real " in args
+    # ENGRAM_CUDA_ARCHS alone does not make a CUDA build where there is no GPU
+    assert _ok(machine(gpus=None, ENGRAM_CUDA_ARCHS="89"))[0] == CPU
+
+
+@pytest.mark.parametrize("env", [{"ENGRAM_CUDA_ARCHS": "sm_89"}, {"ENGRAM_CUDA": "yes"}])
+def test_bad_values_are_refused_with_a_sentence(machine, env):
+    proc = machine(gpus=[("NVIDIA GeForce RTX 4090", "8.9")], **env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"Error: {next(iter(env))}=")
+
+
+def test_a_driver_without_compute_cap_lets_cmake_ask_the_gpu(machine):
+    args, why = _ok(machine(gpus=[("NVIDIA GeForce GTX 1080", "6.1")], old_driver=True))
+    assert args == f"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native {CPU}"
+    assert "does not report its compute capability" in why[0]
+
+
+def test_cmake_args_in_the_environment_are_used_as_given(machine):
+    args, why = _ok(machine(gpus=[("NVIDIA GeForce RTX 4090", "8.9")], CMAKE_ARGS="-DGGML_CUDA=ON -DGGML_NATIVE=OFF"))
+    assert args == "-DGGML_CUDA=ON -DGGML_NATIVE=OFF" and why == [
+        "llama.cpp: CUDA build with CMAKE_ARGS as set in the environment"
+    ]
