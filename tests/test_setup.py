@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,56 @@ def test_cmake_args_in_the_environment_are_used_as_given(machine):
     assert args == "-DGGML_CUDA=ON -DGGML_NATIVE=OFF" and why == [
         "llama.cpp: CUDA build with CMAKE_ARGS as set in the environment"
     ]
+
+
+@pytest.fixture
+def toolkit(tmp_path):
+    """A stand-in CUDA 13 toolkit: an nvcc that only says its version, and no cuBLAS (as on this machine)."""
+    root = tmp_path / "cuda-13.0"
+    _executable(root / "bin" / "nvcc", 'echo "Cuda compilation tools, release 13.0, V13.0.88"\n')
+    return root
+
+
+def _wheel_args(toolkit: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full = {"PATH": f"{toolkit}/bin:/usr/bin:/bin", "HOME": str(toolkit.parent), **env}
+    script = ROOT / "scripts" / "build_cuda_wheel.sh"
+    return subprocess.run([script, "--print-args", *args], check=False, env=full, capture_output=True, text=True)
+
+
+def test_the_cuda_wheel_names_its_architecture_and_runs_on_another_cpu(toolkit):
+    (toolkit / "lib64").mkdir()
+    (toolkit / "lib64" / "libcublas.so").touch()  # a whole toolkit: nothing to add for cuBLAS
+    proc = _wheel_args(toolkit, "89-real")
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.split()
+    assert "-DCMAKE_CUDA_ARCHITECTURES=89-real" in args and "-DGGML_CUDA=on" in args
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON"} <= set(args)
+    assert {"-DGGML_CUDA_NO_VMM=ON", "-DGGML_CUDA_COMPRESSION_MODE=size", "-DGGML_OPENMP=OFF"} <= set(args)
+    assert not any("cublas" in a for a in args)
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in _wheel_args(toolkit).stdout.split()  # the lent H100/H200's
+
+
+def test_the_cuda_wheel_takes_cublas_from_its_pypi_wheel_where_the_toolkit_has_none(toolkit, tmp_path):
+    unpacked = tmp_path / "cublas"
+    lib, inc = unpacked / "nvidia" / "cu13" / "lib", unpacked / "nvidia" / "cu13" / "include"
+    for f in (lib / "libcublas.so.13", lib / "libcublasLt.so.13", inc / "cublas_v2.h"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.touch()
+    proc = _wheel_args(toolkit, ENGRAM_CUBLAS_DIR=str(unpacked))
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.split()
+    assert f"-DCUDA_cublas_LIBRARY={lib}/libcublas.so" in args
+    assert f"-DCUDA_cublasLt_LIBRARY={lib}/libcublasLt.so" in args
+    assert f"-DCMAKE_CUDA_FLAGS=-I{inc}" in args and f"-DCMAKE_CXX_FLAGS=-I{inc}" in args
+    assert os.readlink(lib / "libcublas.so") == "libcublas.so.13"  # the link name the linker asks for
+    missing = _wheel_args(toolkit, ENGRAM_CUBLAS_DIR=str(tmp_path / "none"))
+    assert missing.returncode == 2 and "no cuBLAS" in missing.stderr
+
+
+def test_the_wheels_folder_is_git_ignored():
+    proc = subprocess.run(
+        ["git", "check-ignore", "-q", "wheels/cuda-90-real/llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl"],
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0
