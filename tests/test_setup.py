@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,30 +22,35 @@ def _executable(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
+def _hardware(bin_dir: Path, gpus=None, nvcc=True, old_driver=False) -> None:
+    """Stand-ins in bin_dir: an nvidia-smi listing `gpus` [(name, compute capability)] (None: no nvidia-smi;
+    []: one that finds no driver, as on a cloud image without a GPU), and an nvcc that is never run."""
+    for f in bin_dir.iterdir():
+        f.unlink()
+    if gpus is not None:
+        rows = "".join(f"{name}, {cap}\\n" for name, cap in gpus)
+        listing = "".join(f"GPU {i}: {name} (UUID: GPU-{i})\\n" for i, (name, _) in enumerate(gpus))
+        query = '[ "$*" = "--query-gpu=name,compute_cap --format=csv,noheader" ]'
+        if old_driver:  # drivers before 510 know no compute_cap field
+            body = f'[ "$1" = "-L" ] && {{ printf "{listing}"; exit 0; }}\n'
+            body += 'echo "Field compute_cap is not a valid field to query."; exit 2\n'
+        elif gpus:
+            body = f'{query} && {{ printf "{rows}"; exit 0; }}\necho "unexpected arguments: $*" >&2; exit 9\n'
+        else:
+            body = 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9\n'
+        _executable(bin_dir / "nvidia-smi", body)
+    if nvcc:
+        _executable(bin_dir / "nvcc", "exit 99\n")
+
+
 @pytest.fixture
 def machine(tmp_path):
-    """run(gpus=[(name, cap)], nvcc=True, **env) -> CompletedProcess of the script on that machine.
-    gpus=None: no nvidia-smi; gpus=[]: nvidia-smi without a GPU (no driver), as on a cloud image."""
+    """run(gpus=[(name, cap)], nvcc=True, **env) -> CompletedProcess of llama_build_args.py on that machine."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
 
     def run(gpus=None, nvcc=True, cuda_home=None, old_driver=False, **env):
-        for f in bin_dir.iterdir():
-            f.unlink()
-        if gpus is not None:
-            rows = "".join(f"{name}, {cap}\\n" for name, cap in gpus)
-            listing = "".join(f"GPU {i}: {name} (UUID: GPU-{i})\\n" for i, (name, _) in enumerate(gpus))
-            query = '[ "$*" = "--query-gpu=name,compute_cap --format=csv,noheader" ]'
-            if old_driver:  # drivers before 510 know no compute_cap field
-                body = f'[ "$1" = "-L" ] && {{ printf "{listing}"; exit 0; }}\n'
-                body += 'echo "Field compute_cap is not a valid field to query."; exit 2\n'
-            elif gpus:
-                body = f'{query} && {{ printf "{rows}"; exit 0; }}\necho "unexpected arguments: $*" >&2; exit 9\n'
-            else:
-                body = 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9\n'
-            _executable(bin_dir / "nvidia-smi", body)
-        if nvcc:
-            _executable(bin_dir / "nvcc", "exit 99\n")
+        _hardware(bin_dir, gpus, nvcc, old_driver)
         full = {
             "PATH": f"{bin_dir}:/usr/bin:/bin",
             # where a toolkit would be besides PATH: none unless the test makes one
@@ -200,3 +206,153 @@ def test_the_wheels_folder_is_git_ignored():
         check=False,
     )
     assert proc.returncode == 0
+
+
+# A stand-in pip in the venv: it logs each call with its CMAKE_ARGS and "installs" a llama-cpp-python 0.3.36 whose
+# lib/ holds libggml-cuda.so when it was "built" with -DGGML_CUDA=on (what install_llama.sh checks, as a real CUDA
+# wheel has). FAKE_PIP_CACHE=cpu|cuda: pip's wheel cache holds that build and a plain install takes it, whatever
+# CMAKE_ARGS say (pip keys the cache by the sdist). FAKE_BUILD=cpu|cuda: what a build gives, whatever it was asked.
+FAKE_PIP = """
+import json, os, pathlib, sys
+
+venv = pathlib.Path(sys.argv[0]).parent.parent
+args = sys.argv[1:]
+cmake = os.environ.get("CMAKE_ARGS", "")
+with open(venv / "pip.log", "a") as f:
+    f.write(json.dumps([*args, "CMAKE_ARGS=" + cmake]) + "\\n")
+built = os.environ.get("FAKE_BUILD") or ("cuda" if "-DGGML_CUDA=on" in cmake.split() else "cpu")
+site = next((venv / "lib").glob("python3*/site-packages"))
+
+
+def install(kind):
+    lib = site / "llama_cpp" / "lib"
+    lib.mkdir(parents=True, exist_ok=True)
+    (lib.parent / "__init__.py").write_text("")
+    (lib / "libggml-cuda.so").unlink(missing_ok=True)
+    if kind == "cuda":
+        (lib / "libggml-cuda.so").write_text("")
+    meta = site / "llama_cpp_python-0.3.36.dist-info"
+    meta.mkdir(exist_ok=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\\nName: llama_cpp_python\\nVersion: 0.3.36\\n")
+
+
+if args[0] == "wheel":
+    out = pathlib.Path(args[args.index("-w") + 1])
+    out.mkdir(parents=True)
+    (out / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_text(built)
+elif args[-1].endswith(".whl"):
+    install(pathlib.Path(args[-1]).read_text())
+elif "--no-cache-dir" in args or not os.environ.get("FAKE_PIP_CACHE"):
+    install(built)
+else:
+    install(os.environ["FAKE_PIP_CACHE"])
+"""
+
+
+@pytest.fixture
+def installer(tmp_path):
+    """install(venv, gpus=..., nvcc=..., **env) -> (CompletedProcess of scripts/install_llama.sh, the pip calls)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def install(venv: Path, gpus=None, nvcc=True, **env):
+        if not (venv / "bin" / "python").exists():
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+            (venv / "bin" / "pip").write_text(f"#!{venv}/bin/python\n{FAKE_PIP}")
+            (venv / "bin" / "pip").chmod(0o755)
+        (venv / "pip.log").unlink(missing_ok=True)
+        _hardware(bin_dir, gpus, nvcc)
+        full = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "CUDA_HOME": str(tmp_path / "no-toolkit"),
+            "HOME": str(tmp_path),
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            **env,
+        }
+        script = ROOT / "scripts" / "install_llama.sh"
+        proc = subprocess.run(
+            [script, str(venv), "0.3.36"], check=False, env=full, capture_output=True, text=True, timeout=120
+        )
+        log = venv / "pip.log"
+        calls = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+        return proc, calls
+
+    return install
+
+
+def _mark(venv: Path) -> str:
+    return (venv / "share" / "engramctl" / "llama-cpp-python.cmake-args").read_text().strip()
+
+
+RTX = [("NVIDIA GeForce RTX 4090", "8.9")]
+CUDA = f"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=89-real {CPU}"
+
+
+def test_without_a_gpu_the_cpu_build_is_installed_once(installer, tmp_path):
+    venv = tmp_path / "venv"
+    proc, calls = installer(venv)
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [["install", "-q", "llama-cpp-python==0.3.36", f"CMAKE_ARGS={CPU}"]]  # pip's cache may serve it
+    assert _mark(venv) == CPU
+    proc, calls = installer(venv)
+    assert proc.returncode == 0 and calls == []  # the right build is there: nothing to do
+    (venv / "share" / "engramctl" / "llama-cpp-python.cmake-args").unlink()
+    assert installer(venv)[1] == []  # a CPU build installed before install_llama.sh recorded its args is today's
+
+
+def test_a_gpu_machine_builds_its_cuda_wheel_once_outside_pips_cache(installer, tmp_path):
+    venv = tmp_path / "venv"
+    installer(venv)  # the CPU build, as a venv from before
+    proc, calls = installer(venv, gpus=RTX)
+    assert proc.returncode == 0, proc.stderr
+    [wheel, install] = calls
+    assert wheel[:4] == ["wheel", "-q", "--no-deps", "--no-cache-dir"] and wheel[-1] == f"CMAKE_ARGS={CUDA}"
+    assert wheel[wheel.index("-w") + 1].startswith(str(tmp_path / "cache" / "engramctl" / "llama-cpp-python-"))
+    assert install[:4] == ["install", "-q", "--force-reinstall", "--no-deps"] and install[4].endswith(".whl")
+    assert _mark(venv) == CUDA and (next(venv.glob("lib/python3*/site-packages/llama_cpp/lib/libggml-cuda.so")))
+    assert "CUDA build for 89-real" in proc.stderr and "tens of minutes" in proc.stderr
+    assert installer(venv, gpus=RTX)[1] == []
+    # a second venv on the machine installs the kept wheel: no build
+    proc, calls = installer(tmp_path / "venv2", gpus=RTX)
+    assert proc.returncode == 0 and [c[0] for c in calls] == ["install"] and calls[0][-2].endswith(".whl")
+    # another GPU, other architectures: built again
+    _, calls = installer(venv, gpus=[("NVIDIA GeForce RTX 3090", "8.6")])
+    assert calls[0][0] == "wheel" and "-DCMAKE_CUDA_ARCHITECTURES=86-real" in calls[0][-1]
+
+
+def test_going_back_to_the_cpu_build_never_takes_pips_cache(installer, tmp_path):
+    venv = tmp_path / "venv"
+    installer(venv, gpus=RTX)
+    proc, calls = installer(venv, gpus=RTX, ENGRAM_CUDA="0")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [
+        [
+            "install",
+            "-q",
+            "--force-reinstall",
+            "--no-deps",
+            "--no-cache-dir",
+            "llama-cpp-python==0.3.36",
+            f"CMAKE_ARGS={CPU}",
+        ]
+    ]
+    assert _mark(venv) == CPU and not list(venv.glob("lib/python3*/site-packages/llama_cpp/lib/libggml-cuda.so"))
+
+
+def test_a_cuda_wheel_in_pips_cache_is_replaced_by_a_fresh_cpu_build(installer, tmp_path):
+    venv = tmp_path / "venv"
+    proc, calls = installer(venv, FAKE_PIP_CACHE="cuda")
+    assert proc.returncode == 0, proc.stderr
+    assert [c[:3] for c in calls] == [
+        ["install", "-q", "llama-cpp-python==0.3.36"],
+        ["install", "-q", "--force-reinstall"],
+    ]
+    assert "--no-cache-dir" in calls[1] and _mark(venv) == CPU
+
+
+def test_a_build_of_the_wrong_kind_is_an_error(installer, tmp_path):
+    venv = tmp_path / "venv"
+    proc, _ = installer(venv, FAKE_BUILD="cuda")
+    assert proc.returncode == 1
+    assert "Error: llama-cpp-python 0.3.36 is not the cpu build after installing it" in proc.stderr
+    assert not (venv / "share" / "engramctl" / "llama-cpp-python.cmake-args").exists()
