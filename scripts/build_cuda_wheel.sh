@@ -12,7 +12,8 @@
 # libcublas of the same CUDA major version on the loader's path (LD_LIBRARY_PATH=/usr/local/cuda/lib64).
 # Environment: PYTHON (the interpreter the wheel is for; default .venv/bin/python), ENGRAM_CUBLAS_DIR (an
 # unpacked cuBLAS wheel; default wheels/cublas-cuN, fetched when absent), ENGRAM_LLAMA_SDIST (a local sdist
-# instead of PyPI's), CMAKE_BUILD_PARALLEL_LEVEL (default: all cores; ~1 hour on 2 for one architecture).
+# instead of PyPI's), CMAKE_BUILD_PARALLEL_LEVEL (default: all cores; 35 minutes on 2 for one architecture).
+# The wheel is slimmed (scripts/slim_wheel.py: ~24 MB for 90-real) to fit the device tool's 64 MiB carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMA_CPP_VERSION=0.3.36 # as scripts/setup.sh
@@ -71,12 +72,14 @@ if [ "$print_only" = 1 ]; then
 fi
 
 echo "building llama-cpp-python $LLAMA_CPP_VERSION for CUDA $ARCHS into $OUT (nvcc $NVCC):" \
-  "about an hour on 2 cores for one architecture" >&2
+  "~35 minutes on 2 cores for one architecture" >&2
 start="$(date +%s)"
 rm -rf "$OUT.partial"
 CMAKE_ARGS="${ARGS[*]}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
   "$PY" -m pip wheel --no-deps --no-binary :all: --no-cache-dir -w "$OUT.partial" \
   "${ENGRAM_LLAMA_SDIST:-llama-cpp-python==$LLAMA_CPP_VERSION}"
+# a wheel holds each library three times and CMake's install a second set at its root: ~140 MB -> ~20 MB
+python3 scripts/slim_wheel.py "$OUT.partial"/llama_cpp_python-*.whl
 {
   echo "cmake_args: ${ARGS[*]}"
   echo "nvcc: $("$NVCC" --version | tail -1)"

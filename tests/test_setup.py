@@ -310,7 +310,7 @@ def test_a_gpu_machine_builds_its_cuda_wheel_once_outside_pips_cache(installer, 
     assert wheel[wheel.index("-w") + 1].startswith(str(tmp_path / "cache" / "engramctl" / "llama-cpp-python-"))
     assert install[:4] == ["install", "-q", "--force-reinstall", "--no-deps"] and install[4].endswith(".whl")
     assert _mark(venv) == CUDA and (next(venv.glob("lib/python3*/site-packages/llama_cpp/lib/libggml-cuda.so")))
-    assert "CUDA build for 89-real" in proc.stderr and "tens of minutes" in proc.stderr
+    assert "CUDA build for 89-real" in proc.stderr and "~35 minutes per GPU architecture" in proc.stderr
     assert installer(venv, gpus=RTX)[1] == []
     # a second venv on the machine installs the kept wheel: no build
     proc, calls = installer(tmp_path / "venv2", gpus=RTX)
@@ -356,3 +356,31 @@ def test_a_build_of_the_wrong_kind_is_an_error(installer, tmp_path):
     assert proc.returncode == 1
     assert "Error: llama-cpp-python 0.3.36 is not the cpu build after installing it" in proc.stderr
     assert not (venv / "share" / "engramctl" / "llama-cpp-python.cmake-args").exists()
+
+
+def test_slim_wheel_keeps_what_the_package_loads(tmp_path):
+    """A stand-in wheel laid out as llama-cpp-python 0.3.36's CUDA wheel is (each library under three names, and
+    CMake's install at the root): the slim one keeps the package, the two names ctypes loads and the sonames."""
+    import zipfile
+
+    wheel = tmp_path / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+    names = ["llama_cpp/__init__.py", "llama_cpp/llama_cpp.py", "include/llama.h", "lib/cmake/llama/llama-config.cmake"]
+    for lib, version in [("llama", "0.5.0"), ("ggml", "0.25.3"), ("ggml-base", "0.25.3"), ("ggml-cuda", "0.25.3")]:
+        for where in ("lib", "llama_cpp/lib"):
+            names += [f"{where}/lib{lib}.so", f"{where}/lib{lib}.so.0", f"{where}/lib{lib}.so.{version}"]
+    record = "llama_cpp_python-0.3.36.dist-info/RECORD"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for n in names:
+            z.writestr(n, n)
+        z.writestr("llama_cpp_python-0.3.36.dist-info/METADATA", "Name: llama_cpp_python\n")
+        z.writestr(record, "".join(f"{n},sha256=x,{len(n)}\n" for n in names) + f"{record},,\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "slim_wheel.py"), str(wheel)], check=False)
+    assert proc.returncode == 0
+    with zipfile.ZipFile(wheel) as z:
+        kept = set(z.namelist())
+        listed = {ln.split(",")[0] for ln in z.read(record).decode().splitlines()}
+        assert z.read("llama_cpp/lib/libggml-cuda.so.0") == b"llama_cpp/lib/libggml-cuda.so.0"
+    libs = {"libllama.so", "libggml.so"} | {f"lib{x}.so.0" for x in ("llama", "ggml", "ggml-base", "ggml-cuda")}
+    package = {"llama_cpp/__init__.py", "llama_cpp/llama_cpp.py"} | {f"llama_cpp/lib/{x}" for x in libs}
+    assert kept == package | {"llama_cpp_python-0.3.36.dist-info/METADATA", record}
+    assert listed == package | {record}

@@ -13,8 +13,8 @@ from engramctl.engine.llama_build import from_system_info, parse_system_info
 CPU_TEXT = (
     "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | REPACK = 1 | "
 )
-# A CUDA build for 90-real with GGML_CUDA_NO_VMM, as ggml_backend_cuda_get_features writes it (ARCHS is nvcc's
-# __CUDA_ARCH_LIST__), then its CPU backend's features
+# What the CUDA wheel scripts/build_cuda_wheel.sh makes (90-real, GGML_CUDA_NO_VMM, AVX2 without -march=native)
+# prints, verbatim, on a machine without a GPU (ARCHS is nvcc's __CUDA_ARCH_LIST__); its CPU section is CPU_TEXT
 CUDA_TEXT = (
     "CUDA : ARCHS = 900 | NO_VMM = 1 | USE_GRAPHS = 1 | FA_QUANTS = q4_0-q4_0,q8_0-q8_0,f16-f16,bf16-bf16 | " + CPU_TEXT
 )
