@@ -43,6 +43,7 @@ def slim(path: str) -> tuple[int, int]:
                     lines = data.decode().splitlines()
                     data = "".join(ln + "\n" for ln in lines if keep(ln.rsplit(",", 2)[0])).encode()
                 dst.writestr(info, data)
+        os.chmod(tmp, os.stat(path).st_mode & 0o777)  # mkstemp's file is 0600
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
