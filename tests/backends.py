@@ -24,6 +24,20 @@ def served_id(backend: str, model: Path) -> str:
     return model.name if backend == "llama.cpp" else str(Path(model).resolve())
 
 
+def expected_build(backend: str) -> str:
+    """ModelInfo.build on this machine: the llama.cpp that setup.sh built (CPU, its compiled SIMD), or torch on CPU."""
+    if backend == "llama.cpp":
+        from engramctl.engine.llama_build import loaded_build
+        from engramctl.engine.llama_lib import import_llama_cpp
+
+        build = loaded_build(import_llama_cpp()).describe()
+        assert build.startswith("CPU (") and "CUDA" not in build
+        return build
+    import torch
+
+    return f"torch {torch.__version__.split('+')[0]}, CPU"
+
+
 def weight_dtype(backend: str) -> str:
     """ModelInfo.dtype of the tiny served model: transformers runs it in float32; llama.cpp reports the
     GGUF's own weight type (the f32 conversion)."""

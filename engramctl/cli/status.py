@@ -32,6 +32,8 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
         fields.append(("family", d["family"]))
     if d.get("backend"):
         fields.append(("backend", d["backend"]))
+    if d.get("build"):  # which llama.cpp build (CPU, or CUDA and its architectures) or torch computes
+        fields.append(("build", d["build"]))
     # llama.cpp's dtype is its weight type, which the memory line shows: say it once
     dtype = d.get("dtype") if d.get("dtype") != d.get("weight_type") else None
     fields.append(("device", ", ".join(str(x) for x in (d.get("device"), dtype) if x) or "-"))
@@ -82,7 +84,8 @@ def model_line(m: dict | None) -> str:
     if not m:
         return "none loaded (no daemon running)"
     weights = " ".join(x for x in (size(m.get("weights_bytes")), m.get("weight_type")) if x)
-    return f"{m.get('model')}: {m.get('backend')}, weights {weights} on {m.get('device')}"
+    line = f"{m.get('model')}: {m.get('backend')}, weights {weights} on {m.get('device')}"
+    return f"{line}; build {m['build']}" if m.get("build") else line
 
 
 def ps(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:

@@ -36,6 +36,7 @@ def _model(d) -> dict:
         "device": i.device,
         "dtype": i.dtype,
         "weights_bytes": i.weights_bytes,
+        "build": i.build,  # which llama.cpp (CPU, or CUDA and its architectures) or torch computes
     }
 
 

@@ -37,6 +37,7 @@ class ModelInfo:
     resume: str  # "chunked" | "token_by_token" (Mamba1 scans ignore an initial state for >1 token)
     backend: str = "transformers"  # "transformers" | "llama.cpp"
     weight_type: str = ""  # how the weights are held: "float32", "bfloat16", "Q4_1", "Q8_0", "F16", ...
+    build: str = ""  # what computes: "CPU (AVX2 ...)", "CUDA sm_89 on <GPU>; CPU (...)", "torch 2.13.0, CPU"
 
 
 class Backend(Protocol):

@@ -42,6 +42,14 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def _torch_build(device: str) -> str:
+    """What computes on transformers (ModelInfo.build): torch's version, and on a GPU its CUDA and the card."""
+    version = torch.__version__.split("+")[0]
+    if device.startswith("cuda"):
+        return f"torch {version}, CUDA {torch.version.cuda} on {torch.cuda.get_device_name(torch.device(device))}"
+    return f"torch {version}, {device.upper()}"
+
+
 class TransformersBackend:
     max_sequences = 1  # one conversation at a time: no step(), the engine feeds Lives one by one
 
@@ -87,6 +95,7 @@ class TransformersBackend:
             resume="token_by_token" if self.family.token_by_token else "chunked",
             backend="transformers",
             weight_type=_dtype_name(next(model.parameters())),
+            build=_torch_build(self.device),
         )
         self.spec = self._probe_spec()
 

@@ -26,6 +26,7 @@ from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.gguf_header import gguf_fingerprint, read_header
 from engramctl.engine.gguf_tokenizer import GgufTokenizer
 from engramctl.engine.llama_batch import Batch
+from engramctl.engine.llama_build import loaded_build
 from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, SHARE_MIN_TOKENS, context_params, context_size
 from engramctl.engine.llama_layout import blob_layout
 from engramctl.engine.llama_lib import import_llama_cpp, library_version, n_cpu_threads, take_errors
@@ -153,6 +154,7 @@ class LlamaCppBackend:
             resume="chunked",
             backend=BACKEND,
             weight_type=header.weight_type,
+            build=loaded_build(lib).describe(),
         )
         self.layout = self._probe_layout(layout)
         self.spec = self._spec()

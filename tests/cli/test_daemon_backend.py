@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.backends import BACKENDS, both_backends, weight_dtype
+from tests.backends import BACKENDS, both_backends, expected_build, weight_dtype
 
 
 @pytest.fixture
@@ -37,8 +37,11 @@ def test_backend_flag_reaches_the_daemon_and_is_shown(cli, daemon, backend):
     ps = cli.json("ps")["daemon"]
     assert (ps["backend"], ps["weight_type"], ps["dtype"]) == (backend, wtype, wtype)
     assert ps["weights_bytes"] > 0
+    build = expected_build(backend)  # which llama.cpp build (here the CPU one) or torch computes
+    assert ps["build"] == build
     human = cli("ps").stdout.splitlines()
     assert f"BACKEND  {backend}" in human
+    assert f"BUILD    {build}" in human
     assert any(ln.startswith("MEMORY ") and wtype in ln for ln in human)
     assert cli.json("daemon", "status")["backend"] == backend
 
@@ -48,7 +51,8 @@ def test_backend_flag_reaches_the_daemon_and_is_shown(cli, daemon, backend):
     ram = next(t for t in tiers["tiers"] if t["name"] == "ram")
     assert ram["budget_bytes"] == 64 * 2**20  # --tier-ram-bytes reached it too
     line = next(ln for ln in cli("tiers").stdout.splitlines() if ln.startswith("MODEL "))
-    assert f"{backend}, weights " in line and f"{wtype} on cpu" in line
+    assert f"{backend}, weights " in line and f"{wtype} on cpu; build {build}" in line
+    assert tiers["model"]["build"] == build
 
     other = next(b for b in BACKENDS if b != backend)
     again = cli("daemon", "start", "--backend", other)

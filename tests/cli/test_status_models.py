@@ -187,6 +187,18 @@ def test_ps_shows_backend_and_weights(cli, seeded, monkeypatch):
     assert (data["backend"], data["weight_type"], data["weights_bytes"]) == ("llama.cpp", "Q8_0", 380 * 2**20)
 
 
+def test_ps_and_tiers_say_which_build_computes():
+    """Rendering only: a CUDA build's line as the daemon reports it (tests/engine/test_llama_build.py makes it)."""
+    from engramctl.cli.status import daemon_fields, model_line
+
+    build = "CUDA sm_89 on NVIDIA GeForce RTX 4090; CPU (AVX2 FMA)"
+    m = {"model": "g.gguf", "backend": "llama.cpp", "weight_type": "Q8_0", "weights_bytes": 1 << 20, "device": "cuda"}
+    assert dict(daemon_fields({**m, "build": build}))["build"] == build
+    assert model_line({**m, "build": build}) == f"g.gguf: llama.cpp, weights 1.0 MiB Q8_0 on cuda; build {build}"
+    assert model_line(m) == "g.gguf: llama.cpp, weights 1.0 MiB Q8_0 on cuda"  # a daemon from before the field
+    assert "build" not in dict(daemon_fields(m))
+
+
 def test_tiers_without_a_daemon_say_no_model(cli, seeded):
     human = cli("tiers").stdout
     assert "MODEL  none loaded (no daemon running)" in human.splitlines()

@@ -9,7 +9,7 @@ import pytest
 
 from engramctl.daemon.auth import ensure_token, token_path
 from engramctl.settings import load_settings
-from tests.backends import both_backends, weight_dtype
+from tests.backends import both_backends, expected_build, weight_dtype
 from tests.helpers import chat, served_app
 
 TOKEN = "test-token-123"
@@ -95,6 +95,7 @@ def test_health_models_status(app_client, engine, backend):
     assert (st["backend"], st["weight_type"]) == (backend, weight_dtype(backend))
     assert st["rss_bytes"] > 0 and st["uptime_s"] >= 0 and st["sessions"] == 0
     assert st["weights_bytes"] == engine.info.weights_bytes > 0 and st["notices"] == []
+    assert st["build"] == engine.info.build == expected_build(backend)
     tiers = app_client.get("/v1/tiers").json()
     assert [t["name"] for t in tiers["tiers"]] == ["vram", "ram", "disk"]
 

@@ -1,0 +1,95 @@
+"""Which llama.cpp build this process loaded: CPU only, or CUDA and the GPU architectures it was compiled for,
+and the CPU features its ggml-cpu was compiled with (what `engramctl ps` and `tiers` show as the build).
+
+Two sources, both in the loaded library: llama_print_system_info() writes each compiled-in backend's build
+features ("CUDA : ARCHS = 890 | USE_GRAPHS = 1 | ... | CPU : SSE3 = 1 | AVX2 = 1 | ..."), the CUDA backend's
+ARCHS being nvcc's __CUDA_ARCH_LIST__; ggml's device registry (libggml, which llama-cpp-python loads) lists the
+devices found at run time. A CUDA build on a machine without a usable GPU has the first and none of the second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+_GPU_TYPES = (1, 2)  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU (ggml-backend.h)
+
+
+@dataclass(frozen=True)
+class LlamaBuild:
+    cuda_archs: tuple[str, ...]  # compute capabilities compiled for, as sm_XY names ("sm_89"); () without CUDA
+    cuda: bool  # the CUDA backend is compiled in
+    gpus: tuple[str, ...] | None  # the GPU devices ggml found; None where the registry could not be read
+    cpu_features: tuple[str, ...]  # ggml-cpu's compiled features that are on: "AVX2", "AVX512", "OPENMP", ...
+
+    def describe(self) -> str:
+        """One line: "CPU (AVX2 FMA ...)", "CUDA sm_89 on NVIDIA GeForce RTX 4090; CPU (...)" or
+        "CUDA sm_90, no CUDA device found; CPU (...)"."""
+        cpu = f"CPU ({' '.join(self.cpu_features)})" if self.cpu_features else "CPU"
+        if not self.cuda:
+            return cpu
+        cuda = "CUDA " + (",".join(self.cuda_archs) or "(architectures not reported)")
+        if self.gpus:
+            cuda += " on " + ", ".join(self.gpus)
+        elif self.gpus is not None:
+            cuda += ", no CUDA device found"
+        return f"{cuda}; {cpu}"
+
+
+def parse_system_info(text: str) -> dict[str, dict[str, str]]:
+    """llama_print_system_info()'s text as {backend: {feature: value}}, in the order printed."""
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for item in text.split("|"):
+        item = item.strip()
+        if " : " in item:  # "CPU : SSE3 = 1" opens the next backend's features
+            name, item = (x.strip() for x in item.split(" : ", 1))
+            current = sections.setdefault(name, {})
+        if current is not None and " = " in item:
+            key, value = (x.strip() for x in item.split(" = ", 1))
+            current[key] = value
+    return sections
+
+
+def from_system_info(text: str, gpus: tuple[str, ...] | None) -> LlamaBuild:
+    sections = parse_system_info(text)
+    cuda = sections.get("CUDA")
+    archs: tuple[str, ...] = ()
+    if cuda and cuda.get("ARCHS"):  # __CUDA_ARCH_LIST__: 890 -> sm_89, 1200 -> sm_120
+        archs = tuple(f"sm_{int(a) // 10}" for a in cuda["ARCHS"].split(",") if a.strip().isdigit())
+    cpu = sections.get("CPU", {})
+    return LlamaBuild(
+        cuda_archs=archs,
+        cuda=cuda is not None,
+        gpus=gpus,
+        cpu_features=tuple(k for k, v in cpu.items() if v == "1"),
+    )
+
+
+def gpu_devices() -> tuple[str, ...] | None:
+    """The descriptions of the GPU devices in ggml's registry, or None where it cannot be read."""
+    try:
+        from llama_cpp import _ggml
+
+        ggml = ctypes.CDLL(_ggml.libggml._name)  # the loaded libggml; its own function objects, typed here
+        ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+        ggml.ggml_backend_dev_count.argtypes = []
+        ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+        ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        ggml.ggml_backend_dev_type.restype = ctypes.c_int
+        ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        ggml.ggml_backend_dev_description.restype = ctypes.c_char_p
+        ggml.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    except (ImportError, AttributeError, OSError):
+        return None
+    found = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        if dev and ggml.ggml_backend_dev_type(dev) in _GPU_TYPES:
+            found.append((ggml.ggml_backend_dev_description(dev) or b"GPU").decode("utf-8", "replace"))
+    return tuple(found)
+
+
+def loaded_build(lib) -> LlamaBuild:
+    """The build of the llama.cpp that `lib` (llama_lib.import_llama_cpp()) loaded."""
+    return from_system_info(lib.llama_print_system_info().decode("utf-8", "replace"), gpu_devices())
