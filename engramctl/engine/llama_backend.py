@@ -85,7 +85,7 @@ class LlamaCppBackend:
         if device == "cuda" and not lib.llama_supports_gpu_offload():
             raise UsageError(
                 "device cuda was requested but llama-cpp-python was built without GPU support.",
-                hint='rebuild it with CMAKE_ARGS="-DGGML_CUDA=ON", or use --device cpu',
+                hint="rebuild it for this machine's GPU: ENGRAM_CUDA=1 scripts/setup.sh (or use --device cpu)",
             )
         threads = threads or n_cpu_threads()
         # how many layers go to the GPU, and the context (conversations at once, KV cells) it counted
