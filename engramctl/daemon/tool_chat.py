@@ -187,31 +187,45 @@ async def chat_with_tools(body, request: Request):
     return JSONResponse(response)
 
 
+async def _streamed(d, job, tools: ToolRequest):
+    """The turn's stream in the terms both APIs answer in: ("text", what of the reply can go out now), then
+    ("turn", the finished ToolTurn, its engram tools run), or ("error", the exception)."""
+    text = TextBeforeCalls()
+    async for kind, value in job.events():
+        if kind == "piece" and (piece := text.feed(str(value))):
+            yield "text", piece
+        elif kind == "done":
+            turn = await finish_tool_turn(d, tools, value)
+            if not turn.calls and (rest := text.rest()):
+                yield "text", rest
+            yield "turn", turn
+        elif kind == "error":
+            yield "error", value
+
+
 async def _sse(d, job, tools: ToolRequest, completion: Completion, include_usage: bool, session: bool):
     """The turn as SSE chunks, ending as streaming.py's: the finish, then (for a session, usage asked for, or
     tools the daemon ran: their results) the chunk without choices with the `engram` object."""
-    text = TextBeforeCalls()
+    events = _streamed(d, job, tools)
     try:
         yield sse(completion.chunk({"role": "assistant", "content": ""}))
-        async for kind, value in job.events():
-            if kind == "piece" and (piece := text.feed(str(value))):
-                yield completion.text_sse(piece)
-            elif kind == "done":
-                turn = await finish_tool_turn(d, tools, value)
-                if not turn.calls and (rest := text.rest()):
-                    yield completion.text_sse(rest)
-                if turn.calls:
-                    deltas = [{"index": i, **c.openai()} for i, c in enumerate(turn.calls)]
+        async for kind, value in events:
+            if kind == "text":
+                yield completion.text_sse(value)
+            elif kind == "turn":
+                if value.calls:
+                    deltas = [{"index": i, **c.openai()} for i, c in enumerate(value.calls)]
                     yield sse(completion.chunk({"tool_calls": deltas}))
-                yield sse(completion.chunk({}, "tool_calls" if turn.calls else finish_reason(value)))
-                if session or turn.ran or include_usage:
-                    usage = usage_json(value) if include_usage else None
-                    yield sse(completion.usage_chunk(usage, engram=turn.engram()))
+                yield sse(completion.chunk({}, "tool_calls" if value.calls else finish_reason(value.result)))
+                if session or value.ran or include_usage:
+                    usage = usage_json(value.result) if include_usage else None
+                    yield sse(completion.usage_chunk(usage, engram=value.engram()))
                 yield "data: [DONE]\n\n"
-            elif kind == "error":
+            else:
                 yield sse(body_for(value)[1])
                 yield "data: [DONE]\n\n"
     finally:
+        await events.aclose()
         job.cancel.set()  # the client went away mid-stream (or we are done: then it changes nothing)
 
 
@@ -243,22 +257,20 @@ def _ollama_calls(turn: ToolTurn) -> list[dict]:
 
 
 async def _ndjson(d, job, tools: ToolRequest, answer):
-    text = TextBeforeCalls()
+    events = _streamed(d, job, tools)
     try:
-        async for kind, value in job.events():
-            if kind == "piece" and (piece := text.feed(str(value))):
-                yield answer.piece_line(piece)
-            elif kind == "done":
-                turn = await finish_tool_turn(d, tools, value)
-                if not turn.calls and (rest := text.rest()):
-                    yield answer.piece_line(rest)
-                final = answer.final(turn.result, "")
-                if turn.calls:
-                    final["engram"] = turn.engram()
-                    message = {"role": "assistant", "content": "", "tool_calls": _ollama_calls(turn)}
+        async for kind, value in events:
+            if kind == "text":
+                yield answer.piece_line(value)
+            elif kind == "turn":
+                final = answer.final(value.result, "")
+                if value.calls:
+                    final["engram"] = value.engram()
+                    message = {"role": "assistant", "content": "", "tool_calls": _ollama_calls(value)}
                     yield encode({**answer.piece(""), "message": message}) + "\n"
                 yield encode(final) + "\n"
-            elif kind == "error":
+            else:
                 yield encode({"error": body_for(value)[1]["error"]["message"]}) + "\n"  # Ollama's: a string
     finally:
+        await events.aclose()
         job.cancel.set()

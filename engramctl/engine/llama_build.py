@@ -9,10 +9,9 @@ devices found at run time. A CUDA build on a machine without a usable GPU has th
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
-_GPU_TYPES = (1, 2)  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU (ggml-backend.h)
+from engramctl.engine import ggml_devices
 
 
 @dataclass(frozen=True)
@@ -68,26 +67,8 @@ def from_system_info(text: str, gpus: tuple[str, ...] | None) -> LlamaBuild:
 
 def gpu_devices() -> tuple[str, ...] | None:
     """The descriptions of the GPU devices in ggml's registry, or None where it cannot be read."""
-    try:
-        from llama_cpp import _ggml
-
-        ggml = ctypes.CDLL(_ggml.libggml._name)  # the loaded libggml; its own function objects, typed here
-        ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-        ggml.ggml_backend_dev_count.argtypes = []
-        ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-        ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-        ggml.ggml_backend_dev_type.restype = ctypes.c_int
-        ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-        ggml.ggml_backend_dev_description.restype = ctypes.c_char_p
-        ggml.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
-    except (ImportError, AttributeError, OSError):
-        return None
-    found = []
-    for i in range(ggml.ggml_backend_dev_count()):
-        dev = ggml.ggml_backend_dev_get(i)
-        if dev and ggml.ggml_backend_dev_type(dev) in _GPU_TYPES:
-            found.append((ggml.ggml_backend_dev_description(dev) or b"GPU").decode("utf-8", "replace"))
-    return tuple(found)
+    found = ggml_devices.gpus()
+    return None if found is None else tuple(g.description for g in found)
 
 
 def loaded_build(lib) -> LlamaBuild:

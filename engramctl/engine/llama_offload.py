@@ -2,24 +2,21 @@
 free VRAM through ggml's device calls, each layer's bytes from the GGUF header's tensor table, each layer's
 state from the context's size (llama_context.py), and the conversations served at once on a GPU.
 
-VRAM is read through ggml (ggml_backend_dev_memory on the first GPU device), which llama-cpp-python 0.3.36 does
-not bind but its library exports: the figure llama.cpp itself splits layers by, with no torch. A library
-without those symbols falls back to nvidia-smi.
+VRAM is read through ggml's device registry (ggml_devices.py: ggml_backend_dev_memory on the first GPU device),
+the figure llama.cpp itself splits layers by, with no torch. Where the registry cannot be read, nvidia-smi.
 """
 
 from __future__ import annotations
 
-import ctypes
 import re
 from dataclasses import dataclass
 
-from engramctl.engine import llama_state
+from engramctl.engine import ggml_devices, llama_state
 from engramctl.engine.gguf_header import GgufHeader, tensor_sizes
 from engramctl.engine.llama_context import SEQUENCES_MAX, ContextSize, context_size, layer_state_bytes
 from engramctl.tiers.hardware import nvidia_smi_memory
 from engramctl.tiers.offload import Gpu, LayerCost, ModelCost, OffloadPlan, cpu_reason, gpu_sequences, plan_offload
 
-_GPU_TYPES = (1,)  # enum ggml_backend_dev_type: CPU 0, GPU 1 (dedicated memory), IGPU 2, ACCEL 3, META 4
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 _OUTPUT = ("output.weight", "output.bias", "output_norm.weight", "output_norm.bias")
 
@@ -29,28 +26,11 @@ def gpu_memory(lib) -> Gpu | None:
     free and total memory now; None on a CPU build or without a GPU."""
     if not lib.llama_supports_gpu_offload():
         return None
-    try:
-        dll = ctypes.CDLL(lib.llama_cpp._lib._name)  # the loaded libllama's handle: dlsym reaches libggml too
-        dll.ggml_backend_dev_count.restype = ctypes.c_size_t
-        dll.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-        dll.ggml_backend_dev_get.restype = ctypes.c_void_p
-        dll.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-        dll.ggml_backend_dev_type.restype = ctypes.c_int
-        dll.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
-        dll.ggml_backend_dev_description.restype = ctypes.c_char_p
-        size_p = ctypes.POINTER(ctypes.c_size_t)
-        dll.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_p, size_p]
-    except (AttributeError, OSError):
+    found = ggml_devices.gpus()
+    if found is None:  # the registry cannot be read: ask the driver
         smi = nvidia_smi_memory()
         return None if smi is None else Gpu(smi[2], smi[0], smi[1])
-    for i in range(dll.ggml_backend_dev_count()):
-        dev = dll.ggml_backend_dev_get(i)
-        if dll.ggml_backend_dev_type(dev) in _GPU_TYPES:
-            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-            dll.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            name = (dll.ggml_backend_dev_description(dev) or b"GPU").decode("utf-8", "replace")
-            return Gpu(name, int(free.value), int(total.value))
-    return None
+    return Gpu(found[0].description, found[0].free_bytes, found[0].total_bytes) if found else None
 
 
 def model_cost(header: GgufHeader, layout: llama_state.BlobLayout, size: ContextSize) -> ModelCost:

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On a lent GPU machine (docs/gpu.md "Running it again"): install the carried wheels/device-kit
+# (scripts/device_kit.sh) beside the image's torch, then run tests/cuda; everything it prints and measures goes to
+# $OUT (nvidia-smi, llama.cpp's build line, pytest's output, figures.json). One call of the device tool:
+#   run(command="scripts/device_run.sh", carry=["wheels/device-kit"], timeout_s=540)
+# PYTHON names the interpreter (default python3); TESTS picks the tests (default tests/cuda).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+KIT=wheels/device-kit
+SITE="${SITE:-/tmp/engram-site}"
+OUT="${OUT:-/tmp/engram-out}"
+mkdir -p "$OUT"
+start=$(date +%s)
+"$PY" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" "$KIT"/deps/*.whl "$KIT"/cuda/*.whl \
+  >"$OUT/install.txt" 2>&1 || { tail -20 "$OUT/install.txt"; exit 1; }
+# tests/daemon/conftest.py starts daemons with PYTHONPATH=<checkout> only: this file, in the checkout's root, puts
+# the installed wheels first for them too
+printf 'import sys\nif %r not in sys.path:\n    sys.path.insert(0, %r)\n' "$SITE" "$SITE" >sitecustomize.py
+trap 'rm -f sitecustomize.py' EXIT
+export PYTHONPATH="$SITE:$PWD" ENGRAM_LLAMA_CONVERTER="$PWD/$KIT/converter" HF_HUB_OFFLINE=1
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"  # libcudart and libcublas for ggml-cuda
+echo "install: $(( $(date +%s) - start )) s" | tee "$OUT/times.txt"
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+"$PY" -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())" 2>&1 | tee "$OUT/llama-build.txt"
+ENGRAM_GPU_REPORT="$OUT/figures.json" timeout "${TESTS_TIMEOUT_S:-420}" \
+  "$PY" -m pytest ${TESTS:-tests/cuda} -v -s -p no:cacheprovider >"$OUT/pytest.txt" 2>&1
+rc=$?
+echo "tests: rc $rc, $(( $(date +%s) - start )) s in all" | tee -a "$OUT/times.txt"
+grep -E " (PASSED|FAILED|ERROR|SKIPPED)|passed|failed|\[gpu-figure\]" "$OUT/pytest.txt" | tail -60
+exit $rc
