@@ -34,16 +34,40 @@ CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
 )
 BUILD_MINUTES = 13  # on 2 cores, measured (llama-cpp-notes.md)
+CUDA_BUILD_MINUTES = 35  # more, per GPU architecture on 2 cores: our own CUDA wheel's ggml-cuda (docs/gpu.md)
 
 
-def install_dir(cache_dir: Path) -> Path:
-    tag = hashlib.sha256(" ".join(CMAKE_FLAGS).encode()).hexdigest()[:8]
+def cmake_flags(cuda_archs: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The build a user would make on this machine: with CUDA for `cuda_archs` (CMake's names, "89-real") where
+    our llama.cpp runs on a GPU, so that both servers use the same card."""
+    if not cuda_archs:
+        return CMAKE_FLAGS
+    return (*CMAKE_FLAGS, "-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(cuda_archs)}")
+
+
+def gpu_archs() -> tuple[str, ...]:
+    """CMake's names of the architectures the loaded llama-cpp-python runs on a GPU with ("sm_90" -> "90-real"),
+    () for a CPU build or a CUDA build that found no GPU: then the peer is the CPU build too."""
+    from engramctl.engine.llama_build import loaded_build
+    from engramctl.engine.llama_lib import import_llama_cpp
+
+    build = loaded_build(import_llama_cpp())
+    if not (build.cuda and build.gpus):
+        return ()
+    return tuple(f"{a.removeprefix('sm_')}-real" for a in build.cuda_archs)
+
+
+def install_dir(cache_dir: Path, cuda_archs: tuple[str, ...] = ()) -> Path:
+    tag = hashlib.sha256(" ".join(cmake_flags(cuda_archs)).encode()).hexdigest()[:8]
     return Path(cache_dir) / "llama-server" / f"{PINNED_VERSION}-{tag}"
 
 
-def find_or_build(cache_dir: Path, say: Callable[[str], None], *, build: bool = True) -> tuple[Path | None, str | None]:
-    """The cached llama-server, else build it (when `build`). Returns (binary, None) or (None, why not)."""
-    dest = install_dir(cache_dir)
+def find_or_build(
+    cache_dir: Path, say: Callable[[str], None], *, build: bool = True, cuda_archs: tuple[str, ...] = ()
+) -> tuple[Path | None, str | None]:
+    """The cached llama-server, else build it (when `build`), with CUDA for `cuda_archs` where given. Returns
+    (binary, None) or (None, why not)."""
+    dest = install_dir(cache_dir, cuda_archs)
     binary = dest / "bin" / "llama-server"
     if binary.is_file():
         return binary, None
@@ -54,8 +78,10 @@ def find_or_build(cache_dir: Path, say: Callable[[str], None], *, build: bool = 
         return None, f"cannot build llama-server: {', '.join(missing)} not found (apt-get install cmake g++)"
     dest.parent.mkdir(parents=True, exist_ok=True)
     log_path = dest.parent / f"{dest.name}.build.log"
+    minutes = BUILD_MINUTES + CUDA_BUILD_MINUTES * len(cuda_archs)
+    kind = f"with CUDA for {', '.join(cuda_archs)} " if cuda_archs else ""
     say(
-        f"building llama-server from llama-cpp-python {PINNED_VERSION}'s llama.cpp source: ~{BUILD_MINUTES} min on "
+        f"building llama-server {kind}from llama-cpp-python {PINNED_VERSION}'s llama.cpp source: ~{minutes} min on "
         f"2 cores, once (cached in {dest}; log: {log_path})"
     )
     try:
@@ -63,7 +89,7 @@ def find_or_build(cache_dir: Path, say: Callable[[str], None], *, build: bool = 
             src = _unpack_source(Path(tmp), log)
             build_dir = Path(tmp) / "build"
             jobs = str(max(1, len(os.sched_getaffinity(0))))
-            _run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_FLAGS], log)
+            _run(["cmake", "-S", str(src), "-B", str(build_dir), *cmake_flags(cuda_archs)], log)
             _run(["cmake", "--build", str(build_dir), "-j", jobs, "--target", "llama-server"], log)
             staged = Path(tmp) / "install"
             (staged / "bin").mkdir(parents=True)

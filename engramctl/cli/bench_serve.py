@@ -54,11 +54,12 @@ def serve(
     system prompt, two waves of new conversations, both servers restarted, a third; (f) one conversation
     resent whole to a long context, with the bytes each turn writes. ABBA order, medians with spreads, CPU/wall beside
     each figure, targets checked. llama-server is built once from the llama.cpp source inside the
-    pinned llama-cpp-python sdist (~13 min on 2 cores; cached)."""
+    pinned llama-cpp-python sdist (~13 min on 2 cores; cached), with CUDA for the same card where our llama.cpp
+    runs on a GPU (~35 min more per architecture; every layer on the GPU)."""
     import shlex
     import sys
 
-    from engramctl.bench.llama_server import find_or_build
+    from engramctl.bench.llama_server import find_or_build, gpu_archs
     from engramctl.bench.serve.runner import ServeConfig, run_serve
     from engramctl.cli import common
     from engramctl.engine.llama_lib import n_cpu_threads
@@ -68,8 +69,11 @@ def serve(
     if model and preset:
         raise UsageError("--model and --preset cannot be combined.", hint="pick one")
     gguf, name = _model_file(model, preset, gguf_type, seed, st, out)
+    archs = gpu_archs() if peer else ()  # our llama.cpp on a GPU: the peer built for the same card
     binary, why = (
-        (None, "--no-llama-server was given") if not peer else find_or_build(st.paths.cache_dir, out.note, build=build)
+        (None, "--no-llama-server was given")
+        if not peer
+        else find_or_build(st.paths.cache_dir, out.note, build=build, cuda_archs=archs)
     )
     if binary is None:
         out.warn(f"measuring engramctl alone: {why}")
@@ -101,6 +105,7 @@ def serve(
         long_context=long_context,
         seed=seed,
         llama_server=binary,
+        peer_on_gpu=bool(archs),
         why_no_peer=why,
         keep_dir=keep_data,
         command=shlex.join(["engramctl", *sys.argv[1:]]),

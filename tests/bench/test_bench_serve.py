@@ -112,3 +112,21 @@ def test_the_banned_end_tokens_cover_every_token_the_daemon_stops_at(gguf):
     stops = LlamaCppBackend(gguf, gguf.name, threads=1).tokenizer.eos_ids
     assert stops and set(stops) <= set(ids)
     assert no_end(gguf) == {"logit_bias": {str(t): -100 for t in ids}}
+
+
+def test_where_our_llama_cpp_runs_on_a_gpu_the_peer_is_built_and_run_for_the_same_card(tmp_path):
+    """The CPU build here: the peer is today's CPU build, in today's cache folder. A CUDA build that found a GPU
+    (stand-in architectures): CUDA for the same architectures, a folder of its own, every layer on the GPU."""
+    from engramctl.bench.llama_server import CMAKE_FLAGS, cmake_flags, gpu_archs
+    from engramctl.bench.serve.servers import Server
+
+    assert gpu_archs() == () and cmake_flags(()) == CMAKE_FLAGS
+    assert install_dir(tmp_path).name.endswith("-26ee05e4")  # the CPU build's cache folder, as before
+    cuda = cmake_flags(("89-real", "90-real"))
+    assert cuda[: len(CMAKE_FLAGS)] == CMAKE_FLAGS
+    assert cuda[len(CMAKE_FLAGS) :] == ("-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=89-real;90-real")
+    assert install_dir(tmp_path, ("90-real",)) != install_dir(tmp_path)
+    peer = dict(threads=2, ctx=4096, slots=4, logs=tmp_path)
+    on_gpu = Server.llama_server(tmp_path / "llama-server", tmp_path / "m.gguf", gpu=True, **peer).command
+    on_cpu = Server.llama_server(tmp_path / "llama-server", tmp_path / "m.gguf", **peer).command
+    assert on_gpu[-2:] == ["-ngl", "999"] and "-ngl" not in on_cpu

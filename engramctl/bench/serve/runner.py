@@ -65,6 +65,7 @@ class ServeConfig:
     long_turn_tokens: int = 3000  # (f) tokens each turn's message adds
     seed: int = 0
     llama_server: Path | None = None
+    peer_on_gpu: bool = False  # llama-server built with CUDA: every layer on the GPU (-ngl 999)
     why_no_peer: str | None = None
     keep_dir: bool = False
     command: str = ""
@@ -83,7 +84,9 @@ def _at_once(daemon: Server, n: int, at_once: int, say: Callable[[str], None]) -
 def _peer(cfg: ServeConfig, ctx: int, slots: int, work: Path) -> Server | None:
     if cfg.llama_server is None:
         return None
-    return Server.llama_server(cfg.llama_server, cfg.gguf, threads=cfg.threads, ctx=ctx, slots=slots, logs=work).start()
+    return Server.llama_server(
+        cfg.llama_server, cfg.gguf, threads=cfg.threads, ctx=ctx, slots=slots, logs=work, gpu=cfg.peer_on_gpu
+    ).start()
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -107,7 +110,9 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
             peer = None
             if cfg.llama_server is not None:
                 say(f"starting llama-server (-c {ctx}, -t {cfg.threads}, -np 1)")
-                peer = Server.llama_server(cfg.llama_server, cfg.gguf, threads=cfg.threads, ctx=ctx, slots=1, logs=work)
+                peer = Server.llama_server(
+                    cfg.llama_server, cfg.gguf, threads=cfg.threads, ctx=ctx, slots=1, logs=work, gpu=cfg.peer_on_gpu
+                )
             servers = [daemon] + ([peer] if peer else [])
             try:
                 if peer:
@@ -168,7 +173,11 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
     finally:
         if not cfg.keep_dir:
             shutil.rmtree(work, ignore_errors=True)
-    result["peer"] = {"binary": str(cfg.llama_server) if cfg.llama_server else None, "why_not": cfg.why_no_peer}
+    result["peer"] = {
+        "binary": str(cfg.llama_server) if cfg.llama_server else None,
+        "why_not": cfg.why_no_peer,
+        "gpu": cfg.peer_on_gpu,
+    }
     result["machine"] = {"load_before": load_before, "load_after": machine_load(), "started": started}
     result["targets"] = targets(result)
     result["work_dir"] = str(work) if cfg.keep_dir else None

@@ -57,11 +57,14 @@ class Server:
         return cls("engramctl", cmd, env, "/v1/status", token, home / "daemon.log")
 
     @classmethod
-    def llama_server(cls, binary: Path, gguf: Path, *, threads: int, ctx: int, slots: int, logs: Path) -> "Server":
-        # As a user runs it: its defaults but for what must match (threads, context, parallel slots);
-        # flash attention on, as our backend runs it.
+    def llama_server(
+        cls, binary: Path, gguf: Path, *, threads: int, ctx: int, slots: int, logs: Path, gpu: bool = False
+    ) -> "Server":
+        # As a user runs it: its defaults but for what must match (threads, context, parallel slots, every
+        # layer on the GPU where ours runs there); flash attention on, as our backend runs it.
         cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}", "-t", str(threads)]
         cmd += ["-tb", str(threads), "-c", str(ctx), "-np", str(slots), "-fa", "on", "--no-webui"]
+        cmd += ["-ngl", "999"] if gpu else []
         env = {"LD_LIBRARY_PATH": str(binary.parent)}
         return cls("llama-server", cmd, env, "/health", None, logs / f"llama-server-np{slots}.log")
 
