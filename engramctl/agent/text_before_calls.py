@@ -3,13 +3,16 @@
 Under tool_grammar.py's grammar a reply is text, then (maybe) calls that start at calls.TOOL_CALL_OPEN and end
 it. While it is being written, each piece of text can go out at once except what could still be the start of
 that tag, and whitespace that would end the text if a call follows (parse_tool_calls strips the text around
-calls); nothing from the tag on is text. What went out is a prefix of the reply's text, so a stream never takes
-back a character, and `rest()` is what the reply's end adds when no call came.
+calls); nothing from the tag on is text. A reply that opens like a call written without the tag (JSON, a code
+fence: calls.parse_tool_calls reads those as calls too) is held whole until it ends. What went out is a prefix
+of the reply's content, so a stream never takes back a character; `rest(content)` is what the end adds.
 """
 
 from __future__ import annotations
 
 from engramctl.agent.calls import TOOL_CALL_OPEN
+
+_BARE_CALL_OPENINGS = ("{", "[", "`")  # a JSON call, a list of them ("[TOOL_CALLS]" too), a fenced one
 
 
 class TextBeforeCalls:
@@ -23,6 +26,9 @@ class TextBeforeCalls:
         self.text += piece
         if self.calling:
             return ""
+        opening = self.text.lstrip()[:1]
+        if not self.sent and (not opening or opening in _BARE_CALL_OPENINGS):
+            return ""  # nothing but whitespace yet, or it may be a call without the tag: held until the end
         at = self.text.find(TOOL_CALL_OPEN, max(0, self.sent - len(TOOL_CALL_OPEN)))
         if at >= 0:
             self.calling = True
@@ -30,9 +36,11 @@ class TextBeforeCalls:
         end = len(self.text) - _tag_start(self.text)
         return self._send(len(self.text[:end].rstrip()))
 
-    def rest(self) -> str:
-        """At the reply's end without a call: what was held back (the whole remainder of the text)."""
-        return self._send(len(self.text))
+    def rest(self, content: str) -> str:
+        """At the reply's end: what of `content` (the reply's text outside its calls, as parsed) has not gone out
+        ("" if what went out is not its start, which the rules above prevent)."""
+        sent = self.text[: self.sent]
+        return content[len(sent) :] if content.startswith(sent) else ""
 
     def _send(self, upto: int) -> str:
         if upto <= self.sent:

@@ -196,7 +196,7 @@ async def _streamed(d, job, tools: ToolRequest):
             yield "text", piece
         elif kind == "done":
             turn = await finish_tool_turn(d, tools, value)
-            if not turn.calls and (rest := text.rest()):
+            if rest := text.rest(turn.content):
                 yield "text", rest
             yield "turn", turn
         elif kind == "error":

@@ -326,6 +326,12 @@ def test_model_tool_call_errors_streaming_and_tool_choice(client, app, monkeypat
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls" and "engram" not in events[-2]
     assert events[-1]["choices"] == [] and events[-1]["engram"]["tool_results"]  # the trailing chunk (issue 18)
     assert events[-1]["usage"]["completion_tokens"] == 3
+    # a call written without the tag (bare JSON: parsed as a call) streams as a call, not as text first
+    _script(monkeypatch, app, '{"name": "checkpoint", "arguments": {"label": 7}}')
+    with client.stream("POST", "/v1/chat/completions", json=streamed) as r:
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+    deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+    assert not any(d.get("content") for d in deltas) and deltas[1]["tool_calls"][0]["function"]["name"] == "checkpoint"
     # tool_choice none: the tools stay in the prompt (the conversation's prefix), no parsing, nothing run
     seen = _script(monkeypatch, app, '{"name": "checkpoint", "arguments": {}}')
     out = client.post("/v1/chat/completions", json={**body, "tool_choice": "none"}).json()
