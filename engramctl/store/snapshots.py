@@ -81,30 +81,19 @@ class Snapshots:
                     c.row(parent)
                 parent = parent if parent is not None else sess.head
                 sid = new_snapshot_id(now)
-                meta = {
-                    **meta,
-                    "n_tokens": str(n_tokens),
-                    "snapshot_id": sid,
-                    "session": session,
-                    "parent": parent or "",
-                    "created": repr(now),
-                }
-                c.index.insert_snapshot(
-                    id=sid,
+                meta = self._insert_row(
+                    sid,
+                    meta,
+                    now,
+                    nbytes,
+                    ids,
+                    n_tokens=n_tokens,
                     session=session,
                     parent=parent,
-                    n_tokens=n_tokens,
-                    nbytes=nbytes,
-                    token_hash=None if ids is None else token_hash(ids),
-                    fingerprint=meta.get("fingerprint"),
-                    model_id=meta.get("model_id"),
                     tip=tip,
                     n_messages=c.messages.depth(tip),
-                    created=now,
-                    last_access=now,
                     pinned=int(pinned),
                     label=label,
-                    durable=0,
                 )
                 c.index.update_session(
                     session,
@@ -130,34 +119,62 @@ class Snapshots:
             self._retention.check_disk_room(nbytes)
             now = c.clock()
             sid = new_snapshot_id(now)
-            meta = {
-                **meta,
-                "n_tokens": str(len(ids)),
-                "snapshot_id": sid,
-                "session": "",
-                "parent": "",
-                "created": repr(now),
-            }
-            c.index.insert_snapshot(
-                id=sid,
+            meta = self._insert_row(
+                sid,
+                meta,
+                now,
+                nbytes,
+                ids,
+                n_tokens=len(ids),
                 session="",
                 parent=None,
-                n_tokens=len(ids),
-                nbytes=nbytes,
-                token_hash=token_hash(ids),
-                fingerprint=meta.get("fingerprint"),
-                model_id=meta.get("model_id"),
                 tip=None,
                 n_messages=0,
-                created=now,
-                last_access=now,
                 pinned=0,
                 label=None,
-                durable=0,
                 kind="prefix",
             )
             self._hold(sid, (tensors, meta), nbytes)
         return sid
+
+    def _insert_row(
+        self,
+        sid: str,
+        meta: dict[str, str],
+        now: float,
+        nbytes: int,
+        ids: list[int] | None,
+        *,
+        n_tokens: int,
+        session: str,
+        parent: str | None,
+        **row,
+    ) -> dict[str, str]:
+        """The index row of a committed payload (not durable yet; commit's and index_prefix's), and its metadata
+        stamped with what its file records of it. Under the lock."""
+        meta = {
+            **meta,
+            "n_tokens": str(n_tokens),
+            "snapshot_id": sid,
+            "session": session,
+            "parent": parent or "",
+            "created": repr(now),
+        }
+        self._core.index.insert_snapshot(
+            id=sid,
+            session=session,
+            parent=parent,
+            n_tokens=n_tokens,
+            nbytes=nbytes,
+            token_hash=None if ids is None else token_hash(ids),
+            fingerprint=meta.get("fingerprint"),
+            model_id=meta.get("model_id"),
+            created=now,
+            last_access=now,
+            durable=0,
+            **row,
+        )
+        return meta
 
     def _hold(self, sid: str, payload: Payload, nbytes: int) -> None:
         """Put a committed payload in the hottest memory tier with room and hold it for the writer. Under the lock."""
