@@ -159,8 +159,9 @@ def _rm_session(out: Any, client: Any, listing: Any, name: str, dry_run: bool, y
         out.note("Nothing deleted.")
         raise typer.Exit(1)
     deleted = list(client.delete_session(name).get("deleted_snapshots") or [])
-    if set(deleted) != {s["id"] for s in going}:  # changed since the preview: what each freed alone, at least
-        freed = sum(s.get("own_size_bytes", 0) for s in snaps if s["id"] in set(deleted))
+    gone = set(deleted)
+    if gone != {s["id"] for s in going}:  # changed since the preview: what each freed alone, at least
+        freed = sum(s.get("own_size_bytes", 0) for s in snaps if s["id"] in gone)
     res = {"session": name, "deleted": deleted, "freed_bytes": freed}
     out.result(
         f"Deleted session {name!r}: {len(res['deleted'])} snapshot(s), freed {size(res['freed_bytes'])}.",

@@ -22,7 +22,7 @@ from engramctl.daemon import routes_agent, routes_completions, routes_ollama, ro
 from engramctl.daemon.auth import OLLAMA_PATHS, PUBLIC_PATHS, AuthMiddleware, check_open_routes
 from engramctl.daemon.engram_api import answers
 from engramctl.daemon.engram_api import routes as engram_api_routes
-from engramctl.daemon.context import Daemon
+from engramctl.daemon.context import Daemon, engine_plan_args
 from engramctl.daemon.errors import INVALID_REQUEST, body_for, error_body, validation_problem
 from engramctl.daemon.limits import MAX_BODY_BYTES, BodyLimitMiddleware, JsonContentTypeMiddleware, RetryAfterMiddleware
 from engramctl.daemon.model import load_model
@@ -31,7 +31,6 @@ from engramctl.engine.engine import Engine
 from engramctl.errors import EngramError, UsageError
 from engramctl.settings import Settings
 from engramctl.store.store import Store
-from engramctl.tiers.hardware import detect_hardware
 from engramctl.tiers.planner import TierPlanner
 
 log = logging.getLogger("engramctl.daemon")
@@ -42,9 +41,7 @@ def _load(settings: Settings) -> tuple[Engine, Store, TierPlanner]:
     try:
         tiers = TierPlanner.start(settings, store.retention)  # a lowered disk budget applies from the start
         engine = load_model(settings, place_tables=tiers.claim_tables)  # the same budgets hold its N-gram tables
-        # the weights show in the figures now; the VRAM figure is the engine's own where it measures one (ggml)
-        hw = detect_hardware(settings.paths.data_dir, gpu=engine.gpu_memory())
-        tiers.replan(0, engine.info.device == "cpu", hw, vram_snapshots=engine.vram_snapshots)
+        tiers.replan(0, **engine_plan_args(settings, engine))  # the weights show in the figures now
     except BaseException:
         store.close()
         raise

@@ -30,6 +30,17 @@ from engramctl.tiers.planner import TierPlanner
 log = logging.getLogger("engramctl.daemon")
 
 
+def engine_plan_args(settings: Settings, engine: Engine) -> dict[str, Any]:
+    """What the tier plan takes from a loaded engine (TierPlanner.start / replan keywords): where its weights
+    are, the hardware with the engine's own VRAM figure where it measures one (llama.cpp: ggml's), and whether
+    its states can be held in VRAM."""
+    return {
+        "model_on_cpu": engine.info.device == "cpu",
+        "hardware": detect_hardware(settings.paths.data_dir, gpu=engine.gpu_memory()),
+        "vram_snapshots": engine.vram_snapshots,
+    }
+
+
 class Daemon:
     """Everything a route needs, owned for the app's lifetime."""
 
@@ -46,13 +57,7 @@ class Daemon:
         self.settings, self.engine, self.store = settings, engine, store
         # the tier plan the store keeps within, the daemon's own: built here when the caller loaded the model
         # and opened the store itself (tests, benchmarks); shown by /v1/tiers
-        self.tiers = tiers or TierPlanner.start(
-            settings,
-            store.retention,
-            model_on_cpu=engine.info.device == "cpu",
-            hardware=detect_hardware(settings.paths.data_dir, gpu=engine.gpu_memory()),
-            vram_snapshots=engine.vram_snapshots,
-        )
+        self.tiers = tiers or TierPlanner.start(settings, store.retention, **engine_plan_args(settings, engine))
         self.token = token or ensure_token(settings)
         self.scheduler = Scheduler(engine, serial=settings.serial_turns)
         # as many hot states as turns run together: each conversation's next turn restores nothing

@@ -5,17 +5,11 @@ build registers its devices when llama_backend_init runs; a CPU build's registry
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from functools import cache
 
+from engramctl.tiers.offload import Gpu
+
 _GPU_TYPES = (1, 2)  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU (ggml-backend.h)
-
-
-@dataclass(frozen=True)
-class GgmlGpu:
-    description: str
-    free_bytes: int
-    total_bytes: int
 
 
 @cache
@@ -40,8 +34,9 @@ def _ggml():
     return ggml
 
 
-def gpus() -> tuple[GgmlGpu, ...] | None:
-    """Each GPU device of the registry in its order, or None where the registry cannot be read."""
+def gpus() -> tuple[Gpu, ...] | None:
+    """Each GPU device of the registry in its order (its description as the name), or None where the registry
+    cannot be read."""
     ggml = _ggml()
     if ggml is None:
         return None
@@ -52,5 +47,5 @@ def gpus() -> tuple[GgmlGpu, ...] | None:
             free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
             ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
             name = (ggml.ggml_backend_dev_description(dev) or b"GPU").decode("utf-8", "replace")
-            found.append(GgmlGpu(name, int(free.value), int(total.value)))
+            found.append(Gpu(name, int(free.value), int(total.value)))
     return tuple(found)

@@ -68,7 +68,7 @@ def from_system_info(text: str, gpus: tuple[str, ...] | None) -> LlamaBuild:
 def gpu_devices() -> tuple[str, ...] | None:
     """The descriptions of the GPU devices in ggml's registry, or None where it cannot be read."""
     found = ggml_devices.gpus()
-    return None if found is None else tuple(g.description for g in found)
+    return None if found is None else tuple(g.name for g in found)
 
 
 def loaded_build(lib) -> LlamaBuild:

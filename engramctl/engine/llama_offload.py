@@ -30,7 +30,7 @@ def gpu_memory(lib) -> Gpu | None:
     if found is None:  # the registry cannot be read: ask the driver
         smi = nvidia_smi_memory()
         return None if smi is None else Gpu(smi[2], smi[0], smi[1])
-    return Gpu(found[0].description, found[0].free_bytes, found[0].total_bytes) if found else None
+    return found[0] if found else None
 
 
 def model_cost(header: GgufHeader, layout: llama_state.BlobLayout, size: ContextSize) -> ModelCost:
