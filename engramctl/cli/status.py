@@ -149,6 +149,7 @@ def tiers(json_: bool = JsonOpt) -> None:
         "model": plan.get("model"),
         "serving": plan.get("serving"),
         "offload": plan.get("offload"),  # which layers run on the GPU (llama.cpp; None on transformers, no daemon)
+        "device_copies": plan.get("device_copies"),  # llama.cpp's VRAM tier (None on transformers, no daemon)
         "retention": plan.get("retention") or retention,
     }
     if out.json:
@@ -169,7 +170,7 @@ def tiers(json_: bool = JsonOpt) -> None:
         hw_fields.append(("serves", serves))
     out.line(render_fields(hw_fields))
     out.line()
-    offload = offload_fields(plan.get("offload"))
+    offload = offload_fields(plan.get("offload")) + copies_fields(plan.get("device_copies"))
     if offload:  # a block of its own: where the model's layers run, and why
         out.line(render_fields(offload))
         out.line()
@@ -226,6 +227,19 @@ def offload_fields(o: Any) -> list[tuple[str, str]]:
     if o.get("sequences_rule"):
         fields.append(("at once", o["sequences_rule"]))
     return fields
+
+
+def copies_fields(c: Any) -> list[tuple[str, str]]:
+    """llama.cpp's VRAM tier (device copies of parked conversations' states) as KEY value lines."""
+    if not isinstance(c, dict) or "rule" not in c:
+        return []
+    if not c.get("slots"):
+        return [("vram copies", c["rule"])]
+    line = (
+        f"{count(c['held'])} of {count(c['slots'])} parked conversations, {size(c['used_bytes'])} of "
+        f"{size(c['budget_bytes'])}; {count(c['restores'])} resumed from a copy since the daemon started"
+    )
+    return [("vram copies", line), ("vram rule", c["rule"])]
 
 
 def prefix_line(p: dict | None) -> str:

@@ -60,8 +60,10 @@ class Daemon:
         self.tiers = tiers or TierPlanner.start(settings, store.retention, **engine_plan_args(settings, engine))
         self.token = token or ensure_token(settings)
         self.scheduler = Scheduler(engine, serial=settings.serial_turns)
-        # as many hot states as turns run together: each conversation's next turn restores nothing
-        self.service = ConversationService(engine, store, reuse=reuse, keep=self.scheduler.max_sequences)
+        # as many hot states as turns run together, and as the backend keeps device copies of (llama.cpp's VRAM
+        # tier): each of those conversations' next turn restores nothing, or only a device-to-device copy
+        keep = self.scheduler.max_sequences + engine.device_slots
+        self.service = ConversationService(engine, store, reuse=reuse, keep=keep)
         self.worker = Worker(settings.max_queue, self.scheduler, self.service)
         self.started = time.time()
         self.model_id = engine.info.model_id

@@ -64,6 +64,7 @@ def load_model(settings: Settings, place_tables=None):
         tables=tables,
         threads=st.threads,
         sequences=st.sequences,
+        vram_tier_bytes=st.tier_vram_bytes,
     )
     i = engine.info
     log.info(

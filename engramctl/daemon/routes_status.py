@@ -61,6 +61,7 @@ async def tiers(request: Request):
         "serving": d.serving(),
         "prefix_states": prefixes,
         "offload": None if offload is None else offload.to_json(),
+        "device_copies": d.engine.device_copies(),  # llama.cpp's VRAM tier; null on transformers
     }
 
 

@@ -76,6 +76,17 @@ class Engine:
         return getattr(self.backend, "offload", None)
 
     @property
+    def device_slots(self) -> int:
+        """Parked conversations whose state the backend can keep a device copy of (llama.cpp's VRAM tier; 0
+        elsewhere: the store's tiers hold the transformers backend's states)."""
+        return int(getattr(self.backend, "device_slots", 0))
+
+    def device_copies(self) -> dict | None:
+        """The device copies' budget, use and rule (llama.cpp's VRAM tier); None where the backend keeps none."""
+        report = getattr(self.backend, "device_copies", None)
+        return report() if report is not None else None
+
+    @property
     def vram_snapshots(self) -> bool:
         """Whether this backend's states can be held in the VRAM tier (llama.cpp's are host arrays: no)."""
         return bool(getattr(self.backend, "vram_snapshots", True))

@@ -14,6 +14,7 @@ Cancellation is checked between chunks, as on transformers.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 import weakref
 from collections.abc import Sequence
@@ -64,6 +65,8 @@ class LlamaCppBackend:
         threads: int | None = None,
         device: str = "cpu",
         sequences: int | None = None,
+        vram_tier_bytes: int | None = None,
+        copies_bytes: int | None = None,
     ):
         lib = self._lib = import_llama_cpp()
         if lib.LLAMA_STATE_SEQ_VERSION != 3:
@@ -90,9 +93,19 @@ class LlamaCppBackend:
         threads = threads or n_cpu_threads()
         # how many layers go to the GPU, and the context (conversations at once, KV cells) it counted
         placed = place(
-            lib, header, layout, device=device, context_tokens=context_tokens, sequences=sequences, threads=threads
+            lib,
+            header,
+            layout,
+            device=device,
+            context_tokens=context_tokens,
+            sequences=sequences,
+            threads=threads,
+            chunk_tokens=chunk_tokens,
+            vram_tier_bytes=vram_tier_bytes,
+            copies_bytes=copies_bytes,
         )
         self.offload = placed.plan  # /v1/tiers, `engramctl tiers`
+        self.copies_rule = placed.copies_rule
         gpu = placed.plan.n_gpu_layers > 0
         mparams.n_gpu_layers = placed.plan.n_gpu_layers
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
@@ -104,7 +117,9 @@ class LlamaCppBackend:
         size = placed.size
         n_ctx_train, swa = int(lib.llama_model_n_ctx_train(self._model)), bool(lib.llama_model_n_swa(self._model))
         if (n_ctx_train, swa) != (placed.n_ctx_train, placed.swa):  # a trained length or window the header hid
-            size = context_size(layout, context_tokens, size.sequences, threads, n_ctx_train=n_ctx_train, swa=swa)
+            resized = context_size(layout, context_tokens, size.sequences, threads, n_ctx_train=n_ctx_train, swa=swa)
+            copies = {"device_slots": size.device_slots, "device_bytes": size.device_bytes}
+            size = resized if resized.streams else dataclasses.replace(resized, **copies)
         self.max_sequences, n_ctx = size.sequences, size.n_ctx  # n_ctx: tokens one conversation can hold
         cparams = context_params(lib, size, chunk_tokens, threads)
         self._ctx = lib.llama_init_from_model(self._model, cparams)
@@ -209,6 +224,26 @@ class LlamaCppBackend:
             state_format=STATE_FORMAT,
             backend_version=self.library_version,
         )
+
+    @property
+    def device_slots(self) -> int:
+        """Parked conversations that can keep a device copy of their state (llama_device_copies.py)."""
+        return 0 if self._pool.device is None else self._pool.device.slots
+
+    def device_copies(self) -> dict | None:
+        """The VRAM tier of this backend (device copies of parked states): /v1/tiers, `engramctl tiers`."""
+        with self._lock:
+            device = self._pool.device
+            if device is None:
+                return {"slots": 0, "rule": self.copies_rule}
+            return {
+                "slots": device.slots,
+                "budget_bytes": device.budget_bytes,
+                "used_bytes": device.used_bytes,
+                "held": device.held,
+                "restores": device.restores,
+                "rule": self.copies_rule,
+            }
 
     def gpu_memory(self) -> tuple[int, int, str] | None:
         """(free, total, name) of the GPU now, as ggml measures it (None on the CPU): the tier plan's VRAM figure."""

@@ -8,6 +8,7 @@ shares (a conversation can grow to the whole context, kept states share the live
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -32,6 +33,11 @@ SEQUENCES_RAM_SHARE = 8
 # last bits of the rest, as any other cut of a prompt into chunks does (docs/batching.md).
 SHARE_MIN_TOKENS = 16
 SEQUENCES_LIMIT = 64  # what the setting accepts; llama.cpp's own limit on n_seq_max is larger
+# Device copies (llama_device_copies.py): at most this many slots, each a sequence id with its own recurrent cell
+# allocated with the context; a slot is counted for a conversation of COPY_TOKENS tokens (what the budget is
+# then checked against is each copy's real size).
+DEVICE_SLOTS_MAX = 64
+COPY_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -40,10 +46,12 @@ class ContextSize:
     sequences: int  # conversations stepped together
     kept_max: int  # more sequences, each keeping a captured state resident
     streams: bool = False  # a KV stream per sequence (llama_streams.py) instead of one unified cache
+    device_slots: int = 0  # more sequences, each the slot of a parked state's device copy (llama_device_copies.py)
+    device_bytes: int = 0  # what those copies may take on the device (the VRAM tier's budget)
 
     @property
     def n_seq_max(self) -> int:
-        return self.sequences + self.kept_max
+        return self.sequences + self.kept_max + self.device_slots
 
     @property
     def cells(self) -> int:
@@ -81,13 +89,32 @@ def context_size(
     return ContextSize(n_ctx, sequences, kept_max, streams)
 
 
+def with_device_copies(
+    size: ContextSize, layout: llama_state.BlobLayout, budget_bytes: int, chunk_tokens: int
+) -> ContextSize:
+    """`size` with slots for device copies of parked states within `budget_bytes`: each slot's recurrent cell
+    in the context, and a copy of a COPY_TOKENS-token state, are taken from the budget; none with a KV stream per
+    sequence (a slot would be a whole stream) or when not one fits. A batch holds a token of every sequence
+    (context_params), so the slots also stop at chunk_tokens."""
+    cell = _cell_bytes(layout)
+    copy = cell + 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers) * min(size.n_ctx, COPY_TOKENS)
+    if size.streams or budget_bytes <= 0 or not copy:
+        return size
+    room = chunk_tokens - size.sequences - size.kept_max
+    slots = max(0, min(DEVICE_SLOTS_MAX, room, budget_bytes // (cell + copy)))
+    if not slots:
+        return size
+    return dataclasses.replace(size, device_slots=slots, device_bytes=budget_bytes - slots * cell)
+
+
 def context_params(lib, size: ContextSize, chunk_tokens: int, threads: int):
     """llama_context_params for `size`."""
     n_seq_max = size.n_seq_max
     if chunk_tokens < n_seq_max:  # llama.cpp aborts the process on it (a batch holds a token of every sequence)
         raise UsageError(
             f"chunk_tokens {chunk_tokens} is smaller than the context's {n_seq_max} sequences "
-            f"({size.sequences} stepped together, {size.kept_max} kept states): give at least {n_seq_max}."
+            f"({size.sequences} stepped together, {size.kept_max} kept states, {size.device_slots} device copies): "
+            f"give at least {n_seq_max}."
         )
     cparams = lib.llama_context_default_params()
     cparams.n_ctx = size.cells

@@ -13,9 +13,17 @@ from dataclasses import dataclass
 
 from engramctl.engine import ggml_devices, llama_state
 from engramctl.engine.gguf_header import GgufHeader, tensor_sizes
-from engramctl.engine.llama_context import SEQUENCES_MAX, ContextSize, context_size, layer_state_bytes
+from engramctl.engine.llama_context import (
+    SEQUENCES_MAX,
+    ContextSize,
+    context_size,
+    layer_state_bytes,
+    with_device_copies,
+)
 from engramctl.tiers.hardware import nvidia_smi_memory
 from engramctl.tiers.offload import Gpu, LayerCost, ModelCost, OffloadPlan, cpu_reason, gpu_sequences, plan_offload
+from engramctl.tiers.plan import VRAM_SHARE
+from engramctl.units import human_bytes
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 _OUTPUT = ("output.weight", "output.bias", "output_norm.weight", "output_norm.bias")
@@ -60,6 +68,7 @@ class Placement:
     size: ContextSize  # the context the plan counted: what the backend creates
     n_ctx_train: int  # what the size was computed from (the GGUF header's), checked against llama.cpp's
     swa: bool
+    copies_rule: str = ""  # the VRAM tier's (device copies') budget in words
 
 
 def place(
@@ -71,9 +80,16 @@ def place(
     context_tokens: int | None,
     sequences: int | None,
     threads: int,
+    chunk_tokens: int,
+    vram_tier_bytes: int | None = None,
+    copies_bytes: int | None = None,
 ) -> Placement:
     """The offload plan and the context it counted, before the model loads. On a GPU the conversations served
-    at once default from VRAM (gpu_sequences), else from the cores (llama_context.default_sequences)."""
+    at once default from VRAM (gpu_sequences), else from the cores (llama_context.default_sequences). The VRAM
+    tier (device copies of parked states) gets `vram_tier_bytes` (the user's budget, claimed ahead of the layers)
+    or, by default, VRAM_SHARE of what every layer and the reserve leave, and nothing when a layer stays on the
+    CPU (the tier gives way first); without a GPU, none. `copies_bytes` sets the copies' budget whatever the
+    device (tests and probes: on the CPU build the copies are in host memory)."""
     gpu_build = bool(lib.llama_supports_gpu_offload())
     gpu = gpu_memory(lib) if device != "cpu" else None
     n_ctx_train = int(header.arch_value("context_length", 0) or 0)
@@ -98,8 +114,46 @@ def place(
     size = size_for(sequences)
     if not sequences:
         seq_rule = f"{size.sequences} at once: " + seq_rule
-    cost = model_cost(header, layout, size)
-    plan = plan_offload(
-        cost, gpu, requested=device, gpu_build=gpu_build, sequences=size.sequences, sequences_rule=seq_rule
+    claimed = vram_tier_bytes if on_gpu and vram_tier_bytes else 0
+
+    def plan_for(size: ContextSize, tier_bytes: int) -> OffloadPlan:
+        cost = model_cost(header, layout, size)
+        return plan_offload(
+            cost,
+            gpu,
+            requested=device,
+            gpu_build=gpu_build,
+            vram_tier_bytes=tier_bytes,
+            sequences=size.sequences,
+            sequences_rule=seq_rule,
+        )
+
+    plan = plan_for(size, claimed)
+    budget, rule = _copies_budget(plan, gpu, claimed, copies_bytes)
+    sized = with_device_copies(size, layout, budget, chunk_tokens)
+    if sized.device_slots:
+        rule += (
+            f": {sized.device_slots} slots (each a recurrent cell in the context, "
+            f"{human_bytes(budget - sized.device_bytes)} in all), {human_bytes(sized.device_bytes)} for the copies"
+        )
+        size, plan = sized, plan_for(sized, claimed)
+    elif budget:
+        rule += ": not one parked state fits it, or the model keeps a KV stream per conversation: tier off"
+    return Placement(plan, size, n_ctx_train, swa, rule)
+
+
+def _copies_budget(plan: OffloadPlan, gpu: Gpu | None, claimed: int, forced: int | None) -> tuple[int, str]:
+    """The bytes device copies of parked states may take (the context's slots included), and why."""
+    if forced is not None:
+        return forced, f"{human_bytes(forced)}, as the backend was asked (on a CPU build, in host memory)"
+    if gpu is None or plan.n_gpu_layers < plan.n_layers:
+        return 0, "off: " + ("no layer is on a GPU" if not plan.n_gpu_layers else "layers come before the VRAM tier")
+    if claimed:
+        return claimed, f"{human_bytes(claimed)}, set by config.toml / ENGRAM_TIER_VRAM_BYTES / --tier-vram-bytes"
+    room = gpu.free_bytes - plan.weights_gpu_bytes - plan.state_gpu_bytes - plan.reserve_bytes
+    budget = int(VRAM_SHARE * max(0, room))
+    return budget, (
+        f"{VRAM_SHARE:.0%} of (free VRAM {human_bytes(gpu.free_bytes)} - weights {human_bytes(plan.weights_gpu_bytes)}"
+        f" - state {human_bytes(plan.state_gpu_bytes)} - reserve {human_bytes(plan.reserve_bytes)})"
+        f" = {human_bytes(budget)}"
     )
-    return Placement(plan, size, n_ctx_train, swa)

@@ -27,7 +27,12 @@ Invariants:
 7. A stream per sequence (attention-only models, llama_streams.py): a sequence's cells are a stream of their
    own from cell 0, and a step reads only its sequences' streams; so solo() only seats the Live, a shared
    prefix is copied into the new stream, blobs are converted to and from the one-stream form, and no states
-   are kept (kept_max 0).
+   are kept (kept_max 0) nor copied to the device.
+8. Device copies (the VRAM tier, llama_device_copies.py): a Live parked while packed (or on a model without KV,
+   whose state is one recurrent cell) also leaves a copy of its state in device memory, and loading it later
+   takes that copy (a device-to-device copy) before its blob (host to device). The blob stays: a copy the budget
+   evicts, or one that no longer holds, falls back to it. A Live that steps drops its copy (no longer its state).
+   Where a state comes from on loading: a kept sequence (no copy), else its device copy, else its blob.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from dataclasses import dataclass
 from engramctl.engine import llama_state
 from engramctl.engine.backend import Live
 from engramctl.engine.llama_context import ContextSize
+from engramctl.engine.llama_device_copies import DeviceCopies, DeviceCopy
 from engramctl.engine.llama_lib import take_errors
 from engramctl.engine.llama_state import SEQ_ID, renumber
 from engramctl.engine.llama_streams import of_streams, one_stream
@@ -52,15 +58,17 @@ from engramctl.store import arrays
 
 class ParkedState:
     """What a Live's `cache` holds here: its sequence while resident (None while parked), its state blob
-    while parked (None while resident or empty), the capture serial of a kept state equal to its state
-    and the blob of the last capture while it is still its state (both None once it has moved on)."""
+    while parked (None while resident or empty), the capture serial of a kept state equal to its state,
+    the blob of the last capture while it is still its state and its device copy while that is its state
+    (the last three None once it has moved on)."""
 
-    __slots__ = ("blob", "captured", "kept", "seq")
+    __slots__ = ("blob", "captured", "device", "kept", "seq", "__weakref__")
 
     def __init__(self, blob: bytearray | None = None, kept: int | None = None):
         self.seq: int | None = None
         self.blob, self.kept = blob, kept
         self.captured: bytearray | None = None
+        self.device: DeviceCopy | None = None
 
 
 @dataclass
@@ -83,7 +91,11 @@ class SequencePool:
         self._free_seqs = list(range(self.sequences - 1, -1, -1))  # pop() gives sequence 0 first
         self._packed: weakref.ref | None = None
         self._kept: collections.OrderedDict[int, _Kept] = collections.OrderedDict()  # serial -> kept, oldest first
-        self._free_kept = list(range(self.n_seq - 1, self.sequences - 1, -1))
+        self._free_kept = list(range(self.sequences + self.kept_max - 1, self.sequences - 1, -1))
+        first_slot = self.sequences + self.kept_max
+        self.device = (
+            DeviceCopies(lib, ctx, first_slot, size.device_slots, size.device_bytes) if size.device_slots else None
+        )
         self.collected: collections.deque[int] = collections.deque()  # serials to drop (finalizers append)
         # a captured state's first tensor -> (its blob, tokens, where each tensor lives, capture serial): remember
         self._origins: dict[int, tuple] = {}
@@ -191,9 +203,7 @@ class SequencePool:
         else:
             self._drop_longer(-1)  # another path: none of them is a prefix of it
             parked.kept = None
-            if parked.blob is not None:
-                self._load(parked.blob, len(live.token_ids), seq)
-                self.restores["blob"] += 1
+            self._load_parked(live, seq)
         parked.blob = None  # the context has it now; parking it again takes a fresh copy (or the kept one)
         self._seat(live, seq)
         self._packed = weakref.ref(live)
@@ -221,9 +231,8 @@ class SequencePool:
                 if kept is not None:
                     self._lib.llama_memory_seq_cp(self._mem, kept.seq, seq, -1, -1)
                     self.restores["kept"] += 1
-                elif parked.blob is not None:
-                    self._load(parked.blob, len(live.token_ids), seq)
-                    self.restores["blob"] += 1
+                else:
+                    self._load_parked(live, seq)
                 parked.blob = None
                 self._seat(live, seq)
                 if live.token_ids:
@@ -268,6 +277,9 @@ class SequencePool:
         solo()), the new cells went wherever cells were free, beside the others'."""
         for live in lives:
             live.cache.kept = live.cache.captured = None
+            if live.cache.device is not None:
+                self.device.drop(live.cache.device)
+                live.cache.device = None
         if not alone:
             self._packed = None
 
@@ -333,11 +345,30 @@ class SequencePool:
             parked.blob = parked.captured
         else:  # a Live that has consumed nothing has nothing to keep
             parked.blob = self.get_blob(parked.seq) if live.token_ids else None
+        device = self.device
+        if device is not None and parked.blob is not None and not device.valid(parked.device):
+            # only cells that run from cell 0 without gaps can be copied (llama.cpp aborts on several ranges)
+            if self._is_packed(live) or not self.has_kv:
+                parked.device = device.save(parked.seq, len(parked.blob), parked)
         self._clear(parked.seq)
 
+    def _load_parked(self, live: Live, seq: int) -> None:
+        """Load a parked `live` (no kept state holds it) into the empty sequence `seq`: from its device copy
+        while that still holds, else from its blob."""
+        parked = live.cache
+        if self.device is not None and self.device.load(parked.device, seq):
+            self.restores["device"] += 1
+        elif parked.blob is not None:
+            parked.device = None
+            self._load(parked.blob, len(live.token_ids), seq)
+            self.restores["blob"] += 1
+
     def release(self, live: Live) -> None:
-        if isinstance(live.cache, ParkedState) and live.cache.seq is not None:
-            self._clear(live.cache.seq)
+        if isinstance(live.cache, ParkedState):
+            if live.cache.seq is not None:
+                self._clear(live.cache.seq)
+            if self.device is not None:
+                self.device.drop(live.cache.device)
         live.cache = None
 
     def _seat(self, live: Live, seq: int) -> None:

@@ -219,6 +219,7 @@ def load_engine(
     model_id: str | None = None,
     chunk_tokens: int | None = None,
     sequences: int | None = None,
+    vram_tier_bytes: int | None = None,
 ):
     """The one way a model reference becomes an Engine. `backend` = auto picks llama.cpp for a GGUF file
     and transformers for a directory or hub repo of safetensors. A GGUF served by llama.cpp keeps its own
@@ -227,7 +228,9 @@ def load_engine(
     CPU threads that run the model (llama.cpp's; torch's, process-wide, on transformers); None: the cores we may use.
     `model_id`: the name the engine reports (default: the GGUF's file name, the hub id or the directory's path);
     `chunk_tokens`: tokens per forward pass at prefill (default: the backend's); `sequences`: conversations
-    llama.cpp steps together (default: derived from cores and memory; transformers steps one at a time)."""
+    llama.cpp steps together (default: derived from cores and memory; transformers steps one at a time);
+    `vram_tier_bytes`: the user's VRAM tier budget, which on llama.cpp sizes the device copies of parked states
+    (the store's tier plan applies it on transformers)."""
     from engramctl.engine.engine import Engine
     from engramctl.errors import BackendUnavailable
 
@@ -250,7 +253,13 @@ def load_engine(
 
             chunk = {} if chunk_tokens is None else {"chunk_tokens": chunk_tokens}
             lb = LlamaCppBackend(
-                path, model_id or gguf_id, device=device, threads=threads, sequences=sequences, **chunk
+                path,
+                model_id or gguf_id,
+                device=device,
+                threads=threads,
+                sequences=sequences,
+                vram_tier_bytes=vram_tier_bytes,
+                **chunk,
             )
             if dtype != "auto":
                 say(

@@ -3,8 +3,9 @@
 Default rules (the constants below):
 - vram: only with CUDA. 50% of (free VRAM - model weights on the GPU - a working reserve of
   max(1 GiB, 10% of total VRAM)). The reserve is for activations and attention KV during prefill.
-  Off where the serving backend keeps no snapshot copies in VRAM (plan's vram_snapshots: llama.cpp, whose VRAM
-  holds the layers tiers/offload.py places and its conversations' state).
+  Off where the serving backend keeps its states out of the store's VRAM tier (plan's vram_snapshots: llama.cpp,
+  whose VRAM holds the layers tiers/offload.py places, its conversations' state, and device copies of parked
+  conversations' states within a budget of its own: engine/llama_device_copies.py).
 - ram:  50% of (available RAM - model weights when the model runs on the CPU).
 - disk: the smaller of 20 GiB and 50% of (free disk on the data dir's filesystem + what the store
   already holds there, so a full store does not shrink its own budget at each start).
@@ -97,7 +98,10 @@ def _vram(hw: Hardware, override: int | None, model_gpu: int, snapshots: bool) -
         return TierBudget("vram", 0, None, "no CUDA device in this process: tier off" + note, "cuda")
     free, total = hw.vram_free_bytes or 0, hw.vram_total_bytes or 0
     if not snapshots:  # the llama.cpp backend's states are host arrays: VRAM holds its layers and conversations
-        rule = f"the serving backend keeps no snapshot copies in VRAM: tier off; free VRAM {human_bytes(free)}"
+        rule = (
+            "the serving backend keeps no snapshot copies in VRAM: tier off (llama.cpp keeps device copies of "
+            f"parked conversations instead: its VRAM copies line); free VRAM {human_bytes(free)}"
+        )
         return TierBudget("vram", 0, free, rule + note, "cuda")
     reserve = vram_reserve(total)
     default = _share(VRAM_SHARE, free - model_gpu - reserve)

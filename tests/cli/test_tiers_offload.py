@@ -14,7 +14,7 @@ GiB, MiB = 2**30, 2**20
 MODEL = ModelCost(tuple(LayerCost(121 * MiB, 32 * MiB) for _ in range(32)), 70 * MiB, 70 * MiB)
 
 
-def _tiers(offload: dict | None) -> dict:
+def _tiers(offload: dict | None, copies: dict | None = None) -> dict:
     return {
         "hardware": {
             "ram_total_bytes": 64 * GiB,
@@ -34,6 +34,7 @@ def _tiers(offload: dict | None) -> dict:
         "serving": {"at_once": 4, "running": 0, "waiting": 0, "sessions": [], "why": "x"},
         "prefix_states": {"count": 0, "used_bytes": 0, "budget_bytes": GiB},
         "offload": offload,
+        "device_copies": copies,
     }
 
 
@@ -53,8 +54,8 @@ class _Listing:
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    def use(offload: dict | None) -> None:
-        monkeypatch.setattr("engramctl.cli.listing.open_listing", lambda st, out: _Listing(_tiers(offload)))
+    def use(offload: dict | None, copies: dict | None = None) -> None:
+        monkeypatch.setattr("engramctl.cli.listing.open_listing", lambda st, out: _Listing(_tiers(offload, copies)))
 
     return use
 
@@ -90,3 +91,18 @@ def test_no_offload_plan_no_offload_lines(cli, stand_in):
     out = cli("tiers").stdout
     assert "OFFLOAD" not in out and "MODEL " in out
     assert cli.json("tiers")["offload"] is None
+
+
+def test_the_vram_copies_say_how_many_are_held_of_what_budget_and_why(cli, stand_in):
+    """llama.cpp's VRAM tier (/v1/tiers "device_copies", engine/llama_device_copies.py)."""
+    plan = plan_offload(MODEL, Gpu("NVIDIA GeForce RTX 4090", 20 * GiB, 24 * GiB), sequences=4)
+    copies = {"slots": 64, "budget_bytes": 5 * GiB, "used_bytes": 300 * MiB, "held": 12, "restores": 40, "rule": "r"}
+    stand_in(plan.to_json(), copies)
+    lines = cli("tiers").stdout.splitlines()
+    line = next(ln for ln in lines if ln.startswith("VRAM COPIES "))
+    assert "12 of 64 parked conversations, 300.0 MiB of 5.0 GiB; 40 resumed from a copy" in line
+    assert next(ln for ln in lines if ln.startswith("VRAM RULE ")).split(None, 2)[2] == "r"
+    assert cli.json("tiers")["device_copies"] == copies
+    stand_in(plan_offload(MODEL, None, gpu_build=False).to_json(), {"slots": 0, "rule": "off: no layer is on a GPU"})
+    lines = cli("tiers").stdout.splitlines()
+    assert next(ln for ln in lines if ln.startswith("VRAM COPIES ")).endswith("off: no layer is on a GPU")

@@ -123,6 +123,10 @@ def test_a_stand_in_gpu_gets_every_layer_and_the_tier_plan_sees_its_vram(served_
     assert vram["budget_bytes"] == 0 and "keeps no snapshot copies in VRAM" in vram["rule"]
     assert tiers["offload"]["layers_on_gpu"] == n + 1 and tiers["offload"]["vram_free_bytes"] == CARD_12GB.free_bytes
     assert tiers["serving"]["at_once"] == 16
+    # llama.cpp's own VRAM tier: device copies of parked states, from what every layer and the reserve leave
+    copies = tiers["device_copies"]
+    assert copies["slots"] == engine.device_slots > 0 and copies["rule"].startswith("50% of (free VRAM 11.4 GiB")
+    assert 0 < copies["budget_bytes"] < CARD_12GB.free_bytes // 2 and copies["held"] == 0
 
 
 def test_device_cpu_forces_no_layer(served_model, monkeypatch):
@@ -133,6 +137,7 @@ def test_device_cpu_forces_no_layer(served_model, monkeypatch):
     path = served_model("llama.cpp")
     engine = load_engine(str(path), path.parent, "cpu", backend="llama.cpp", sequences=3)
     assert engine.offload.n_gpu_layers == 0 and engine.offload.rule.startswith("--device cpu")
+    assert engine.device_slots == 0 and engine.device_copies()["rule"] == "off: no layer is on a GPU"
     assert engine.max_sequences == 3 and engine.offload.sequences_rule.startswith("3 at once: set by --sequences")
 
 
