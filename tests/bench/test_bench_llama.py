@@ -1,7 +1,8 @@
 """`engramctl bench --backend llama.cpp`: the tiny preset converted to GGUF runs end to end, the report
 names the backend, the weight type and the resident weight bytes, and carries the raw llama-cpp-python
 reference's figures, the ratios to it and the targets. `engramctl bench backends` (the same preset on
-transformers and on llama.cpp, one device, one table) runs here too, on the GGUF this module's bench converted. Timings are never asserted (the machine is
+transformers and on llama.cpp, one device, one table) runs here too, on the GGUF this module's bench
+converted. Timings are never asserted (the machine is
 shared); what was measured and how it is reported is.
 """
 
