@@ -124,7 +124,8 @@ def run_backends(cfg: BackendsConfig, settings, progress: Progress | None = None
                 import torch
 
                 tf_threads = torch.get_num_threads()
-        except (BackendUnavailable, UnsupportedModel) as e:  # llama-cpp-python missing, say: still worth a row
+        # llama-cpp-python missing, or a CPU-only build asked for cuda: the transformers row is still worth having
+        except (BackendUnavailable, UnsupportedModel, UsageError) as e:
             if backend == "transformers":
                 raise
             skipped[backend] = e.message

@@ -74,7 +74,7 @@ def render(result: dict[str, Any]) -> str:
     s = result["settings"]
     head = (
         f"SAME MODEL  preset {s['preset']} (seed {s['seed']}) on {s['device']}: {s['prefill_tokens']}-token prefill "
-        f"from a fresh state, then {s['decode_tokens']} greedy decode steps; {s['runs']} runs each, {s['order']}"
+        f"from a fresh state, then {s['decode_tokens']} greedy decode steps; {s['runs']} run{'s' if s['runs'] != 1 else ''} each, {s['order']}"
     )
     rows = [
         [
