@@ -72,9 +72,10 @@ def render(result: dict[str, Any]) -> str:
         return fmt_x(v) if v is None or v >= 1 else f"{v:.2f}x"
 
     s = result["settings"]
+    runs = f"{s['runs']} run{'s' if s['runs'] != 1 else ''}"
     head = (
         f"SAME MODEL  preset {s['preset']} (seed {s['seed']}) on {s['device']}: {s['prefill_tokens']}-token prefill "
-        f"from a fresh state, then {s['decode_tokens']} greedy decode steps; {s['runs']} run{'s' if s['runs'] != 1 else ''} each, {s['order']}"
+        f"from a fresh state, then {s['decode_tokens']} greedy decode steps; {runs} each, {s['order']}"
     )
     rows = [
         [
