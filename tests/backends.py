@@ -25,7 +25,8 @@ def served_id(backend: str, model: Path) -> str:
 
 
 def expected_build(backend: str) -> str:
-    """ModelInfo.build on this machine: the llama.cpp that setup.sh built (CPU, its compiled SIMD), or torch on CPU."""
+    """ModelInfo.build on this machine: the llama.cpp that setup.sh built (CPU, its compiled SIMD), or torch on
+    CPU with the served hybrid's recurrent layers on PyTorch's fallback (engine/hf_kernels.py)."""
     if backend == "llama.cpp":
         from engramctl.engine.llama_build import loaded_build
         from engramctl.engine.llama_lib import import_llama_cpp
@@ -35,7 +36,8 @@ def expected_build(backend: str) -> str:
         return build
     import torch
 
-    return f"torch {torch.__version__.split('+')[0]}, CPU"
+    fallback = "PyTorch fallback: not on CUDA (cpu); mamba-ssm not installed; causal-conv1d not installed"
+    return f"torch {torch.__version__.split('+')[0]}, CPU; recurrent layers: {fallback}"
 
 
 def weight_dtype(backend: str) -> str:

@@ -4,7 +4,8 @@ disk, with and without prefetch (the shape of the Engram paper's Table 4; script
 same harness on a stand-in backbone). The reports are drawn by cli/bench_report.py and cli/bench_ngram_report.py.
 Registered by the root app as
 
-    app.add_typer(bench.app, name="bench")   # `bench` runs bench(); `bench ngram` runs ngram()
+    app.add_typer(bench.app, name="bench")   # `bench` runs bench(); `bench ngram` runs ngram(); `bench backends`:
+                                             # cli/bench_backends.py
 
 Nothing heavy is imported at module level (torch loads inside the command).
 """
@@ -15,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from engramctl.cli import bench_serve
+from engramctl.cli import bench_backends, bench_serve
 from engramctl.cli.bench_ngram import ngram
 from engramctl.cli.common import counts
 from engramctl.errors import UsageError
@@ -245,3 +246,4 @@ app = typer.Typer(
 app.callback(invoke_without_command=True)(bench)
 app.command("ngram")(ngram)
 app.command("serve")(bench_serve.serve)
+app.command("backends")(bench_backends.backends)

@@ -26,6 +26,7 @@ from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.ngram_hooks import NgramHooks
 from engramctl.engine.families import Family, family_for
 from engramctl.engine.fingerprint import model_fingerprint
+from engramctl.engine.hf_kernels import describe_model as describe_kernels
 from engramctl.engine.scan_chunk import ScanChunks
 from engramctl.engine.tokenizer import ChatTokenizer
 from engramctl.errors import Cancelled, EngramError, SnapshotMismatch, UnsupportedModel
@@ -42,12 +43,16 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _torch_build(device: str) -> str:
-    """What computes on transformers (ModelInfo.build): torch's version, and on a GPU its CUDA and the card."""
+def _torch_build(device: str, model) -> str:
+    """What computes on transformers (ModelInfo.build): torch's version, on a GPU its CUDA and the card, and
+    for recurrent layers whether mamba-ssm / causal-conv1d or PyTorch's fallback runs them (hf_kernels.py)."""
     version = torch.__version__.split("+")[0]
     if device.startswith("cuda"):
-        return f"torch {version}, CUDA {torch.version.cuda} on {torch.cuda.get_device_name(torch.device(device))}"
-    return f"torch {version}, {device.upper()}"
+        line = f"torch {version}, CUDA {torch.version.cuda} on {torch.cuda.get_device_name(torch.device(device))}"
+    else:
+        line = f"torch {version}, {device.upper()}"
+    kernels = describe_kernels(model, device)
+    return f"{line}; recurrent layers: {kernels}" if kernels else line
 
 
 class TransformersBackend:
@@ -95,7 +100,7 @@ class TransformersBackend:
             resume="token_by_token" if self.family.token_by_token else "chunked",
             backend="transformers",
             weight_type=_dtype_name(next(model.parameters())),
-            build=_torch_build(self.device),
+            build=_torch_build(self.device, model),
         )
         self.spec = self._probe_spec()
 

@@ -15,18 +15,18 @@ at all), C itself at multiples of C (a chunk-aligned prefill runs exactly as bef
 (memory of the intra-chunk blocks never grows).
 
 Only the PyTorch scan pads. mamba-ssm's Triton kernels mask instead and are tuned for the configured
-chunk, so when that package is importable (transformers then routes the scan to it) nothing changes.
+chunk, so when transformers bound the scan to mamba-ssm (hf_kernels.py reads that binding) nothing changes.
 """
 
 from __future__ import annotations
 
-import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Iterator
 
 from torch import nn
+
+from engramctl.engine.hf_kernels import model_bindings
 
 
 def fitted_chunk_tokens(n_tokens: int, chunk_tokens: int) -> int:
@@ -37,16 +37,11 @@ def fitted_chunk_tokens(n_tokens: int, chunk_tokens: int) -> int:
     return -(-n_tokens // n_chunks)
 
 
-@lru_cache(maxsize=1)
-def torch_scan_in_use() -> bool:
-    """True when transformers runs the PyTorch reference scan: the same test its
-    `use_kernel_func_from_hub_with_fallback` makes, i.e. `import mamba_ssm` fails (it does on a CPU
-    even when installed: its CUDA extension is missing)."""
-    try:
-        module = importlib.import_module("mamba_ssm")
-    except Exception:  # ImportError, or a CUDA extension failing to initialise: transformers falls back too
-        return True
-    return getattr(module, "mamba_chunk_scan_combined", None) is None
+def torch_scan_in_use(model: nn.Module) -> bool:
+    """True when transformers bound `model`'s chunked scan to its PyTorch reference, i.e. did not bind
+    mamba-ssm's `mamba_chunk_scan_combined` (hf_kernels.py reads the binding; mamba-ssm 2.x does not export
+    that op from its package root, so `getattr(mamba_ssm, ...)` would miss it)."""
+    return not any(b.func_name == "mamba_chunk_scan_combined" and b.kernel for b in model_bindings(model))
 
 
 @dataclass
@@ -61,7 +56,7 @@ class ScanChunks:
     def find(cls, model: nn.Module, mixer_class: str | None) -> "ScanChunks":
         """Mixers of class `mixer_class` that hold an int `chunk_size`; none when the family has no
         chunked scan, or when the kernels (which do not pad) run it."""
-        if mixer_class is None or not torch_scan_in_use():
+        if mixer_class is None or not torch_scan_in_use(model):
             return cls()
         mixers = [
             m

@@ -1,6 +1,8 @@
 """`engramctl bench --backend llama.cpp`: the tiny preset converted to GGUF runs end to end, the report
 names the backend, the weight type and the resident weight bytes, and carries the raw llama-cpp-python
-reference's figures, the ratios to it and the targets. Timings are never asserted (the machine is
+reference's figures, the ratios to it and the targets. `engramctl bench backends` (the same preset on
+transformers and on llama.cpp, one device, one table) runs here too, on the GGUF this module's bench
+converted. Timings are never asserted (the machine is
 shared); what was measured and how it is reported is.
 """
 
@@ -9,6 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
 from tests.bench.test_bench import NUM, invoke
 
@@ -132,3 +136,64 @@ def test_usage_errors(tmp_path, args, words):
     result = invoke(args, tmp_path)
     assert result.exit_code == 2, result.stderr
     assert words in result.stderr.lower()
+
+
+# -- `engramctl bench backends` -----------------------------------------------------------------------
+
+BACKENDS_ARGS = ["--preset", "tiny", "--device", "cpu", "--prefill-tokens", "24", "--decode-tokens", "3", "--runs", "1"]
+BACKENDS_ARGS += ["--threads", "1"]  # llama.cpp's spinning thread pool on a shared 2-core machine: one thread, no waits
+
+
+@pytest.fixture(scope="module")
+def run(llama_run):
+    """`bench backends` in llama_run's home, whose cache holds the tiny preset and its F16 GGUF already."""
+    from engramctl.cli.bench import app as bench_app
+    from engramctl.cli.common import EngramGroup
+
+    app = typer.Typer(cls=EngramGroup, pretty_exceptions_enable=False, rich_markup_mode=None)
+    app.add_typer(bench_app, name="bench")
+    home = llama_run[2]
+    env = {"ENGRAM_HOME": str(home), "HF_HUB_OFFLINE": "1", "ENGRAM_NO_AUTOSTART": "1"}
+    result = CliRunner().invoke(app, ["bench", "backends", *BACKENDS_ARGS, "--json"], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return json.loads(result.stdout)
+
+
+def test_bench_backends_runs_the_same_preset_on_both_backends_and_one_device(run):
+    from tests.backends import expected_build
+
+    assert run["schema"] == "engramctl-bench-backends/1"
+    s = run["settings"]
+    assert (s["preset"], s["device"], s["prefill_tokens"], s["decode_tokens"], s["runs"]) == ("tiny", "cpu", 24, 3, 1)
+    tf, ll = run["backends"]
+    assert (tf["backend"], ll["backend"]) == ("transformers", "llama.cpp") and run["skipped"] == {}
+    assert tf["device"] == ll["device"] == run["machine"]["device"] == "cpu"
+    assert (tf["weight_type"], ll["weight_type"]) == ("float32", "F16")
+    # the build each engine reports, and on transformers the recurrent layers' path (engine/hf_kernels.py)
+    assert tf["build"] == expected_build("transformers") and ll["build"] == expected_build("llama.cpp")
+    assert tf["kernels"] == tf["build"].split("recurrent layers: ")[1] and ll["kernels"] is None
+    assert tf["torch_threads"] == 1  # --threads reaches torch too
+    for row in (tf, ll):
+        assert row["runs"] == 1 and row["decode_steps"] == 3
+        for key in ("prefill_ms", "prefill_tokens_per_s", "decode_ms_per_token"):
+            assert isinstance(row[key], NUM) and row[key] > 0, (row["backend"], key)
+    r = run["ratios"]
+    assert r["decode_llama_cpp_speedup"] == round(tf["decode_ms_per_token"] / ll["decode_ms_per_token"], 3)
+    assert run["command"] == "engramctl bench backends --preset tiny --gguf-type f16 " + (
+        "--prefill-tokens 24 --decode-tokens 3 --runs 1 --seed 0 --threads 1 --device cpu"
+    )
+
+
+def test_bench_backends_table_puts_both_rows_and_builds_side_by_side(run):
+    from engramctl.cli.bench_backends import render
+
+    text = render(run).splitlines()
+    assert text[0].startswith("SAME MODEL  preset tiny (seed 0) on cpu: 24-token prefill")
+    header = next(i for i, ln in enumerate(text) if ln.startswith("BACKEND"))
+    assert text[header].split() == ["BACKEND", "DEVICE", "WEIGHTS", "PREFILL", "TOK/S", "PREFILL", "DECODE", "MS/TOKEN"]
+    assert text[header + 1].split()[:3] == ["transformers", "cpu", "float32"]
+    assert text[header + 2].split()[:3] == ["llama.cpp", "cpu", "F16"]
+    assert any(ln.startswith("transformers  build torch ") and "PyTorch fallback" in ln for ln in text)
+    assert any(ln.startswith("llama.cpp     build CPU (") for ln in text)
+    assert any(ln.startswith("llama.cpp vs transformers: prefill ") for ln in text)
+    assert text[-1] == f"command: {run['command']}"

@@ -40,7 +40,7 @@ def _generate(engine, live, decode_tokens: int) -> tuple[float, int, float]:
     return fin.decode_s, steps, c.sample.cpu_s / max(c.sample.wall_s, 1e-9)
 
 
-class _Side:
+class Side:
     """One contender's samples: prefill (wall + cpu) and decode (per-token wall, cpu/wall)."""
 
     def __init__(self) -> None:
@@ -73,11 +73,20 @@ class _Side:
         }
 
 
-def _engramctl_run(engine, ids: list[int], decode_tokens: int, side: _Side | None) -> None:
+def on_host(logits) -> None:
+    """Wait for the logits to be on the host: a CUDA forward returns before the GPU has run it, so a
+    clock stopped at the return would time the launch, not the prefill (a host array needs nothing)."""
+    if hasattr(logits, "cpu"):
+        logits.cpu()
+
+
+def engine_run(engine, ids: list[int], decode_tokens: int, side: Side | None) -> None:
+    """One run on the engine: a fresh state prefills `ids` (the clock stops when its logits are on the
+    host), then decodes `decode_tokens` greedily; its figures go to `side` (None: a warm-up)."""
     live = engine.new_live()
     try:
         with Clock() as c:
-            engine.prefill(live, ids)
+            on_host(engine.prefill(live, ids))
         wall, steps, cpw = _generate(engine, live, decode_tokens)
     finally:
         engine.release(live)
@@ -86,7 +95,7 @@ def _engramctl_run(engine, ids: list[int], decode_tokens: int, side: _Side | Non
         side.add_decode(wall, steps, cpw)
 
 
-def _raw_run(raw, ids: list[int], decode_tokens: int, side: _Side | None) -> None:
+def _raw_run(raw, ids: list[int], decode_tokens: int, side: Side | None) -> None:
     chunks = raw.chunks(ids)
     with Clock() as c:
         first = raw.prefill(chunks)
@@ -111,14 +120,14 @@ def run(
     """engramctl against raw llama.cpp (when `raw` is given). `step(description)` after every run.
     `on_worker(fn)` runs engramctl's side where the daemon would (the raw reference stays on this thread)."""
     ids = filler_ids(engine.tokenizer, prefill_tokens, seed + 2)
-    mine, theirs = _Side(), _Side()
+    mine, theirs = Side(), Side()
     for r in range(runs + 1):  # run 0 warms both up and is not counted
         count = r > 0
         order = ("engramctl", "raw") if r % 2 == 0 else ("raw", "engramctl")
         for who in order:
             if who == "engramctl":
                 side = mine if count else None
-                on_worker(lambda: _engramctl_run(engine, ids, decode_tokens, side))
+                on_worker(lambda: engine_run(engine, ids, decode_tokens, side))
             elif raw is not None:
                 _raw_run(raw, ids, decode_tokens, theirs if count else None)
         step("warm-up" if r == 0 else f"run {r}/{runs}")
@@ -151,10 +160,10 @@ def transformers_decode(
     """The comparison engine (transformers): one prefill of N tokens, then `runs` decodes of M tokens,
     each from that state restored (a prefill per run would cost minutes and measures nothing new)."""
     ids = filler_ids(engine.tokenizer, prefill_tokens, seed + 2)
-    side = _Side()
+    side = Side()
     live = engine.new_live()
     with Clock() as c:
-        engine.prefill(live, ids)
+        on_host(engine.prefill(live, ids))
     side.prefill.add(c.sample)
     state = engine.capture(live)
     engine.release(live)
