@@ -3,7 +3,8 @@
 # (scripts/device_kit.sh) beside the image's torch, then run tests/cuda; everything it prints and measures goes to
 # $OUT (nvidia-smi, llama.cpp's build line, pytest's output, figures.json). One call of the device tool:
 #   run(command="scripts/device_run.sh", carry=["wheels/device-kit"], timeout_s=540)
-# PYTHON names the interpreter (default python3); TESTS picks the tests (default tests/cuda).
+# PYTHON names the interpreter (default python3); TESTS picks the tests (default tests/cuda); FIGURES=0 skips the
+# figures after them (the VRAM tier probe, bench backends).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -28,4 +29,18 @@ ENGRAM_GPU_REPORT="$OUT/figures.json" timeout "${TESTS_TIMEOUT_S:-420}" \
 rc=$?
 echo "tests: rc $rc, $(( $(date +%s) - start )) s in all" | tee -a "$OUT/times.txt"
 grep -E " (PASSED|FAILED|ERROR|SKIPPED)|passed|failed|\[gpu-figure\]" "$OUT/pytest.txt" | tail -60
+# Item 3's figures (scripts/vram_tier_probe.py) and item 7's (bench backends) on the Granite-4.0-H-350M preset, built
+# here from its seed (the GGUF is 365 MB: more than a carry); ENGRAM_HOME outside $OUT so that nothing big comes back
+export ENGRAM_HOME=/tmp/engram-bench-home ENGRAM_NO_AUTOSTART=1
+if [ "${FIGURES:-1}" = 1 ]; then
+  gguf=$(timeout 240 "$PY" -c "from pathlib import Path; from engramctl.bench.gguf_presets import preset_gguf
+print(preset_gguf('granite-4.0-h-350m', 0, 'q8_0', Path('/tmp/engram-bench-home/cache')))" 2>"$OUT/preset.txt")
+  [ -n "$gguf" ] && timeout 180 "$PY" scripts/vram_tier_probe.py "$gguf" --tokens 2048 --json "$OUT/vram-tier.json" \
+    >"$OUT/vram-tier.txt" 2>&1
+  echo "vram tier probe: rc $?, $(( $(date +%s) - start )) s in all" | tee -a "$OUT/times.txt"
+  timeout 240 "$PY" -m engramctl bench backends --preset granite-4.0-h-350m --device cuda --dtype bfloat16 \
+    --gguf-type f16 --prefill-tokens 512 --decode-tokens 64 --runs 3 --json >"$OUT/bench-backends.json" \
+    2>"$OUT/bench-backends.txt"
+  echo "bench backends: rc $?, $(( $(date +%s) - start )) s in all" | tee -a "$OUT/times.txt"
+fi
 exit $rc
