@@ -12,7 +12,7 @@ import time
 
 from tests.daemon import harness
 
-CYCLES = (None, "write.renamed", "remove.unlinked", "commit.indexed", None)
+CYCLES = (None, "write.renamed", "remove.unlinked", "commit.indexed")
 
 
 def test_sigkill_at_random_moments_and_at_every_kill_point_keeps_index_and_files_in_agreement(model_dir, tmp_path):
