@@ -2,8 +2,10 @@
 # What a lent GPU machine (no network; Python 3.12 with torch+cu130 but not our stack) needs to run tests/cuda,
 # gathered here into the git-ignored wheels/device-kit/ for the device tool to carry (its limit: 64 MiB with the
 # checkout): the project's dependencies as wheels for that Python (not torch, numpy or what only other tests,
-# benches and plots use), the CUDA llama-cpp-python wheel (scripts/build_cuda_wheel.sh; slimmed) and llama.cpp's
-# GGUF converter (the tests convert their tiny models). scripts/device_run.sh installs and runs it there.
+# benches and plots use), the CUDA llama-cpp-python wheel's files (scripts/build_cuda_wheel.sh; slimmed; as tar.xz:
+# 4 MB less than the wheel's zip), llama.cpp's GGUF converter (the tests convert their tiny models) and, where this
+# machine has built it (engramctl bench serve), llama-server's CPU front-end, which bench serve there runs over the
+# CUDA wheel's libraries (bench/llama_server.py). scripts/device_run.sh installs and runs it there.
 #   scripts/device_kit.sh [PYTHON_VERSION]     (default 3.12; 3.11 rehearses the run on this machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +24,20 @@ rm -rf "$KIT.partial" && mkdir -p "$KIT.partial/deps" "$KIT.partial/cuda"
   --abi "cp${PY/./}" --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
   --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 --platform any \
   -r "$KIT.partial/requirements.txt" -d "$KIT.partial/deps"
-cp "$CUDA_WHEEL" "$KIT.partial/cuda/"
+mkdir "$KIT.partial/cuda/files" && unzip -q "$CUDA_WHEEL" -d "$KIT.partial/cuda/files"
+tar cJf "$KIT.partial/cuda/llama_cpp_python.tar.xz" -C "$KIT.partial/cuda/files" . && rm -r "$KIT.partial/cuda/files"
+FRONT="$(.venv/bin/python -c 'from engramctl.bench.llama_server import install_dir; from engramctl.settings import load_settings
+print(install_dir(load_settings().paths.cache_dir) / "bin")')"
+if [ -x "$FRONT/llama-server" ]; then
+  mkdir "$KIT.partial/front" && cp -a "$FRONT"/llama-server "$FRONT"/libllama-server-impl.so "$FRONT"/libllama-common.so* \
+    "$FRONT"/libmtmd.so* "$KIT.partial/front/" && strip "$KIT.partial/front/"*.so.*.* "$KIT.partial/front/"*.so \
+    "$KIT.partial/front/llama-server" 2>/dev/null || true
+  tar cJf "$KIT.partial/llama-server-front.tar.xz" -C "$KIT.partial/front" . && rm -r "$KIT.partial/front"
+else
+  echo "no llama-server built in $FRONT: the kit leaves bench serve's peer out (engramctl bench serve builds it)" >&2
+fi
 cp -r "$CONV" "$KIT.partial/converter"
 find "$KIT.partial/converter" -name __pycache__ -prune -exec rm -rf {} +
 rm -rf "$KIT" && mv "$KIT.partial" "$KIT"
-echo "$KIT: $(du -sm "$KIT" | cut -f1) MiB ($(ls "$KIT/deps" | wc -l) wheels for Python $PY, the CUDA wheel, the converter)" >&2
+echo "$KIT: $(du -sm "$KIT" | cut -f1) MiB ($(ls "$KIT/deps" | wc -l) wheels for Python $PY, the CUDA wheel, the converter," \
+  "$( [ -f "$KIT/llama-server-front.tar.xz" ] && echo "llama-server's front-end" || echo "no llama-server")) " >&2

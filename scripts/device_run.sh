@@ -4,7 +4,7 @@
 # $OUT (nvidia-smi, llama.cpp's build line, pytest's output, figures.json). One call of the device tool:
 #   run(command="scripts/device_run.sh", carry=["wheels/device-kit"], timeout_s=540)
 # PYTHON names the interpreter (default python3); TESTS picks the tests (default tests/cuda); FIGURES=0 skips the
-# figures after them (the VRAM tier probe, bench backends).
+# figures after them (the VRAM tier probe, bench backends); SERVE=1 adds bench serve against llama-server (item 6).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -13,8 +13,9 @@ SITE="${SITE:-/tmp/engram-site}"
 OUT="${OUT:-/tmp/engram-out}"
 mkdir -p "$OUT"
 start=$(date +%s)
-"$PY" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" "$KIT"/deps/*.whl "$KIT"/cuda/*.whl \
+"$PY" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" "$KIT"/deps/*.whl \
   >"$OUT/install.txt" 2>&1 || { tail -20 "$OUT/install.txt"; exit 1; }
+tar xJf "$KIT"/cuda/llama_cpp_python.tar.xz -C "$SITE"  # the wheel's files: what pip --target would lay out
 # tests/daemon/conftest.py starts daemons with PYTHONPATH=<checkout> only: this file, in the checkout's root, puts
 # the installed wheels first for them too
 printf 'import sys\n\nif "%s" not in sys.path:\n    sys.path.insert(0, "%s")\n' "$SITE" "$SITE" >sitecustomize.py
@@ -42,5 +43,15 @@ print(preset_gguf('granite-4.0-h-350m', 0, 'q8_0', Path('/tmp/engram-bench-home/
     --gguf-type f16 --prefill-tokens 512 --decode-tokens 64 --runs 3 --json >"$OUT/bench-backends.json" \
     2>"$OUT/bench-backends.txt"
   echo "bench backends: rc $?, $(( $(date +%s) - start )) s in all" | tee -a "$OUT/times.txt"
+fi
+# Item 6 (SERVE=1): bench serve against llama-server, whose CPU front-end (carried) runs over the CUDA wheel's
+# libraries (bench/llama_server.py); its cache folder is where find_or_build looks for the CPU build
+if [ "${SERVE:-0}" = 1 ] && [ -f "$KIT/llama-server-front.tar.xz" ] && [ -n "${gguf:-}" ]; then
+  front=$("$PY" -c "from engramctl.bench.llama_server import install_dir; from engramctl.settings import load_settings
+print(install_dir(load_settings().paths.cache_dir) / 'bin')")
+  mkdir -p "$front" && tar xJf "$KIT/llama-server-front.tar.xz" -C "$front"
+  timeout "${SERVE_TIMEOUT_S:-300}" "$PY" -m engramctl bench serve --model "$gguf" --json >"$OUT/bench-serve.json" \
+    2>"$OUT/bench-serve.txt"
+  echo "bench serve: rc $?, $(( $(date +%s) - start )) s in all" | tee -a "$OUT/times.txt"
 fi
 exit $rc

@@ -34,6 +34,8 @@ CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
 )
 BUILD_MINUTES = 13  # on 2 cores, measured (llama-cpp-notes.md)
+# llama-server's own files (the binary and its HTTP front-end libraries); the rest of a build's bin/ is llama.cpp
+FRONT_END = ("llama-server", "libllama-server-impl.so", "libllama-common.so", "libmtmd.so")
 CUDA_BUILD_MINUTES = 35  # more, per GPU architecture on 2 cores: our own CUDA wheel's ggml-cuda (docs/gpu.md)
 
 
@@ -63,14 +65,27 @@ def install_dir(cache_dir: Path, cuda_archs: tuple[str, ...] = ()) -> Path:
 
 
 def find_or_build(
-    cache_dir: Path, say: Callable[[str], None], *, build: bool = True, cuda_archs: tuple[str, ...] = ()
+    cache_dir: Path,
+    say: Callable[[str], None],
+    *,
+    build: bool = True,
+    cuda_archs: tuple[str, ...] = (),
+    cuda_libs: Path | None = None,
 ) -> tuple[Path | None, str | None]:
     """The cached llama-server, else build it (when `build`), with CUDA for `cuda_archs` where given. Returns
-    (binary, None) or (None, why not)."""
+    (binary, None) or (None, why not). With CUDA and `cuda_libs` (the folder of the loaded llama-cpp-python's
+    CUDA build of llama.cpp, wheel_libs()), the peer is assembled instead of built with CUDA from source (35 min
+    per architecture on 2 cores): the CPU build's llama-server front-end over those very libraries (the same
+    llama.cpp commit), so both servers run the same llama.cpp binaries on the card."""
     dest = install_dir(cache_dir, cuda_archs)
     binary = dest / "bin" / "llama-server"
     if binary.is_file():
         return binary, None
+    if cuda_archs and cuda_libs is not None:
+        front, why = find_or_build(cache_dir, say, build=build)
+        if front is None:
+            return None, why
+        return _assemble(front.parent, Path(cuda_libs), dest, say)
     if not build:
         return None, f"llama-server is not built yet ({binary} is missing)"
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
@@ -101,6 +116,33 @@ def find_or_build(
         return None, f"building llama-server failed ({e}); see {log_path}"
     say(f"llama-server built: {binary}")
     return binary, None
+
+
+def wheel_libs() -> Path | None:
+    """The folder of the loaded llama-cpp-python's llama.cpp libraries when they hold the CUDA backend, else None."""
+    import llama_cpp
+
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    return lib if any(lib.glob("libggml-cuda.so*")) else None
+
+
+def _assemble(front: Path, libs: Path, dest: Path, say: Callable[[str], None]) -> tuple[Path | None, str | None]:
+    """dest/bin: llama-server's front-end files from the CPU build in `front`, llama.cpp's libraries from `libs`."""
+    try:
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+            staged = Path(tmp) / "install"
+            (staged / "bin").mkdir(parents=True)
+            for item in front.iterdir():
+                if item.name.startswith(FRONT_END):
+                    shutil.copy2(item, staged / "bin" / item.name, follow_symlinks=False)
+            for item in libs.iterdir():
+                if item.name.startswith(("libllama.so", "libggml")):
+                    shutil.copy2(item, staged / "bin" / item.name)
+            staged.rename(dest)
+    except OSError as e:
+        return None, f"assembling llama-server with CUDA failed ({e})"
+    say(f"llama-server with CUDA: the CPU build's front-end over llama-cpp-python's CUDA libraries ({libs}), in {dest}")
+    return dest / "bin" / "llama-server", None
 
 
 def _unpack_source(tmp: Path, log) -> Path:

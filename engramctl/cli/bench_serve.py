@@ -54,12 +54,12 @@ def serve(
     system prompt, two waves of new conversations, both servers restarted, a third; (f) one conversation
     resent whole to a long context, with the bytes each turn writes. ABBA order, medians with spreads, CPU/wall beside
     each figure, targets checked. llama-server is built once from the llama.cpp source inside the
-    pinned llama-cpp-python sdist (~13 min on 2 cores; cached), with CUDA for the same card where our llama.cpp
-    runs on a GPU (~35 min more per architecture; every layer on the GPU)."""
+    pinned llama-cpp-python sdist (~13 min on 2 cores; cached); where our llama.cpp runs on a GPU, that build's
+    front-end runs over llama-cpp-python's own CUDA libraries (the same llama.cpp binaries; every layer on the GPU)."""
     import shlex
     import sys
 
-    from engramctl.bench.llama_server import find_or_build, gpu_archs
+    from engramctl.bench.llama_server import find_or_build, gpu_archs, wheel_libs
     from engramctl.bench.serve.runner import ServeConfig, run_serve
     from engramctl.cli import common
     from engramctl.engine.llama_lib import n_cpu_threads
@@ -73,7 +73,9 @@ def serve(
     binary, why = (
         (None, "--no-llama-server was given")
         if not peer
-        else find_or_build(st.paths.cache_dir, out.note, build=build, cuda_archs=archs)
+        else find_or_build(
+            st.paths.cache_dir, out.note, build=build, cuda_archs=archs, cuda_libs=wheel_libs() if archs else None
+        )
     )
     if binary is None:
         out.warn(f"measuring engramctl alone: {why}")

@@ -130,3 +130,43 @@ def test_where_our_llama_cpp_runs_on_a_gpu_the_peer_is_built_and_run_for_the_sam
     on_gpu = Server.llama_server(tmp_path / "llama-server", tmp_path / "m.gguf", gpu=True, **peer).command
     on_cpu = Server.llama_server(tmp_path / "llama-server", tmp_path / "m.gguf", **peer).command
     assert on_gpu[-2:] == ["-ngl", "999"] and "-ngl" not in on_cpu
+
+
+def test_on_a_gpu_the_peer_is_the_cpu_front_end_over_our_cuda_libraries(tmp_path, monkeypatch):
+    """Where our llama.cpp is a CUDA build, llama-server is not built with CUDA again (35 min per architecture): the
+    CPU build's front-end is assembled with llama-cpp-python's own CUDA libraries (file names as the real builds
+    lay them out; the real pair served SmolLM2 on the development machine, docs/gpu.md)."""
+    import os
+
+    from engramctl.bench import llama_server
+    from engramctl.bench.serve.servers import Server
+
+    assert llama_server.wheel_libs() is None  # this machine's llama-cpp-python: the CPU build
+    front = install_dir(tmp_path) / "bin"
+    front.mkdir(parents=True)
+    for name in ("llama-server", "libllama-server-impl.so", "libllama-common.so.0", "libmtmd.so.0"):
+        (front / name).write_text(f"front {name}")
+    for name in ("libllama.so.0", "libggml.so.0", "libggml-cpu.so.0"):
+        (front / name).write_text(f"cpu {name}")
+    wheel = tmp_path / "site-packages" / "llama_cpp" / "lib"
+    wheel.mkdir(parents=True)
+    for name in ("libllama.so.0", "libggml.so.0", "libggml-base.so.0", "libggml-cpu.so.0", "libggml-cuda.so.0"):
+        (wheel / name).write_text(f"cuda {name}")
+    said: list[str] = []
+    binary, why = find_or_build(tmp_path, said.append, build=False, cuda_archs=("90-real",), cuda_libs=wheel)
+    assert why is None and binary == install_dir(tmp_path, ("90-real",)) / "bin" / "llama-server"
+    got = {p.name: p.read_text() for p in binary.parent.iterdir()}
+    assert got == {
+        **{
+            n: f"front {n}" for n in ("llama-server", "libllama-server-impl.so", "libllama-common.so.0", "libmtmd.so.0")
+        },
+        **{p.name: f"cuda {p.name}" for p in wheel.iterdir()},
+    }
+    assert "front-end over llama-cpp-python's CUDA libraries" in said[0]
+    # its libraries first, then the machine's (CUDA's runtime and cuBLAS)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/lib64")
+    server = Server.llama_server(binary, tmp_path / "m.gguf", threads=2, ctx=4096, slots=4, logs=tmp_path, gpu=True)
+    assert server.env["LD_LIBRARY_PATH"] == f"{binary.parent}{os.pathsep}/usr/local/cuda/lib64"
+    # no CPU build to take the front-end from, and none to be built: said why
+    binary, why = find_or_build(tmp_path / "empty", said.append, build=False, cuda_archs=("90-real",), cuda_libs=wheel)
+    assert binary is None and "not built yet" in why

@@ -65,7 +65,10 @@ class Server:
         cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}", "-t", str(threads)]
         cmd += ["-tb", str(threads), "-c", str(ctx), "-np", str(slots), "-fa", "on", "--no-webui"]
         cmd += ["-ngl", "999"] if gpu else []
-        env = {"LD_LIBRARY_PATH": str(binary.parent)}
+        # its libraries first (the build's RUNPATH names the temporary build folder), then the machine's (CUDA's)
+        env = {
+            "LD_LIBRARY_PATH": os.pathsep.join(p for p in (str(binary.parent), os.environ.get("LD_LIBRARY_PATH")) if p)
+        }
         return cls("llama-server", cmd, env, "/health", None, logs / f"llama-server-np{slots}.log")
 
     @property
