@@ -21,6 +21,9 @@ What llama.cpp offers, and the rules that follow (vendored llama.cpp 0.3.36, src
   from, and removed from again; and a copy is loaded only while its slot still holds it (`_owner`, generations).
 - a save aborts the process when the sequence's KV cells are not one contiguous range: only a state whose cells
   run from cell 0 without gaps (the pool's packed Live) or a model without KV is saved (the caller's check).
+- a load into a KV cache with no free range long enough fails cleanly (llama.cpp logs "failed to find N
+  available cells", returns 0; the copy stays valid), as a blob's does; checked in a child process, since a newer
+  llama.cpp asserts in its device reader's destructor there (tests/engine/test_llama_device_copies.py).
 - the context keeps a slot's device buffer until the slot saves a state of another size (then it frees it and
   allocates the new one); so the bytes held are every used slot's last size, and the budget counts them.
 - each slot id is a sequence the context was created with (n_seq_max): one recurrent cell each, allocated up front.

@@ -354,7 +354,8 @@ class SequencePool:
 
     def _load_parked(self, live: Live, seq: int) -> None:
         """Load a parked `live` (no kept state holds it) into the empty sequence `seq`: from its device copy
-        while that still holds, else from its blob."""
+        while that still holds, else from its blob (also where the copy does not load: a KV cache with no free
+        range of cells long enough refuses both alike, without harm: tests/engine/test_llama_device_copies.py)."""
         parked = live.cache
         if self.device is not None and self.device.load(parked.device, seq):
             self.restores["device"] += 1
