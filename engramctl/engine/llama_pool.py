@@ -360,6 +360,8 @@ class SequencePool:
         if self.device is not None and self.device.load(parked.device, seq):
             self.restores["device"] += 1
         elif parked.blob is not None:
+            if self.device is not None:
+                self.device.drop(parked.device)  # its slot is free again (a copy that did not load is not kept)
             parked.device = None
             self._load(parked.blob, len(live.token_ids), seq)
             self.restores["blob"] += 1
