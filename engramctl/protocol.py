@@ -158,8 +158,8 @@ class TurnInfo:
     session: str | None = None
     resumed: bool = False  # the state was restored rather than computed from scratch
     restored_tokens: int = 0
-    tier: str | None = None  # live | vram | ram | disk | None (computed)
-    restore_ms: float | None = None
+    tier: str | None = None  # live | vram | ram | disk | None (computed); llama.cpp: vram = a parked device copy
+    restore_ms: float | None = None  # a hot (live) state: what loading it back took, 0 when it stayed resident
     snapshot_id: str | None = None  # the reply's snapshot: the session's head after the turn
     snapshot_error: str | None = None  # why the turn has no snapshot (a full disk, say); the transcript has it
     prompt_tokens: int | None = None

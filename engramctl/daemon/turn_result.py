@@ -88,12 +88,18 @@ class TurnResult:
 
 
 def started(session: str, origin: Origin, prompt: Prompt, started_at: float) -> TurnResult:
+    tier, restore_ms = origin.tier, origin.restore_ms
+    if origin.hot and prompt.loaded is not None:
+        # a hot state the backend had parked, loaded back in the prefill's steps: that load is its restore, and
+        # one from a device copy (llama.cpp's VRAM tier) came from VRAM
+        tier = "vram" if prompt.loaded[0] == "device" else tier
+        restore_ms = round(prompt.loaded[1], 2)
     return TurnResult(
         session=session,
         started_at=started_at,
-        tier=origin.tier,
+        tier=tier,
         restored_tokens=origin.restored_tokens,
-        restore_ms=origin.restore_ms,
+        restore_ms=restore_ms,
         prompt_tokens=prompt.prompt_tokens,
         computed_tokens=prompt.computed_tokens,
         reset=prompt.reset,

@@ -142,6 +142,13 @@ class Engine:
     def inject(self, state: SessionState) -> Live:
         return self.backend.inject(state)
 
+    def take_load(self, live: Live) -> tuple[str, float] | None:
+        """Where the backend loaded `live` back from since the last call, inside the steps that ran it, and the
+        ms it took: ("device", ms) from a device copy (llama.cpp's VRAM tier), ("blob", ms) from host memory;
+        None when it stayed resident (and on backends whose states never leave the model: transformers)."""
+        take = getattr(self.backend, "take_load", None)
+        return None if take is None else take(live)
+
     def release(self, live: Live) -> None:
         """Free what `live` holds in the backend (a llama.cpp sequence, say); `live` is unusable after.
         Callers release a Live once nothing refers to it: never one still kept as a session's hot state."""

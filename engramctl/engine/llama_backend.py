@@ -271,6 +271,11 @@ class LlamaCppBackend:
         with self._lock:
             self._pool.release(live)
 
+    def take_load(self, live: Live) -> tuple[str, float] | None:
+        """How a parked `live` was loaded back since the last call (SequencePool.take_load)."""
+        with self._lock:
+            return self._pool.take_load(live)
+
     # -- running -------------------------------------------------------------------------------------
     def step(self, work: Sequence[tuple[Live, Sequence[int]]]) -> list[np.ndarray]:
         """Feed each Live its tokens, in one llama_decode where they fit (chunk_tokens in all, max_sequences

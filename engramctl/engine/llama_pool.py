@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import itertools
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,13 +63,16 @@ class ParkedState:
     the blob of the last capture while it is still its state and its device copy while that is its state
     (the last three None once it has moved on)."""
 
-    __slots__ = ("blob", "captured", "device", "kept", "seq", "__weakref__")
+    __slots__ = ("blob", "captured", "device", "kept", "loaded", "seq", "__weakref__")
 
     def __init__(self, blob: bytearray | None = None, kept: int | None = None):
         self.seq: int | None = None
         self.blob, self.kept = blob, kept
         self.captured: bytearray | None = None
         self.device: DeviceCopy | None = None
+        # ("device" | "blob" of the first load, ms of every load) since take_load last asked: what resuming
+        # a parked conversation cost inside the steps that loaded it
+        self.loaded: tuple[str, float] | None = None
 
 
 @dataclass
@@ -357,14 +361,28 @@ class SequencePool:
         while that still holds, else from its blob (also where the copy does not load: a KV cache with no free
         range of cells long enough refuses both alike, without harm: tests/engine/test_llama_device_copies.py)."""
         parked = live.cache
+        t0 = time.perf_counter()
         if self.device is not None and self.device.load(parked.device, seq):
-            self.restores["device"] += 1
+            source = "device"
         elif parked.blob is not None:
             if self.device is not None:
                 self.device.drop(parked.device)  # its slot is free again (a copy that did not load is not kept)
             parked.device = None
             self._load(parked.blob, len(live.token_ids), seq)
-            self.restores["blob"] += 1
+            source = "blob"
+        else:
+            return
+        self.restores[source] += 1
+        ms = (time.perf_counter() - t0) * 1000
+        parked.loaded = (parked.loaded[0], parked.loaded[1] + ms) if parked.loaded else (source, ms)
+
+    def take_load(self, live: Live) -> tuple[str, float] | None:
+        """How `live` was loaded since the last call ("device" or "blob" first, and the ms of all its loads),
+        and forget it; None when it was not loaded (resident throughout, or from a kept sequence)."""
+        if not isinstance(live.cache, ParkedState):
+            return None
+        loaded, live.cache.loaded = live.cache.loaded, None
+        return loaded
 
     def release(self, live: Live) -> None:
         if isinstance(live.cache, ParkedState):

@@ -57,6 +57,7 @@ class Prompt:
     max_tokens: int  # the reply's budget: the request's, or what the context has room for
     prefill_ms: float
     state: SessionState | None  # captured after the prefill; None when nothing was computed (or capture=False)
+    loaded: tuple[str, float] | None = None  # the state was loaded back during the prefill (Engine.take_load)
 
     @property
     def cached_tokens(self) -> int:
@@ -220,6 +221,7 @@ class Turn:
         if self.reset:
             self.engine.release(self.live)
             self.live = self.engine.new_live()
+        self.engine.take_load(self.live)  # only the loads of this turn's steps count
         self._t0 = time.perf_counter()
 
     @property
@@ -322,7 +324,8 @@ class Turn:
         prefill_ms = (time.perf_counter() - self._t0) * 1000
         self.live.text = self.text
         computed = len(self.feed) - self.shared_tokens
-        self.prompt = Prompt(self.prompt_tokens, computed, self.reset, self.max_tokens, prefill_ms, None)
+        loaded = self.engine.take_load(self.live)
+        self.prompt = Prompt(self.prompt_tokens, computed, self.reset, self.max_tokens, prefill_ms, None, loaded)
         yield Started(self.prompt)
         self._reply = Reply(self.engine.tokenizer, self.live, self.params)
         yield from self._sample(first=True)

@@ -1,7 +1,7 @@
 """The daemon over llama.cpp's VRAM tier (engine/llama_device_copies.py), on the CPU build where the same calls
 copy within host memory: conversations beyond those running stay hot (as many more as the backend has slots for),
-each parked with a device copy of its state, their next turns resume from it, and every reply is the one a
-daemon without copies gives; /v1/tiers says so."""
+each parked with a device copy of its state, their next turns resume from it (`tier: vram`, the copy's load as
+`restore_ms`), and every reply is the one a daemon without copies gives; /v1/tiers says so."""
 
 from __future__ import annotations
 
@@ -41,8 +41,10 @@ def test_parked_conversations_resume_from_their_copies_with_the_replies_of_a_dae
     *got, copies = _replies(engine, engram_home / "copies", monkeypatch)
     *want, off = _replies(_engine(path, None), engram_home / "none", monkeypatch)
     assert [r["choices"][0]["message"]["content"] for r in got] == [r["choices"][0]["message"]["content"] for r in want]
-    # one conversation runs at a time; the other two stay hot, parked with copies
-    assert [r["engram"]["tier"] for r in got[3:]] == ["live"] * 4
+    # one conversation runs at a time; the other two stay hot, parked with copies: each resumes from VRAM, and the
+    # copy's load (inside its first step) is its restore_ms
+    assert [r["engram"]["tier"] for r in got[3:]] == ["vram"] * 4
+    assert all(r["engram"]["restore_ms"] > 0 and r["engram"]["resumed"] for r in got[3:])
     assert [r["engram"]["tier"] for r in want[3:]] == ["ram"] * 4  # keep 1: the others restore from the store
     assert copies["restores"] >= 4 and copies["held"] >= 1 and copies["slots"] == engine.device_slots
     assert 0 < copies["used_bytes"] <= copies["budget_bytes"]
