@@ -80,7 +80,7 @@ def context_size(
     kept_max = KEPT_STATES_MAX if not cell_bytes else min(KEPT_STATES_MAX, KEPT_STATES_BYTES // cell_bytes)
     if streams:  # a kept state shares the live conversation's cells, which another stream cannot
         kept_max = 0
-    kv_per_token = 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers)  # f16 K and V
+    kv_per_token = _kv_bytes_per_token(layout)
     n_ctx_train = n_ctx_train or DEFAULT_CONTEXT_TOKENS
     n_ctx = min(context_tokens or DEFAULT_CONTEXT_TOKENS, n_ctx_train)
     if kv_per_token:
@@ -97,7 +97,7 @@ def with_device_copies(
     sequence (a slot would be a whole stream) or when not one fits. A batch holds a token of every sequence
     (context_params), so the slots also stop at chunk_tokens."""
     cell = _cell_bytes(layout)
-    copy = cell + 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers) * min(size.n_ctx, COPY_TOKENS)
+    copy = cell + _kv_bytes_per_token(layout) * min(size.n_ctx, COPY_TOKENS)
     if size.streams or budget_bytes <= 0 or not copy:
         return size
     room = chunk_tokens - size.sequences - size.kept_max
@@ -150,6 +150,11 @@ def layer_state_bytes(size: ContextSize, layout: llama_state.BlobLayout) -> list
         + (4 * (math.prod(lay.conv_shape) + math.prod(lay.ssm_shape)) * size.n_seq_max if lay.recurrent else 0)
         for lay in layout.layers
     ]
+
+
+def _kv_bytes_per_token(layout: llama_state.BlobLayout) -> int:
+    """One token's KV cells: f16 K and V of every attention layer."""
+    return 2 * sum(lay.k_elems + lay.v_elems for lay in layout.layers)
 
 
 def _cell_bytes(layout: llama_state.BlobLayout) -> int:

@@ -116,19 +116,18 @@ def place(
         seq_rule = f"{size.sequences} at once: " + seq_rule
     claimed = vram_tier_bytes if on_gpu and vram_tier_bytes else 0
 
-    def plan_for(size: ContextSize, tier_bytes: int) -> OffloadPlan:
-        cost = model_cost(header, layout, size)
+    def plan_for(size: ContextSize) -> OffloadPlan:
         return plan_offload(
-            cost,
+            model_cost(header, layout, size),
             gpu,
             requested=device,
             gpu_build=gpu_build,
-            vram_tier_bytes=tier_bytes,
+            vram_tier_bytes=claimed,
             sequences=size.sequences,
             sequences_rule=seq_rule,
         )
 
-    plan = plan_for(size, claimed)
+    plan = plan_for(size)
     budget, rule = _copies_budget(plan, gpu, claimed, copies_bytes)
     sized = with_device_copies(size, layout, budget, chunk_tokens)
     if sized.device_slots:
@@ -136,7 +135,7 @@ def place(
             f": {sized.device_slots} slots (each a recurrent cell in the context, "
             f"{human_bytes(budget - sized.device_bytes)} in all), {human_bytes(sized.device_bytes)} for the copies"
         )
-        size, plan = sized, plan_for(sized, claimed)
+        size, plan = sized, plan_for(sized)
     elif budget:
         rule += ": not one parked state fits it, or the model keeps a KV stream per conversation: tier off"
     return Placement(plan, size, n_ctx_train, swa, rule)
