@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engramctl.bench.config import BenchConfig, Progress
+from engramctl.bench.config import BenchConfig, Progress, engine_flags
 from engramctl.errors import UsageError
 
 SCHEMA = "engramctl-bench-backends/1"
@@ -188,11 +188,5 @@ def with_command(cfg: BackendsConfig) -> BackendsConfig:
 
     parts = ["engramctl", "bench", "backends", "--preset", cfg.preset, "--gguf-type", cfg.gguf_type]
     parts += ["--prefill-tokens", str(cfg.prefill_tokens), "--decode-tokens", str(cfg.decode_tokens)]
-    parts += ["--runs", str(cfg.runs), "--seed", str(cfg.seed)]
-    if cfg.threads:
-        parts += ["--threads", str(cfg.threads)]
-    if cfg.device != "auto":
-        parts += ["--device", cfg.device]
-    if cfg.dtype != "auto":
-        parts += ["--dtype", cfg.dtype]
+    parts += ["--runs", str(cfg.runs), "--seed", str(cfg.seed), *engine_flags(cfg.threads, cfg.device, cfg.dtype)]
     return replace(cfg, command=shlex.join(parts))

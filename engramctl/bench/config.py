@@ -54,3 +54,13 @@ class Progress:
     def advance(self, key: str, description: str | None = None) -> None: ...
 
     def note(self, text: str) -> None: ...
+
+
+def engine_flags(threads: int | None, device: str, dtype: str) -> list[str]:
+    """The engine's options as a reproduce command repeats them: only where they are not the defaults."""
+    parts = ["--threads", str(threads)] if threads else []
+    if device != "auto":
+        parts += ["--device", device]
+    if dtype != "auto":
+        parts += ["--dtype", dtype]
+    return parts

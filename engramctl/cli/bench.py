@@ -206,6 +206,8 @@ def _with_command(cfg):
     import dataclasses
     import shlex
 
+    from engramctl.bench.config import engine_flags
+
     parts = ["engramctl", "bench"]
     parts += ["--model", cfg.model] if cfg.model else ["--preset", cfg.preset]
     if cfg.quick:
@@ -230,12 +232,7 @@ def _with_command(cfg):
         "--seed",
         str(cfg.seed),
     ]
-    if cfg.threads:
-        parts += ["--threads", str(cfg.threads)]
-    if cfg.device != "auto":
-        parts += ["--device", cfg.device]
-    if cfg.dtype != "auto":
-        parts += ["--dtype", cfg.dtype]
+    parts += engine_flags(cfg.threads, cfg.device, cfg.dtype)
     return dataclasses.replace(cfg, command=shlex.join(parts))  # quoted: --contexts '' or a path with spaces
 
 
