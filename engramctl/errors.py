@@ -140,6 +140,12 @@ class BackendUnavailable(EngramError):
     kind = "backend_unavailable"
 
 
+class CpuUnsupported(BackendUnavailable):
+    """The llama.cpp build was compiled for instructions this CPU does not run (it would die of SIGILL)."""
+
+    kind = "cpu_unsupported"
+
+
 # -- snapshots and the store ---------------------------------------------------------------------------------
 class SnapshotError(EngramError):
     """A snapshot file cannot be used: corrupt, truncated, or written by something else. The store is

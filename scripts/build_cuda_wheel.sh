@@ -34,10 +34,11 @@ fi
 CUDA_MAJOR="$("$NVCC" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')"
 TOOLKIT="$(dirname "$(readlink -f "$NVCC")")/.."
 
+# The CPU side: llama_build_args.py's portable level (the one place the build flags are written).
+read -ra CPU_SIDE <<<"$(python3 scripts/llama_build_args.py --cpu-only --level portable)"
 ARGS=(
   -DGGML_CUDA=on "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" -DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_COMPRESSION_MODE=size
-  -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-  -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF
+  "${CPU_SIDE[@]}"
 )
 toolkit_cublas=0
 for f in "$TOOLKIT"/lib64/libcublas.so "$TOOLKIT"/targets/*/lib/libcublas.so; do

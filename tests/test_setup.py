@@ -227,7 +227,7 @@ site = next((venv / "lib").glob("python3*/site-packages"))
 def install(kind):
     lib = site / "llama_cpp" / "lib"
     lib.mkdir(parents=True, exist_ok=True)
-    (lib.parent / "__init__.py").write_text("")
+    (lib.parent / "__init__.py").write_text(f"BUILT_WITH = {cmake!r}\\n" + FAKE_LLAMA)
     (lib / "libggml-cuda.so").unlink(missing_ok=True)
     if kind == "cuda":
         (lib / "libggml-cuda.so").write_text("")
@@ -235,6 +235,8 @@ def install(kind):
     meta.mkdir(exist_ok=True)
     (meta / "METADATA").write_text("Metadata-Version: 2.1\\nName: llama_cpp_python\\nVersion: 0.3.36\\n")
 
+
+FAKE_LLAMA = {fake_llama!r}
 
 if args[0] == "wheel":
     out = pathlib.Path(args[args.index("-w") + 1])
@@ -249,16 +251,51 @@ else:
 """
 
 
+# The stand-in llama_cpp that stand-in pip installs, for scripts/llama_smoke.py: its runs are logged to smoke.log;
+# FAKE_RUNS_WITH=TEXT: a batch of 64+ tokens dies of SIGILL (as ggml's AMX kernels do on some VMs) unless the build's
+# CMAKE_ARGS contain TEXT; FAKE_SMOKE_FAILS=1: it raises instead (a failure that is no CPU's fault).
+FAKE_LLAMA = """
+import os, signal, sys
+
+class Llama:
+    def __init__(self, model_path, **kw):
+        with open(os.path.join(sys.prefix, "smoke.log"), "a") as f:
+            f.write(BUILT_WITH + "\\n")
+        self.ctx = None
+
+    def n_vocab(self):
+        return 2
+
+    def tokenize(self, text):
+        return list(range(100))
+
+    def eval(self, tokens):
+        if os.environ.get("FAKE_SMOKE_FAILS"):
+            raise RuntimeError("llama_decode returned -1")
+        need = os.environ.get("FAKE_RUNS_WITH")
+        if len(tokens) >= 64 and need is not None and need not in BUILT_WITH:
+            os.kill(os.getpid(), signal.SIGILL)
+
+
+def llama_get_logits_ith(ctx, i):
+    return [0.0, 1.0]
+"""
+
+
 @pytest.fixture
 def installer(tmp_path):
     """install(venv, gpus=..., nvcc=..., **env) -> (CompletedProcess of scripts/install_llama.sh, the pip calls)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    model = tmp_path / "model.gguf"  # the stand-in llama_cpp never reads it
+    model.write_bytes(b"GGUF")
 
     def install(venv: Path, gpus=None, nvcc=True, **env):
         if not (venv / "bin" / "python").exists():
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-            (venv / "bin" / "pip").write_text(f"#!{venv}/bin/python\n{FAKE_PIP}")
+            (venv / "bin" / "pip").write_text(
+                f"#!{venv}/bin/python\n{FAKE_PIP.replace('{fake_llama!r}', repr(FAKE_LLAMA))}"
+            )
             (venv / "bin" / "pip").chmod(0o755)
         (venv / "pip.log").unlink(missing_ok=True)
         _hardware(bin_dir, gpus, nvcc)
@@ -267,6 +304,7 @@ def installer(tmp_path):
             "CUDA_HOME": str(tmp_path / "no-toolkit"),
             "HOME": str(tmp_path),
             "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "ENGRAM_SMOKE_GGUF": str(model),
             **env,
         }
         script = ROOT / "scripts" / "install_llama.sh"
@@ -281,7 +319,8 @@ def installer(tmp_path):
 
 
 def _mark(venv: Path) -> str:
-    return (venv / "share" / "engramctl" / "llama-cpp-python.cmake-args").read_text().strip()
+    """The installed build's args: the mark file's first line (the lines after it say how its check went)."""
+    return (venv / "share" / "engramctl" / "llama-cpp-python.cmake-args").read_text().splitlines()[0]
 
 
 RTX = [("NVIDIA GeForce RTX 4090", "8.9")]
@@ -356,6 +395,90 @@ def test_a_build_of_the_wrong_kind_is_an_error(installer, tmp_path):
     assert proc.returncode == 1
     assert "Error: llama-cpp-python 0.3.36 is not the cpu build after installing it" in proc.stderr
     assert not (venv / "share" / "engramctl" / "llama-cpp-python.cmake-args").exists()
+
+
+_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+NO_AMX = f"-DGGML_NATIVE=ON '-DCMAKE_C_FLAGS={_FLAGS}' '-DCMAKE_CXX_FLAGS={_FLAGS}' -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF"
+PORTABLE = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF"
+)
+
+
+def _smoked(venv: Path) -> list[str]:
+    """The builds the stand-in smoke test ran with, in order (and forgets them)."""
+    log = venv / "smoke.log"
+    runs = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return runs
+
+
+def _mark_lines(venv: Path) -> list[str]:
+    return (venv / "share" / "engramctl" / "llama-cpp-python.cmake-args").read_text().splitlines()[1:]
+
+
+def test_a_build_that_passes_its_smoke_test_stays_and_is_not_tested_twice(installer, tmp_path):
+    venv = tmp_path / "venv"
+    proc, calls = installer(venv, FAKE_RUNS_WITH="")
+    assert proc.returncode == 0, proc.stderr
+    assert [c[-1] for c in calls] == [f"CMAKE_ARGS={CPU}"] and _smoked(venv) == [CPU]  # native, AMX and all
+    assert _mark(venv) == CPU and _mark_lines(venv) == ["level=native", "smoke=passed"]
+    proc, calls = installer(venv, FAKE_RUNS_WITH="")
+    assert proc.returncode == 0 and calls == [] and _smoked(venv) == []
+
+
+def test_a_build_that_dies_of_sigill_is_rebuilt_without_amx_once(installer, tmp_path):
+    venv = tmp_path / "venv"
+    proc, calls = installer(venv, FAKE_RUNS_WITH="-mno-amx")
+    assert proc.returncode == 0, proc.stderr
+    assert [c[-1] for c in calls] == [f"CMAKE_ARGS={CPU}", f"CMAKE_ARGS={NO_AMX}"]
+    assert "--no-cache-dir" in calls[1] and "--force-reinstall" in calls[1]  # pip's cache holds the native wheel
+    assert _smoked(venv) == [CPU, NO_AMX]
+    said = [ln for ln in proc.stderr.splitlines() if "died" in ln]
+    assert said == [
+        "llama.cpp: the native build died of SIGILL in its smoke test (prefilling 256 tokens in one ubatch); "
+        "building no-amx instead: native without AMX (some VMs report AMX but ggml's AMX kernels die there)"
+    ]
+    assert _mark(venv) == NO_AMX and _mark_lines(venv) == ["level=no-amx", "smoke=passed", f"died=native SIGILL {CPU}"]
+    proc, calls = installer(venv, FAKE_RUNS_WITH="-mno-amx")  # setup again: nothing rebuilt, nothing re-tested
+    assert proc.returncode == 0 and calls == [] and _smoked(venv) == []
+
+
+def test_without_amx_dying_too_the_portable_build_is_made(installer, tmp_path):
+    venv = tmp_path / "venv"
+    proc, calls = installer(venv, FAKE_RUNS_WITH="-DGGML_NATIVE=OFF")
+    assert proc.returncode == 0, proc.stderr
+    assert [c[-1] for c in calls] == [f"CMAKE_ARGS={a}" for a in (CPU, NO_AMX, PORTABLE)]
+    assert _smoked(venv) == [CPU, NO_AMX, PORTABLE] and _mark(venv) == PORTABLE
+    assert "building portable instead: the portable AVX2 set" in proc.stderr
+
+
+def test_a_cpu_that_runs_no_build_is_an_error_that_says_what_to_do(installer, tmp_path):
+    venv = tmp_path / "venv"
+    proc, _ = installer(venv, FAKE_RUNS_WITH="no build has this")
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: every llama.cpp build tried dies on this CPU in its smoke test: native (SIGILL)")
+    assert "Hint: ENGRAM_LLAMA_CPU=portable ./scripts/setup.sh" in last and _smoked(venv) == [CPU, NO_AMX, PORTABLE]
+    proc, calls = installer(venv, FAKE_RUNS_WITH="no build has this")  # known to die: none is built again
+    assert proc.returncode == 1 and calls == [] and _smoked(venv) == []
+
+
+def test_a_smoke_test_failing_without_a_signal_is_no_reason_to_rebuild(installer, tmp_path):
+    venv = tmp_path / "venv"
+    proc, calls = installer(venv, FAKE_SMOKE_FAILS="1")
+    assert proc.returncode == 1 and len(calls) == 1
+    assert "not by a signal, so it is not a CPU problem" in proc.stderr and "llama_decode returned -1" in proc.stderr
+
+
+def test_engram_llama_cpu_forces_one_level(installer, tmp_path):
+    venv = tmp_path / "venv"
+    proc, calls = installer(venv, ENGRAM_LLAMA_CPU="portable")
+    assert proc.returncode == 0, proc.stderr
+    assert [c[-1] for c in calls] == [f"CMAKE_ARGS={PORTABLE}"] and _mark(venv) == PORTABLE
+    proc, _ = installer(venv, ENGRAM_LLAMA_CPU="amx-please")
+    assert (
+        proc.returncode == 2 and "ENGRAM_LLAMA_CPU='amx-please': write one of native, no-amx, portable" in proc.stderr
+    )
 
 
 def test_slim_wheel_keeps_what_the_package_loads(tmp_path):

@@ -23,10 +23,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from engramctl.engine.llama_build import installed_cpu_args
 from engramctl.engine.llama_lib import PINNED_VERSION
 
-CMAKE_FLAGS = (
-    "-DGGML_NATIVE=ON",
+# The CPU side comes from the installed llama-cpp-python's build (llama_build.installed_cpu_args: what setup's smoke
+# test chose, e.g. native without AMX on a VM whose AMX faults), so both servers run the same kernels.
+SERVER_FLAGS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
@@ -39,12 +41,14 @@ FRONT_END = ("llama-server", "libllama-server-impl.so", "libllama-common.so", "l
 CUDA_BUILD_MINUTES = 35  # more, per GPU architecture on 2 cores: our own CUDA wheel's ggml-cuda (docs/gpu.md)
 
 
-def cmake_flags(cuda_archs: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The build a user would make on this machine: with CUDA for `cuda_archs` (CMake's names, "89-real") where
-    our llama.cpp runs on a GPU, so that both servers use the same card."""
+def cmake_flags(cuda_archs: tuple[str, ...] = (), cpu: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The build a user would make on this machine, with our llama.cpp's CPU flags (`cpu`, default: the installed
+    build's): with CUDA for `cuda_archs` (CMake's names, "89-real") where our llama.cpp runs on a GPU, so that both
+    servers use the same card."""
+    flags = (*(installed_cpu_args() if cpu is None else cpu), *SERVER_FLAGS)
     if not cuda_archs:
-        return CMAKE_FLAGS
-    return (*CMAKE_FLAGS, "-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(cuda_archs)}")
+        return flags
+    return (*flags, "-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(cuda_archs)}")
 
 
 def gpu_archs() -> tuple[str, ...]:

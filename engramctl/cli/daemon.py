@@ -35,9 +35,11 @@ def serve(flags: dict[str, Any]) -> None:
     Serves the OpenAI API (/v1/chat/completions, /v1/models) and the snapshot routes on loopback,
     with the bearer token from the config dir. Each option overrides its ENGRAM_* variable and
     config.toml key."""
-    from engramctl.daemon.runner import serve as run_serve
+    from engramctl.daemon.watch import foreground
 
-    run_serve(common.settings(**flags))
+    code = foreground(common.settings(**flags))
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("start")
@@ -87,14 +89,22 @@ def stop(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
 def status(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     """Is the daemon running, and with what. Exit code 3 when it is not running."""
     from engramctl.cli.status import daemon_fields
-    from engramctl.daemon.background import daemon_status
+    from engramctl.daemon.background import daemon_status, last_death
 
     out = common.output(json_, quiet)
     st = common.settings()
     info = daemon_status(st)
     if info is None:
+        death = last_death(st)
         if out.json:
-            out.emit_json({"running": False})
+            out.emit_json({"running": False, **({"last_death": death} if death else {})})
+        elif death:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(death["at"]))
+            how = death["message"].removeprefix("the daemon ")
+            out.note(f"No daemon is running: the last one (pid {death['pid']}) {how} ({when}).")
+            if death.get("log"):
+                out.note("Its log ended:\n  " + death["log"].replace("\n", "\n  "))
+            out.note(f"Hint: {death['hint']}" if death.get("hint") else "Start one: engramctl daemon start")
         else:
             out.note("No daemon is running. Start one: engramctl daemon start")
         raise typer.Exit(EXIT_UNREACHABLE)

@@ -48,7 +48,7 @@ class Client:
                 return stream
             finally:
                 cm.__exit__(None, None, None)
-        return ChatStream(cm, response)
+        return ChatStream(cm, response, self.connection.broken)
 
     def close(self) -> None:
         self.connection.close()

@@ -7,6 +7,7 @@ torch is never imported here.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import httpx
@@ -56,6 +57,9 @@ def _error_from_response(r: httpx.Response) -> EngramError:
     return error_from_body(r.status_code, body)
 
 
+DEATH_RECORD_WAIT_S = 1.0  # how long a broken connection waits for the watcher's record of the daemon's death
+
+
 class Connection:
     def __init__(
         self,
@@ -74,6 +78,7 @@ class Connection:
         self._token = token
         self.autostart = (not self.settings.no_autostart) if autostart is None else autostart
         self._autostarted = False
+        self._opened_at = time.time()  # a daemon's death recorded after this is news to this command
         self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), transport=transport)
 
     @property
@@ -105,6 +110,24 @@ class Connection:
             hint += "; ENGRAM_NO_AUTOSTART is set, so commands do not start it themselves"
         return DaemonUnreachable(f"no engramctl daemon answers at {url} ({type(e).__name__}).", hint=hint)
 
+    def broken(self, what: str) -> DaemonUnreachable:
+        """A connection that broke: in words of the daemon's death when its watcher recorded one (a SIGILL at the
+        first prompt, the OOM killer), else `what`. The watcher writes the record moments after the death."""
+        if self._base_url:  # a daemon named by its address may be another machine's: no run dir to read
+            return DaemonUnreachable(what)
+        from engramctl.daemon import exits
+
+        deadline = time.monotonic() + DEATH_RECORD_WAIT_S
+        while True:
+            death = exits.last(self.settings.paths.run_dir, since=self._opened_at)
+            if death is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if death is None:
+            return DaemonUnreachable(what)
+        tail = f" Its log ended: {death['log'].splitlines()[-1]}" if death.get("log") else ""
+        return DaemonUnreachable(f"{death['message']}.{tail}", hint=death.get("hint") or None)
+
     def _autostart(self) -> None:
         from engramctl.daemon.background import start_background
 
@@ -124,7 +147,7 @@ class Connection:
                     continue
                 raise self._unreachable(url, e) from None
             except httpx.HTTPError as e:
-                raise DaemonUnreachable(f"the request to {url} failed: {e}.") from None
+                raise self.broken(f"the request to {url} failed: {e}.") from None
 
     def request(
         self,

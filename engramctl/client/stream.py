@@ -8,7 +8,7 @@ object (its snapshot id) in a trailing chunk with no choices once the turn is re
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 
@@ -24,8 +24,10 @@ class ChatStream:
     protocol.TurnInfo by `.turn`. `.finished` is set once the finish_reason has arrived, `.done` at [DONE].
     Usable as a context manager."""
 
-    def __init__(self, cm, response: httpx.Response):
-        self._cm, self._response = cm, response
+    def __init__(self, cm, response: httpx.Response, broken: Callable[[str], Exception] = DaemonUnreachable):
+        """`broken(what)`: the error for a connection that broke (Connection.broken: in words of the daemon's
+        death where its watcher recorded one)."""
+        self._cm, self._response, self._broken = cm, response, broken
         self.engram: dict[str, Any] = {}
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
@@ -67,7 +69,7 @@ class ChatStream:
                         self.pieces.append(piece)
                         yield piece
         except httpx.HTTPError as e:
-            raise DaemonUnreachable(f"the connection to the daemon broke mid-stream ({e}).") from None
+            raise self._broken(f"the connection to the daemon broke mid-stream ({e}).") from None
         finally:
             self.close()
 

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from engramctl.daemon import exits
 from engramctl.daemon.rundir import log_file, pid_path, read_state, running_pid
 from engramctl.daemon.runner import check_host
 from engramctl.errors import EngramError
@@ -99,14 +100,16 @@ def _start_lock(settings: Settings) -> Iterator[None]:
 
 
 def _spawn(settings: Settings) -> tuple[subprocess.Popen, int]:
-    """`python -m engramctl.daemon` detached, its output appended to the log; returns the process
-    and the log offset its output starts at."""
+    """The daemon detached under its watcher (`python -m engramctl.daemon.watch`, which records a death by a signal
+    in words: exits.py), its output appended to the log; returns the watcher's process and the log offset its
+    output starts at."""
     logfile = log_file(settings)
     _rotate(logfile)
+    exits.forget(settings.paths.run_dir)
     env = {**os.environ, **_settings_env(settings)}
     pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "engramctl.daemon"]
+    cmd = [sys.executable, "-m", "engramctl.daemon.watch"]
     with open(logfile, "ab") as f:
         offset = f.tell()
         f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
@@ -130,6 +133,12 @@ def _wait_ready(settings: Settings, proc: subprocess.Popen | None, timeout: floa
         if proc is not None and proc.poll() is not None:
             if running_pid(settings) is not None:  # another daemon (`engramctl serve`?) took the lock first
                 return _wait_ready(settings, None, deadline - time.monotonic(), log_offset)
+            death = exits.Death.of(proc.returncode)
+            if death is not None:
+                raise EngramError(
+                    f"{death.message}. Its log ends: {_log_tail(settings, log_offset)}",
+                    hint=f"{death.hint}; full log: {log_file(settings)}",
+                )
             raise EngramError(
                 f"the daemon exited during startup (exit code {proc.returncode}): {_log_tail(settings, log_offset)}",
                 hint=f"full log: {log_file(settings)}",
@@ -198,6 +207,12 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def last_death(settings: Settings) -> dict[str, Any] | None:
+    """How the last daemon of this data directory died by a signal, when it did and none has started since
+    ({signal_name, message, hint, at, log, pid}: exits.record)."""
+    return exits.last(settings.paths.run_dir)
 
 
 def daemon_status(settings: Settings, timeout: float = 2.0) -> dict[str, Any] | None:

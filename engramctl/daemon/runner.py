@@ -21,6 +21,7 @@ from engramctl.daemon.auth import check_open_routes
 from engramctl.daemon.rundir import RunLock, log_file, state_path, url_for, write_state
 from engramctl.errors import EngramError, UsageError
 from engramctl.settings import SPECS, Settings
+from engramctl.store.crashpoints import crash_point
 
 log = logging.getLogger("engramctl.daemon")
 
@@ -117,6 +118,9 @@ def serve(settings: Settings, *, reuse: bool = True, log_level: str = "info") ->
             "state": "loading",
         }
         write_state(settings, state)
+        # the log's last line before a death in native code (a SIGILL of a build for another CPU) says what ran
+        log.info("engramctl %s (pid %d): loading %s", __version__, os.getpid(), settings.model or "the default model")
+        crash_point("daemon.loading")
         app = create_app(settings, reuse=reuse)
         daemon = app.state.daemon
         info = daemon.engine.info

@@ -9,9 +9,26 @@ devices found at run time. A CUDA build on a machine without a usable GPU has th
 
 from __future__ import annotations
 
+import shlex
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from engramctl.engine import ggml_devices
+
+# Written by scripts/install_llama.py: the installed build's CMAKE_ARGS on its first line, then how its smoke test went.
+MARK = Path(sys.prefix) / "share" / "engramctl" / "llama-cpp-python.cmake-args"
+# The CMake options that set which CPU instructions ggml compiles (scripts/llama_build_args.py's CPU_LEVELS).
+_CPU_OPTIONS = (
+    "GGML_NATIVE",
+    "GGML_AVX",
+    "GGML_FMA",
+    "GGML_F16C",
+    "GGML_BMI2",
+    "GGML_AMX",
+    "CMAKE_C_FLAGS",
+    "CMAKE_CXX_FLAGS",
+)
 
 
 @dataclass(frozen=True)
@@ -50,19 +67,18 @@ def parse_system_info(text: str) -> dict[str, dict[str, str]]:
     return sections
 
 
+def compiled_cpu_features(text: str) -> tuple[str, ...]:
+    """ggml-cpu's compiled features that are on ("AVX2", "AVX512", "OPENMP", ...), from llama_print_system_info()."""
+    return tuple(k for k, v in parse_system_info(text).get("CPU", {}).items() if v == "1")
+
+
 def from_system_info(text: str, gpus: tuple[str, ...] | None) -> LlamaBuild:
     sections = parse_system_info(text)
     cuda = sections.get("CUDA")
     archs: tuple[str, ...] = ()
     if cuda and cuda.get("ARCHS"):  # __CUDA_ARCH_LIST__: 890 -> sm_89, 1200 -> sm_120
         archs = tuple(f"sm_{int(a) // 10}" for a in cuda["ARCHS"].split(",") if a.strip().isdigit())
-    cpu = sections.get("CPU", {})
-    return LlamaBuild(
-        cuda_archs=archs,
-        cuda=cuda is not None,
-        gpus=gpus,
-        cpu_features=tuple(k for k, v in cpu.items() if v == "1"),
-    )
+    return LlamaBuild(cuda_archs=archs, cuda=cuda is not None, gpus=gpus, cpu_features=compiled_cpu_features(text))
 
 
 def gpu_devices() -> tuple[str, ...] | None:
@@ -74,3 +90,14 @@ def gpu_devices() -> tuple[str, ...] | None:
 def loaded_build(lib) -> LlamaBuild:
     """The build of the llama.cpp that `lib` (llama_lib.import_llama_cpp()) loaded."""
     return from_system_info(lib.llama_print_system_info().decode("utf-8", "replace"), gpu_devices())
+
+
+def installed_cpu_args(mark: Path = MARK) -> tuple[str, ...]:
+    """The CPU flags the installed llama-cpp-python was built with (from its mark file); the native build where
+    setup did not record one."""
+    try:
+        first = mark.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return ("-DGGML_NATIVE=ON",)
+    args = tuple(a for a in shlex.split(first) if a.removeprefix("-D").split("=")[0].startswith(_CPU_OPTIONS))
+    return args or ("-DGGML_NATIVE=ON",)

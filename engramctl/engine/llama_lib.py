@@ -38,6 +38,12 @@ def import_llama_cpp():
             f"llama-cpp-python is installed but its library cannot be loaded: {e}", hint=_INSTALL_HINT
         ) from None
 
+    # before any model or kernel runs: a build for another CPU refuses here instead of dying of SIGILL later
+    from engramctl.engine.cpu_features import check, machine_flags
+    from engramctl.engine.llama_build import compiled_cpu_features
+
+    check(compiled_cpu_features(llama_cpp.llama_print_system_info().decode("utf-8", "replace")), machine_flags())
+
     last = [logging.DEBUG]
 
     @llama_cpp.llama_log_callback

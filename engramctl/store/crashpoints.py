@@ -2,6 +2,7 @@
 when the test harness asked for it through ENGRAM_TEST_CRASH_AT; otherwise it is one comparison.
 
     ENGRAM_TEST_CRASH_AT="write.renamed,remove.unlinked:0.3"   names (or *), then the chance per pass
+    ENGRAM_TEST_CRASH_SIGNAL=SIGILL                            another signal than SIGKILL (a CPU fault, say)
 
 The variable is read once, at import, into an immutable value: a daemon started without it pays a
 `None` check per point and nothing else. SIGKILL (not an exception) because that is what the tests
@@ -22,6 +23,7 @@ The points (where they sit says what state a kill there leaves):
   remove.blocks_indexed  a deletion's rows are gone, blocks nothing uses lost theirs; their files remain
   branch.indexed      a branch's session row is in its (uncommitted) transaction
   stream.piece        a reply is half streamed
+  daemon.loading      the daemon holds its lock and says "loading"; the model is not loaded yet
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ def _parse(value: str | None) -> tuple[frozenset[str], float] | None:
 
 
 _ARMED = _parse(os.environ.get(ENV))
+_SIGNAL = getattr(signal, os.environ.get("ENGRAM_TEST_CRASH_SIGNAL", "SIGKILL"), signal.SIGKILL)
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process here if the harness armed this point (and the dice say so)."""
+    """SIGKILL (or ENGRAM_TEST_CRASH_SIGNAL) this process here if the harness armed this point (and the dice say so)."""
     if _ARMED is None:
         return
     names, chance = _ARMED
     if (name in names or "*" in names) and random.random() < chance:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), _SIGNAL)

@@ -117,19 +117,41 @@ def test_the_banned_end_tokens_cover_every_token_the_daemon_stops_at(gguf):
 def test_where_our_llama_cpp_runs_on_a_gpu_the_peer_is_built_and_run_for_the_same_card(tmp_path):
     """The CPU build here: the peer is today's CPU build, in today's cache folder. A CUDA build that found a GPU
     (stand-in architectures): CUDA for the same architectures, a folder of its own, every layer on the GPU."""
-    from engramctl.bench.llama_server import CMAKE_FLAGS, cmake_flags, gpu_archs
+    from engramctl.bench.llama_server import SERVER_FLAGS, cmake_flags, gpu_archs
     from engramctl.bench.serve.servers import Server
+    from engramctl.engine.llama_build import installed_cpu_args
 
-    assert gpu_archs() == () and cmake_flags(()) == CMAKE_FLAGS
-    assert install_dir(tmp_path).name.endswith("-26ee05e4")  # the CPU build's cache folder, as before
+    cpu = cmake_flags(())
+    assert gpu_archs() == () and cpu == (*installed_cpu_args(), *SERVER_FLAGS)
+    if installed_cpu_args() == ("-DGGML_NATIVE=ON",):  # setup's native build passed its smoke test here
+        assert install_dir(tmp_path).name.endswith("-26ee05e4")  # the CPU build's cache folder, as before
     cuda = cmake_flags(("89-real", "90-real"))
-    assert cuda[: len(CMAKE_FLAGS)] == CMAKE_FLAGS
-    assert cuda[len(CMAKE_FLAGS) :] == ("-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=89-real;90-real")
+    assert cuda[: len(cpu)] == cpu
+    assert cuda[len(cpu) :] == ("-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=89-real;90-real")
     assert install_dir(tmp_path, ("90-real",)) != install_dir(tmp_path)
     peer = dict(threads=2, ctx=4096, slots=4, logs=tmp_path)
     on_gpu = Server.llama_server(tmp_path / "llama-server", tmp_path / "m.gguf", gpu=True, **peer).command
     on_cpu = Server.llama_server(tmp_path / "llama-server", tmp_path / "m.gguf", **peer).command
     assert on_gpu[-2:] == ["-ngl", "999"] and "-ngl" not in on_cpu
+
+
+def test_the_peer_is_built_with_the_cpu_flags_setup_chose_for_our_llama_cpp(tmp_path):
+    """A VM whose AMX faults: setup's smoke test installed the no-amx build, and llama-server gets the same CPU side
+    the rest of our build's args (vision objects, OpenMP) are not the peer's."""
+    from engramctl.bench.llama_server import SERVER_FLAGS, cmake_flags
+    from engramctl.engine.llama_build import installed_cpu_args
+
+    mark = tmp_path / "llama-cpp-python.cmake-args"
+    no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    mark.write_text(
+        f"-DGGML_NATIVE=ON '-DCMAKE_C_FLAGS={no_amx}' '-DCMAKE_CXX_FLAGS={no_amx}' -DLLAVA_BUILD=OFF "
+        "-DGGML_OPENMP=OFF\n"
+        "level=no-amx\nsmoke=passed\ndied=native SIGILL -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF\n"
+    )
+    cpu = installed_cpu_args(mark)
+    assert cpu == ("-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}")
+    assert cmake_flags((), cpu) == (*cpu, *SERVER_FLAGS)
+    assert installed_cpu_args(tmp_path / "none") == ("-DGGML_NATIVE=ON",)  # installed some other way: native
 
 
 def test_on_a_gpu_the_peer_is_the_cpu_front_end_over_our_cuda_libraries(tmp_path, monkeypatch):

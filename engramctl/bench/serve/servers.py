@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from engramctl.daemon.exits import Death
 from engramctl.errors import EngramError
 
 START_TIMEOUT_S = 300.0  # a 350M model loads in seconds; the first daemon start may convert nothing else
@@ -91,7 +92,7 @@ class Server:
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise EngramError(f"{self.name} exited with status {self.proc.returncode}; see {self.log_path}")
+                    raise self._ended()
                 try:
                     if client.get(self.url + self.health, headers=self.headers).status_code == 200:
                         return self
@@ -101,10 +102,25 @@ class Server:
         self.stop()
         raise EngramError(f"{self.name} did not answer within {START_TIMEOUT_S:.0f} s; see {self.log_path}")
 
+    def _ended(self) -> EngramError:
+        """Why the server's process ended by itself: a death by a signal in words (a llama-server built for other
+        CPU features dies of SIGILL at its first long prompt), else its exit status; its log named."""
+        death = Death.of(self.proc.returncode, who=self.name) if self.proc else None
+        if death is None:
+            return EngramError(
+                f"{self.name} exited with status {self.proc and self.proc.returncode}; see {self.log_path}"
+            )
+        return EngramError(f"{death.message}; see {self.log_path}", hint=death.hint or None)
+
     def stop(self) -> None:
-        """SIGTERM (the daemon flushes its snapshot writes), then SIGKILL after 30 s."""
+        """SIGTERM (the daemon flushes its snapshot writes), then SIGKILL after 30 s. A server that died by a signal
+        before it was stopped raises that death (the measurement it was part of is void)."""
         if self.proc is None:
             return
+        if self.proc.poll() is not None and Death.of(self.proc.returncode) is not None:
+            error = self._ended()
+            self.proc = None
+            raise error
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
