@@ -105,3 +105,21 @@ def test_a_daemon_killed_by_the_oom_killer_gets_its_sentence_and_its_log(tmp_pat
     assert "Its log ends:" in e.value.message and "dmesg" in e.value.hint
     r = CliRunner().invoke(app, ["daemon", "status"])
     assert "out-of-memory killer" in r.stderr and "Its log ended:" in r.stderr and "never-loaded.gguf" in r.stderr
+
+
+@pytest.mark.parametrize("backend", ["llama.cpp"], indirect=True)
+def test_a_chat_whose_daemon_dies_of_sigill_mid_reply_says_why(served, tmp_path, monkeypatch):
+    """The case of a build whose batched kernels fault: the daemon runs, then dies at a prompt. The chat's broken
+    stream is told in words of the death its watcher recorded, and `daemon status` says the same afterwards."""
+    settings = _settings(tmp_path / "home", monkeypatch, "SIGILL")
+    monkeypatch.setenv("ENGRAM_TEST_CRASH_AT", "stream.piece")
+    monkeypatch.setenv("ENGRAM_MODEL", str(served))
+    background.start_background(load_settings({"port": 0}), wait=True, timeout=120)
+    try:
+        r = CliRunner().invoke(app, ["chat", "--session", "demo", "-t", "0", "hello there"])
+        assert r.exit_code == 3, r.stderr
+        assert r.stderr.startswith(f"Error: The daemon died of SIGILL: {SIGILL_SENTENCE}")
+        assert f"Hint: {REBUILD_HINT}" in r.stderr
+        assert exits.last(settings.paths.run_dir)["signal_name"] == "SIGILL"
+    finally:
+        background.stop_background(settings)
