@@ -213,27 +213,28 @@ def test_a_damaged_block_fails_only_the_snapshots_using_it(model, open_store, en
 def test_a_damaged_system_prompt_block_under_four_agents_is_rewritten_from_a_hot_copy(
     model, open_store, engram_home, hot
 ):
-    """Four agents share a system prompt's block; one flipped bit in it. With the latest agent's state in RAM
-    the block is cut again from it, checked by its id, rewritten, and no agent loses its snapshot; with no
+    """Four agents share a system prompt's block; one flipped bit in it. With one agent's state in RAM the block is cut again from it, checked by its id, rewritten, and no agent loses its snapshot; with no
     copy in memory every agent falls back to its transcript, as before (store/repair.py)."""
     _, backend = model
     system = ids_of(B + 20, seed=7)
     payloads = [states(backend, system + ids_of(40, seed=10 + i), [B + 60])[0] for i in range(4)]
     size = max(payload_nbytes(p) for p in payloads)
-    s = open_store(ram=size + size // 2 if hot else 0)  # room for the latest agent's state, or none
+    s = open_store(ram=size + size // 2 if hot else 0)  # room for one agent's state, or none
     msgs = [{"role": "user", "content": "task"}]
     recs = [s.snapshots.commit(f"agent-{i}", p, messages=msgs) for i, p in enumerate(payloads)]
     s.flush()
     shared = s._index.block_ids_of(recs[0].id)
     assert len(shared) == 1 and all(s._index.block_ids_of(r.id) == shared for r in recs)
-    assert [s.snapshots.info(r.id).tiers for r in recs] == [("disk",)] * 3 + [("ram", "disk") if hot else ("disk",)]
+    in_ram = [i for i, r in enumerate(recs) if "ram" in s.snapshots.info(r.id).tiers]
+    assert len(in_ram) == (1 if hot else 0)
+    cold = [i for i in range(4) if i not in in_ram]
     path = engram_home / "blocks" / f"{shared[0]}.safetensors"
     good = path.read_bytes()
     data = bytearray(good)
     data[-7] ^= 0x10  # a flipped bit in the K/V: only the checksum sees it
     path.write_bytes(bytes(data))
     if hot:
-        assert same(s.snapshots.load(recs[0].id), payloads[0])
+        assert same(s.snapshots.load(recs[cold[0]].id), payloads[cold[0]])
         assert path.read_bytes() == good and verify_block(s._files, shared[0])[0] is not None
         assert (engram_home / "quarantine" / path.name).exists()  # the damaged bytes kept aside
         assert [r.id for r in s.snapshots.list()] == [r.id for r in recs]
@@ -241,7 +242,7 @@ def test_a_damaged_system_prompt_block_under_four_agents_is_rewritten_from_a_hot
             assert same(s.snapshots.load(r.id), p)
     else:
         with pytest.raises(SnapshotCorrupt, match="checksum"):
-            s.snapshots.load(recs[0].id)
+            s.snapshots.load(recs[cold[0]].id)
         assert s.snapshots.list() == []
         for i in range(4):
             assert s.sessions.get(f"agent-{i}").head is None and len(s.transcripts.of_session(f"agent-{i}")) == 1
