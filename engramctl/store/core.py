@@ -86,6 +86,8 @@ class StoreCore:
         hot = self.placement.where(rec.id)
         tiers = ((hot,) if hot else ()) + (("disk",) if rec.durable else ())
         last = self.touched.get(rec.id, rec.last_access)
+        if tiers == rec.tiers and last == rec.last_access:
+            return rec  # the index's record says it all already (a listing of thousands: no copy of each)
         return dataclasses.replace(rec, tiers=tiers, last_access=last)
 
     def busy(self) -> set[str]:

@@ -244,7 +244,9 @@ class Index:
             return int(snaps["nbytes"]) + int(blocks["nbytes"]), int(snaps["count"])
         else:
             row = self.one(
-                "SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots WHERE durable = 1 AND kind = ?", (kind,)
+                "SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots INDEXED BY snapshots_by_kind "
+                "WHERE durable = 1 AND kind = ?",
+                (kind,),
             )
             blocks = self.one(
                 "SELECT COALESCE(SUM(nbytes), 0) FROM blocks WHERE durable = 1 AND id IN "

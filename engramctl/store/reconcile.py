@@ -79,18 +79,18 @@ def verify_block(files: SnapshotFiles, block_id: str) -> tuple[str | None, str |
     return meta.get("checksum"), None
 
 
-def _scan(d: Path) -> tuple[dict[str, tuple[Path, int]], list[Path], list[Path]]:
+def _scan(d: Path) -> tuple[dict[str, tuple[str, int]], list[Path], list[Path]]:
     """({id: (path, size)} of a directory's snapshot or block files, temp files, anything else): files.py's scan
     with each file's size from the one stat its directory entry takes, so an open costs a listing of the
-    directory, not two system calls a file."""
-    ids: dict[str, tuple[Path, int]] = {}
+    directory, not two system calls and a Path a file."""
+    ids: dict[str, tuple[str, int]] = {}
     temps: list[Path] = []
     other: list[Path] = []
     with os.scandir(d) as entries:
         for e in entries:
             sid = id_from_filename(e.name)
             if sid is not None and e.is_file(follow_symlinks=False):
-                ids[sid] = (Path(e.path), e.stat(follow_symlinks=False).st_size)
+                ids[sid] = (e.path, e.stat(follow_symlinks=False).st_size)
             elif e.name.startswith(".") and e.name.endswith(".tmp"):
                 temps.append(Path(e.path))
             else:
@@ -101,12 +101,12 @@ def _scan(d: Path) -> tuple[dict[str, tuple[Path, int]], list[Path], list[Path]]
 def _reconcile_blocks(index: Index, files: SnapshotFiles, verify: bool, report: ReconcileReport) -> dict[str, str]:
     """The KV block pass: returns {snapshot id: reason} for the snapshots a missing or damaged block loses."""
     scanned, temps, other = _scan(files.blocks)
-    on_disk = {bid: path for bid, (path, _) in scanned.items()}
+    on_disk = {bid: path for bid, (path, _) in scanned.items()}  # paths as str: a Path only where one acts
     _sweep(files, temps, other, "not a KV block file", report)
     rows = index.blocks()
     for bid, path in on_disk.items():
         if bid not in rows:
-            path.unlink(missing_ok=True)
+            Path(path).unlink(missing_ok=True)
             report.blocks_removed.append(bid)
     lost: dict[str, str] = {}
     for bid, row in rows.items():
@@ -121,8 +121,8 @@ def _reconcile_blocks(index: Index, files: SnapshotFiles, verify: bool, report: 
             reason = f"KV block size {scanned[bid][1]} differs from the indexed {row['nbytes']} bytes"
         if reason is None:
             continue
-        if bid in on_disk and files.quarantine(on_disk[bid], reason):
-            report.quarantined[on_disk[bid].name] = reason
+        if bid in on_disk and files.quarantine(Path(on_disk[bid]), reason):
+            report.quarantined[Path(on_disk[bid]).name] = reason
         for sid in index.block_users(bid):
             lost.setdefault(sid, f"KV block {bid}: {reason}")
     return lost
@@ -157,15 +157,15 @@ def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> Recon
     _sweep(files, temps, other, "not a snapshot file", report)
     rows = index.snapshot_states()
     for sid, path in on_disk.items():
-        if sid not in rows and files.quarantine(path, "no index row for this file"):
-            report.quarantined[path.name] = "no index row for this file"
+        if sid not in rows and files.quarantine(Path(path), "no index row for this file"):
+            report.quarantined[Path(path).name] = "no index row for this file"
 
     drop: dict[str, str] = {}
     for sid, rec in rows.items():
         if sid in lost:
             if sid in on_disk:
-                files.quarantine(on_disk[sid], lost[sid])
-                report.quarantined[on_disk[sid].name] = lost[sid]
+                files.quarantine(Path(on_disk[sid]), lost[sid])
+                report.quarantined[Path(on_disk[sid]).name] = lost[sid]
             drop[sid] = lost[sid]
             continue
         if sid not in on_disk:
@@ -184,8 +184,8 @@ def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> Recon
         elif scanned[sid][1] != rec.file_bytes:
             reason = f"size {scanned[sid][1]} differs from the indexed {rec.file_bytes} bytes"
         if reason is not None:
-            files.quarantine(on_disk[sid], reason)
-            report.quarantined[on_disk[sid].name] = reason
+            files.quarantine(Path(on_disk[sid]), reason)
+            report.quarantined[Path(on_disk[sid]).name] = reason
             drop[sid] = f"corrupt: {reason}"
     with index.tx():
         index.remove_snapshots(drop)
