@@ -136,7 +136,7 @@ class Snapshots:
                 label=None,
                 kind="prefix",
             )
-            self._hold(sid, (tensors, meta), nbytes, nbytes)
+            self._hold(sid, (tensors, meta), nbytes, nbytes)  # it continues no snapshot: all of it may be new
         return sid
 
     def _insert_row(
