@@ -57,6 +57,18 @@ _SNAPSHOT_SELECT = """
          AS own_block_bytes
     FROM snapshots s
 """
+# _SNAPSHOT_SELECT for a listing of every row: the block sums in one pass over snapshot_blocks (each block's users
+# counted once) rather than two correlated subqueries a row
+_SNAPSHOT_LIST = """
+    WITH users AS (SELECT block, COUNT(*) AS n FROM snapshot_blocks GROUP BY block),
+    sums AS (
+        SELECT sb.snapshot AS snapshot, SUM(b.nbytes) AS block_bytes,
+               SUM(CASE WHEN u.n = 1 THEN b.nbytes ELSE 0 END) AS own_block_bytes
+        FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block JOIN users u ON u.block = sb.block
+        GROUP BY sb.snapshot)
+    SELECT s.*, COALESCE(k.block_bytes, 0) AS block_bytes, COALESCE(k.own_block_bytes, 0) AS own_block_bytes
+    FROM snapshots s LEFT JOIN sums k ON k.snapshot = s.id
+"""
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
 # stored_bytes: the session's snapshot files and each KV block they use, a block counted once however many
 # of them share it (summing the snapshots' sizes would count a conversation's early blocks once per turn)
@@ -195,7 +207,8 @@ class Index:
             where, params = ["s.kind = ?"], [kind]
         if session is not None:
             where, params = where + ["s.session = ?"], params + [session]
-        sql = _SNAPSHOT_SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
+        select = _SNAPSHOT_SELECT if session is not None else _SNAPSHOT_LIST  # one session: its rows' blocks only
+        sql = select + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
         return [_snapshot(r) for r in self.rows(sql, params)]
 
     def snapshot_states(self) -> dict[str, SnapshotState]:
