@@ -13,6 +13,12 @@ plan. The rules, in the order `Retention.gc` applies them:
 3. disk budget: while the durable bytes (own files and KV blocks, each block once) exceed the budget,
    delete the least recently used unprotected snapshots and prefix states, unlabelled ones before labelled
    ones; a deletion frees its own file and the blocks nothing else uses (own_size_bytes).
+
+Cost (issue 46): a write asks the index's running totals whether it fits (schema 4) and lists nothing when it
+does; when it does not, victims are read along the index over the eviction order only as far as they make room,
+each counted with the blocks it frees together with the victims before it (Index.freed_along); keep-last reads
+the written session's rows. Nothing a write runs grows with the number of snapshots the store holds, except the
+heads and branch points the eviction order skips (they are protected: an indexed lookup each).
 4. prefix budget: prefix states (store/prefixes.py) are kept within Settings.prefix_state_bytes (their own
    files and the KV blocks they use), least recently used first, after each one is written and in `gc`.
 
