@@ -44,6 +44,7 @@ class StoreCore:
         self.messages = MessageTree(index)
         self.lock = index.lock
         self.pending: dict[str, Payload] = {}  # committed, not yet durable (the writer's queue)
+        self.promised: dict[str, int] = {}  # of those, the bytes each is expected to add on disk
         self.reading: Counter[str] = Counter()  # being read from disk right now
         self.touched: dict[str, float] = {}  # last_access updates not yet in the index
         self.disk_reserved = 0  # bytes of files being written right now
@@ -85,6 +86,8 @@ class StoreCore:
         hot = self.placement.where(rec.id)
         tiers = ((hot,) if hot else ()) + (("disk",) if rec.durable else ())
         last = self.touched.get(rec.id, rec.last_access)
+        if tiers == rec.tiers and last == rec.last_access:
+            return rec  # the index's record says it all already (a listing of thousands: no copy of each)
         return dataclasses.replace(rec, tiers=tiers, last_access=last)
 
     def busy(self) -> set[str]:
@@ -118,12 +121,14 @@ class StoreCore:
 
     def remove(self, ids: Sequence[str]) -> int:
         """Delete snapshots (or prefix states) everywhere: hot copies, pending writes, their own files, then
-        rows; in the rows' transaction the KV blocks nothing uses any more lose theirs, and their files go once
-        it commits (a crash in between leaves files no row names, which reconcile deletes). Returns bytes freed."""
+        rows; in the rows' transaction the KV blocks nothing uses any more lose theirs (looked up among the
+        blocks these used: the cost is what it frees), and their files go once it commits (a crash in between
+        leaves files no row names, which reconcile deletes). Returns bytes freed."""
         freed = 0
         for sid in ids:
             if sid in self.pending:
                 del self.pending[sid]
+                self.promised.pop(sid, None)
                 self.placement.release(sid)
             self.placement.drop(sid)
             freed += self.files.size(sid) or 0
@@ -132,8 +137,9 @@ class StoreCore:
         if ids:
             crash_point("remove.unlinked")
         with self.index.tx():
+            used = self.index.block_ids_of_all(ids) if ids else []
             moved = self.index.remove_snapshots(ids)
-            unused = self.index.drop_unused_blocks() if ids else []
+            unused = self.index.drop_unused_blocks(among=used) if used else []
             if unused:
                 self.index.after_commit(lambda: self._unlink_blocks([bid for bid, _ in unused]))
         freed += sum(n for _, n in unused)

@@ -14,11 +14,17 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 from engramctl.errors import EngramError
 from engramctl.store.records import SessionInfo, SnapshotRecord
 from engramctl.store.schema import MIGRATIONS
+
+
+class SnapshotState(NamedTuple):
+    durable: bool
+    file_bytes: int  # its own file's size, as indexed
+
 
 SNAPSHOT_COLUMNS = (
     "id",
@@ -50,6 +56,18 @@ _SNAPSHOT_SELECT = """
            AND NOT EXISTS (SELECT 1 FROM snapshot_blocks o WHERE o.block = sb.block AND o.snapshot <> s.id))
          AS own_block_bytes
     FROM snapshots s
+"""
+# _SNAPSHOT_SELECT for a listing of every row: the block sums in one pass over snapshot_blocks (each block's users
+# counted once) rather than two correlated subqueries a row
+_SNAPSHOT_LIST = """
+    WITH users AS (SELECT block, COUNT(*) AS n FROM snapshot_blocks GROUP BY block),
+    sums AS (
+        SELECT sb.snapshot AS snapshot, SUM(b.nbytes) AS block_bytes,
+               SUM(CASE WHEN u.n = 1 THEN b.nbytes ELSE 0 END) AS own_block_bytes
+        FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block JOIN users u ON u.block = sb.block
+        GROUP BY sb.snapshot)
+    SELECT s.*, COALESCE(k.block_bytes, 0) AS block_bytes, COALESCE(k.own_block_bytes, 0) AS own_block_bytes
+    FROM snapshots s LEFT JOIN sums k ON k.snapshot = s.id
 """
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
 # stored_bytes: the session's snapshot files and each KV block they use, a block counted once however many
@@ -92,9 +110,8 @@ class Index:
                 )
             for number in range(version, len(MIGRATIONS)):
                 with self.tx():
-                    for statement in MIGRATIONS[number].split(";"):
-                        if statement.strip():
-                            self._db.execute(statement)
+                    for statement in _statements(MIGRATIONS[number]):
+                        self._db.execute(statement)
                     self._db.execute(f"PRAGMA user_version = {number + 1}")
 
     @property
@@ -168,6 +185,10 @@ class Index:
     def update_session(self, name: str, **fields: Any) -> None:
         self._update("sessions", SESSION_COLUMNS, "name", name, fields)
 
+    def session_head(self, name: str) -> str | None:
+        row = self.one("SELECT head FROM sessions WHERE name = ?", (name,))
+        return None if row is None else row["head"]
+
     def session_tip(self, name: str) -> int | None:
         row = self.one("SELECT tip FROM sessions WHERE name = ?", (name,))
         return None if row is None else row["tip"]
@@ -186,8 +207,15 @@ class Index:
             where, params = ["s.kind = ?"], [kind]
         if session is not None:
             where, params = where + ["s.session = ?"], params + [session]
-        sql = _SNAPSHOT_SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
+        select = _SNAPSHOT_SELECT if session is not None else _SNAPSHOT_LIST  # one session: its rows' blocks only
+        sql = select + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
         return [_snapshot(r) for r in self.rows(sql, params)]
+
+    def snapshot_states(self) -> dict[str, SnapshotState]:
+        """{id: (durable, own file bytes)} of every row: what reconcile checks against the files, without the
+        records' block sums."""
+        rows = self.rows("SELECT id, durable, nbytes FROM snapshots")
+        return {r["id"]: SnapshotState(bool(r["durable"]), int(r["nbytes"])) for r in rows}
 
     def ancestry(self, snapshot_id: str) -> list[SnapshotRecord]:
         """The snapshot and its ancestors through `parent`, oldest first."""
@@ -220,14 +248,18 @@ class Index:
         self._update("snapshots", SNAPSHOT_COLUMNS, "id", snapshot_id, fields)
 
     def durable_bytes(self, kind: str | None = None) -> tuple[int, int]:
-        """(bytes on disk, durable rows): every durable file, KV blocks included, each block once. With `kind`
-        ("prefix"), only that kind's own files and the blocks its rows use."""
+        """(bytes on disk, durable rows): every durable file, KV blocks included, each block once (the running
+        totals: one row each, whatever the store holds). With `kind` ("prefix"), only that kind's own files and
+        the blocks its rows use (summed over that kind's rows)."""
         if kind is None:
-            row = self.one("SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots WHERE durable = 1")
-            blocks = self.one("SELECT COALESCE(SUM(nbytes), 0) FROM blocks WHERE durable = 1")
+            totals = {r["name"]: r for r in self.rows("SELECT name, nbytes, count FROM totals")}
+            snaps, blocks = totals["snapshots"], totals["blocks"]
+            return int(snaps["nbytes"]) + int(blocks["nbytes"]), int(snaps["count"])
         else:
             row = self.one(
-                "SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots WHERE durable = 1 AND kind = ?", (kind,)
+                "SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots INDEXED BY snapshots_by_kind "
+                "WHERE durable = 1 AND kind = ?",
+                (kind,),
             )
             blocks = self.one(
                 "SELECT COALESCE(SUM(nbytes), 0) FROM blocks WHERE durable = 1 AND id IN "
@@ -242,6 +274,57 @@ class Index:
             "SELECT name FROM sessions WHERE head = ? OR base = ? ORDER BY created, name", (snapshot_id, snapshot_id)
         )
         return [r["name"] for r in rows]
+
+    def referenced_among(self, snapshot_ids: Iterable[str]) -> set[str]:
+        """Those of these snapshots that are a session's head or branch point (indexed: no scan of sessions)."""
+        ids = json.dumps(list(snapshot_ids))
+        rows = self.rows(
+            "SELECT value AS id FROM json_each(?) WHERE EXISTS (SELECT 1 FROM sessions WHERE head = value) "
+            "OR EXISTS (SELECT 1 FROM sessions WHERE base = value)",
+            (ids,),
+        )
+        return {r["id"] for r in rows}
+
+    def eviction_order(self, kind: str | None = None) -> Iterator[tuple[str, int]]:
+        """(id, own file bytes) of the durable, unpinned rows no session needs (head or branch point), least
+        recently used first, unlabelled before labelled; of one kind if given. Read lazily along the eviction
+        index: a caller that needs a few victims reads a few rows. Under the lock, writing nothing until it closed
+        the iterator."""
+        sql = (
+            "SELECT id, nbytes FROM snapshots s INDEXED BY snapshots_by_eviction "
+            "WHERE durable = 1 AND pinned = 0 "
+            "AND NOT EXISTS (SELECT 1 FROM sessions WHERE head = s.id) "
+            "AND NOT EXISTS (SELECT 1 FROM sessions WHERE base = s.id)"
+        )
+        params: tuple = ()
+        if kind is not None:
+            sql, params = sql + " AND kind = ?", (kind,)
+        cursor = self._db.execute(sql + " ORDER BY (label IS NOT NULL), last_access, id", params)
+        try:
+            while rows := cursor.fetchmany(64):
+                for r in rows:
+                    yield r["id"], int(r["nbytes"])
+        finally:
+            cursor.close()
+
+    def freed_along(self, snapshot_id: str, claimed: dict[str, int]) -> int:
+        """The bytes of this snapshot's blocks that deleting it frees, when the snapshots already counted in
+        `claimed` ({block id: how many of them use it}) go too; counts it in `claimed`. Reads its blocks and, for
+        each, at most claimed + 2 of its users (indexed), so a block that thousands of snapshots share costs
+        what the victims do, not what its users number."""
+        freed = 0
+        for r in self.rows(
+            "SELECT b.id, b.nbytes FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block WHERE sb.snapshot = ?",
+            (snapshot_id,),
+        ):
+            bid, mine = r["id"], claimed.get(r["id"], 0) + 1
+            users = self.one(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM snapshot_blocks WHERE block = ? LIMIT ?)", (bid, mine + 1)
+            )
+            if users[0] <= mine:
+                freed += int(r["nbytes"])
+            claimed[bid] = mine
+        return freed
 
     def referenced_ids(self) -> set[str]:
         rows = self.rows(
@@ -258,7 +341,7 @@ class Index:
         Returns {session: new head} for the sessions whose head moved. Files are the caller's job."""
         moved: dict[str, str | None] = {}
         with self.tx():
-            for sid in ids:
+            for sid in dict.fromkeys(ids):
                 row = self.one("SELECT parent FROM snapshots WHERE id = ?", (sid,))
                 if row is None:
                     continue
@@ -294,6 +377,14 @@ class Index:
                     (snapshot_id, seq, bid),
                 )
 
+    def block_ids_of_all(self, snapshot_ids: Iterable[str]) -> list[str]:
+        """The blocks these snapshots use (each once)."""
+        rows = self.rows(
+            "SELECT DISTINCT block FROM snapshot_blocks WHERE snapshot IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(snapshot_ids)),),
+        )
+        return [r["block"] for r in rows]
+
     def block_ids_of(self, snapshot_id: str) -> list[str]:
         rows = self.rows("SELECT block FROM snapshot_blocks WHERE snapshot = ? ORDER BY seq", (snapshot_id,))
         return [r["block"] for r in rows]
@@ -320,13 +411,18 @@ class Index:
         )
         return int(own[0]) + int(blocks[0])
 
-    def drop_unused_blocks(self) -> list[tuple[str, int]]:
-        """Delete the rows of blocks no snapshot uses; returns their (id, bytes)."""
+    def drop_unused_blocks(self, among: Iterable[str] | None = None) -> list[tuple[str, int]]:
+        """Delete the rows of blocks no snapshot uses, of those `among` (the blocks of the rows a removal just
+        deleted: indexed lookups, what it frees) or of all of them (reconcile); returns their (id, bytes)."""
+        unused = "NOT EXISTS (SELECT 1 FROM snapshot_blocks sb WHERE sb.block = blocks.id)"
         with self.tx():
-            rows = self.rows(
-                "SELECT id, nbytes FROM blocks "
-                "WHERE NOT EXISTS (SELECT 1 FROM snapshot_blocks sb WHERE sb.block = blocks.id)"
-            )
+            if among is None:
+                rows = self.rows(f"SELECT id, nbytes FROM blocks WHERE {unused}")
+            else:
+                rows = self.rows(
+                    f"SELECT id, nbytes FROM blocks WHERE id IN (SELECT value FROM json_each(?)) AND {unused}",
+                    (json.dumps(sorted(set(among))),),
+                )
             for r in rows:
                 self.execute("DELETE FROM blocks WHERE id = ?", (r["id"],))
         return [(r["id"], int(r["nbytes"])) for r in rows]
@@ -375,6 +471,19 @@ class Index:
             raise ValueError(f"bad {table} update columns {sorted(bad) or '(none)'}")
         sets = ", ".join(f"{c} = ?" for c in fields)
         self.execute(f"UPDATE {table} SET {sets} WHERE {key} = ?", [*fields.values(), value])
+
+
+def _statements(script: str) -> Iterator[str]:
+    """A migration's statements, one at a time (a trigger's body holds semicolons of its own)."""
+    statement = ""
+    for piece in script.split(";"):
+        statement += piece + ";"
+        if sqlite3.complete_statement(statement):
+            if statement.strip(" \n;"):
+                yield statement
+            statement = ""
+    if statement.strip(" \n;"):
+        raise ValueError(f"an incomplete statement in a migration: {statement[:80]!r}")
 
 
 def _session(row: sqlite3.Row) -> SessionInfo:

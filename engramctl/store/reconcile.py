@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
 from engramctl.store import blocks, snapshot_file
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
+from engramctl.store.names import id_from_filename
 from engramctl.store.records import ReconcileReport
 
 if TYPE_CHECKING:
@@ -76,14 +79,34 @@ def verify_block(files: SnapshotFiles, block_id: str) -> tuple[str | None, str |
     return meta.get("checksum"), None
 
 
+def _scan(d: Path) -> tuple[dict[str, tuple[str, int]], list[Path], list[Path]]:
+    """({id: (path, size)} of a directory's snapshot or block files, temp files, anything else): files.py's scan
+    with each file's size from the one stat its directory entry takes, so an open costs a listing of the
+    directory, not two system calls and a Path a file."""
+    ids: dict[str, tuple[str, int]] = {}
+    temps: list[Path] = []
+    other: list[Path] = []
+    with os.scandir(d) as entries:
+        for e in entries:
+            sid = id_from_filename(e.name)
+            if sid is not None and e.is_file(follow_symlinks=False):
+                ids[sid] = (e.path, e.stat(follow_symlinks=False).st_size)
+            elif e.name.startswith(".") and e.name.endswith(".tmp"):
+                temps.append(Path(e.path))
+            else:
+                other.append(Path(e.path))
+    return ids, temps, other
+
+
 def _reconcile_blocks(index: Index, files: SnapshotFiles, verify: bool, report: ReconcileReport) -> dict[str, str]:
     """The KV block pass: returns {snapshot id: reason} for the snapshots a missing or damaged block loses."""
-    on_disk, temps, other = files.scan_blocks()
+    scanned, temps, other = _scan(files.blocks)
+    on_disk = {bid: path for bid, (path, _) in scanned.items()}  # paths as str: a Path only where one acts
     _sweep(files, temps, other, "not a KV block file", report)
     rows = index.blocks()
     for bid, path in on_disk.items():
         if bid not in rows:
-            path.unlink(missing_ok=True)
+            Path(path).unlink(missing_ok=True)
             report.blocks_removed.append(bid)
     lost: dict[str, str] = {}
     for bid, row in rows.items():
@@ -94,12 +117,12 @@ def _reconcile_blocks(index: Index, files: SnapshotFiles, verify: bool, report: 
             checksum, reason = verify_block(files, bid)
             if checksum is not None and not row["durable"]:
                 index.update_block(bid, durable=1, nbytes=files.block_size(bid), checksum=checksum)
-        elif files.block_size(bid) != row["nbytes"]:
-            reason = f"KV block size {files.block_size(bid)} differs from the indexed {row['nbytes']} bytes"
+        elif scanned[bid][1] != row["nbytes"]:
+            reason = f"KV block size {scanned[bid][1]} differs from the indexed {row['nbytes']} bytes"
         if reason is None:
             continue
-        if bid in on_disk and files.quarantine(on_disk[bid], reason):
-            report.quarantined[on_disk[bid].name] = reason
+        if bid in on_disk and files.quarantine(Path(on_disk[bid]), reason):
+            report.quarantined[Path(on_disk[bid]).name] = reason
         for sid in index.block_users(bid):
             lost.setdefault(sid, f"KV block {bid}: {reason}")
     return lost
@@ -129,19 +152,20 @@ def _sweep(files: SnapshotFiles, temps: list, other: list, what: str, report: Re
 def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> ReconcileReport:
     report = ReconcileReport()
     lost = _reconcile_blocks(index, files, verify, report)
-    on_disk, temps, other = files.scan()
+    scanned, temps, other = _scan(files.snapshots)
+    on_disk = {sid: path for sid, (path, _) in scanned.items()}
     _sweep(files, temps, other, "not a snapshot file", report)
-    rows = {r.id: r for r in index.snapshots(kind=None)}
+    rows = index.snapshot_states()
     for sid, path in on_disk.items():
-        if sid not in rows and files.quarantine(path, "no index row for this file"):
-            report.quarantined[path.name] = "no index row for this file"
+        if sid not in rows and files.quarantine(Path(path), "no index row for this file"):
+            report.quarantined[Path(path).name] = "no index row for this file"
 
     drop: dict[str, str] = {}
     for sid, rec in rows.items():
         if sid in lost:
             if sid in on_disk:
-                files.quarantine(on_disk[sid], lost[sid])
-                report.quarantined[on_disk[sid].name] = lost[sid]
+                files.quarantine(Path(on_disk[sid]), lost[sid])
+                report.quarantined[Path(on_disk[sid]).name] = lost[sid]
             drop[sid] = lost[sid]
             continue
         if sid not in on_disk:
@@ -157,11 +181,11 @@ def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> Recon
                     continue
                 index.update_snapshot(sid, durable=1, nbytes=files.size(sid), checksum=checksum)
                 report.made_durable.append(sid)
-        elif files.size(sid) != rec.file_bytes:
-            reason = f"size {files.size(sid)} differs from the indexed {rec.file_bytes} bytes"
+        elif scanned[sid][1] != rec.file_bytes:
+            reason = f"size {scanned[sid][1]} differs from the indexed {rec.file_bytes} bytes"
         if reason is not None:
-            files.quarantine(on_disk[sid], reason)
-            report.quarantined[on_disk[sid].name] = reason
+            files.quarantine(Path(on_disk[sid]), reason)
+            report.quarantined[Path(on_disk[sid]).name] = reason
             drop[sid] = f"corrupt: {reason}"
     with index.tx():
         index.remove_snapshots(drop)

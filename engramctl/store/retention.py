@@ -13,6 +13,12 @@ plan. The rules, in the order `Retention.gc` applies them:
 3. disk budget: while the durable bytes (own files and KV blocks, each block once) exceed the budget,
    delete the least recently used unprotected snapshots and prefix states, unlabelled ones before labelled
    ones; a deletion frees its own file and the blocks nothing else uses (own_size_bytes).
+
+Cost (issue 46): a write asks the index's running totals whether it fits (schema 4) and lists nothing when it
+does; when it does not, victims are read along the index over the eviction order only as far as they make room,
+each counted with the blocks it frees together with the victims before it (Index.freed_along); keep-last reads
+the written session's rows. Nothing a write runs grows with the number of snapshots the store holds, except the
+heads and branch points the eviction order skips (they are protected: an indexed lookup each).
 4. prefix budget: prefix states (store/prefixes.py) are kept within Settings.prefix_state_bytes (their own
    files and the KV blocks they use), least recently used first, after each one is written and in `gc`.
 
@@ -24,13 +30,14 @@ Explicit deletes (Snapshots.delete, Store.delete_session) are the user's decisio
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from engramctl.store.core import StoreCore
 from engramctl.errors import DiskFull
-from engramctl.store.records import GcReport, SessionInfo, SnapshotRecord, payload_nbytes
+from engramctl.store.records import GcReport, SessionInfo, SnapshotRecord
 from engramctl.tiers.placement import HotTier
 from engramctl.tiers.plan import TierPlan
 
@@ -71,24 +78,19 @@ def ttl_victims(
     return [s.id for s in snaps if s.session in idle and s.label is None and _evictable(s, needed)]
 
 
-def disk_victims(
-    snaps: Iterable[SnapshotRecord], used: int, need: int, budget: int, protected: set[str]
-) -> tuple[list[str], bool]:
-    """Snapshots to delete so that used - freed + need <= budget, least recently used first,
-    unlabelled before labelled. Returns (victims, whether that is enough)."""
-    if used + need <= budget:
-        return [], True
-    order = sorted(
-        (s for s in snaps if _evictable(s, protected)),
-        key=lambda s: (s.label is not None, s.last_access, s.id),
-    )
+def disk_victims(candidates: Iterable[tuple[str, int]], used: int, need: int, budget: int) -> tuple[list[str], bool]:
+    """Victims so that used - freed + need <= budget, taken in order from `candidates`: (id, bytes deleting it
+    frees along with those before it), least recently used first (Retention's eviction order). Reads only as
+    many candidates as it takes. Returns (victims, whether that is enough)."""
     victims, freed = [], 0
-    for s in order:
+    if used + need <= budget:
+        return victims, True
+    for sid, nbytes in candidates:
+        victims.append(sid)
+        freed += nbytes
         if used - freed + need <= budget:
-            break
-        victims.append(s.id)
-        freed += s.own_size_bytes or s.nbytes  # its blocks that others use stay (shared bytes free nothing)
-    return victims, used - freed + need <= budget
+            return victims, True
+    return victims, False
 
 
 def prefix_budget(settings, disk_budget: int) -> int:
@@ -184,14 +186,20 @@ class Retention:
         return evicted
 
     def keep_last(self, session: str) -> None:
-        """Keep-last-N for one session, after one of its snapshots became durable. Under the lock."""
+        """Keep-last-N for one session, after one of its snapshots became durable: what it reads is that session's
+        rows and whether they are heads or branch points, never the whole store. Under the lock."""
         c = self._core
-        c.remove(keep_last_victims(c.index.snapshots(session), c.settings.keep_last, c.protected()))
+        snaps = c.index.snapshots(session)
+        if len(snaps) <= c.settings.keep_last:
+            return
+        protected = c.busy() | c.index.referenced_among(s.id for s in snaps)
+        c.remove(keep_last_victims(snaps, c.settings.keep_last, protected))
 
     def check_disk_room(self, nbytes: int) -> None:
-        """Refuse a commit whose file cannot fit on the file system, counting the writes already queued:
-        a full disk then fails the turn's snapshot at once, in its result, instead of after the reply
-        (the writer's ENOSPC path, Snapshots._abandon, still catches what a racing writer fills)."""
+        """Refuse a commit whose write cannot fit on the file system: `nbytes` is what it adds (Snapshots.new_bytes:
+        not the KV blocks already stored), counting what the writes already queued add: a full disk then fails
+        the turn's snapshot at once, in its result, instead of after the reply (the writer's ENOSPC path,
+        Snapshots._abandon, still catches what a racing writer fills or an estimate missed)."""
         c = self._core
         if c.budgets is None:
             raise RuntimeError(
@@ -200,7 +208,7 @@ class Retention:
         free = c.files.free_bytes()
         if free is None:
             return
-        queued = sum(payload_nbytes(p) for p in c.pending.values())
+        queued = sum(c.promised.values())
         need = nbytes + FILE_SLACK_BYTES
         if free - queued < need:
             msg = (
@@ -211,33 +219,46 @@ class Retention:
             raise DiskFull(msg, hint="free some disk space (or lower keep_last); snapshots resume by themselves")
 
     def enforce_disk(self, report: GcReport) -> None:
+        """Delete the least recently used evictable snapshots and prefix states until the disk budget holds (as
+        many as there are, when even all of them are not enough). Under the lock."""
         c = self._core
-        while True:  # own sizes undercount what victims sharing blocks free together: recount after each round
-            used = c.index.durable_bytes()[0] + c.disk_reserved
-            victims, _ = disk_victims(c.index.snapshots(kind=None), used, 0, c.disk_budget(), c.protected())
-            if not victims:
-                return
+        c.flush_touches()
+        used = c.index.durable_bytes()[0] + c.disk_reserved
+        victims, _ = self._disk_victims(used, 0)
+        if victims:
             for sid in victims:
                 report.deleted[sid] = "disk_budget"
             log.warning("disk budget %d bytes: deleting %d snapshot(s)", c.disk_budget(), len(victims))
             report.freed_bytes += c.remove(victims)
 
     def make_disk_room(self, need: int) -> bool:
-        """Evict within the disk budget so that `need` more bytes fit; False when they cannot. Under the lock."""
+        """Evict within the disk budget so that `need` more bytes fit; False (nothing evicted) when they cannot.
+        A write that fits costs two reads of the running totals; one that does not reads the eviction order only
+        as far as it must. Under the lock."""
         c = self._core
-        c.flush_touches()
-        while True:
-            used = c.index.durable_bytes()[0] + c.disk_reserved
-            snaps = c.index.snapshots(kind=None)
-            protected = c.protected()
-            victims, fits = disk_victims(snaps, used, need, c.disk_budget(), protected)
-            if fits:  # by own sizes, which never overcount what deleting them frees
-                if victims:
-                    log.info("disk budget: evicting %d snapshot(s) to make room", len(victims))
-                    c.remove(victims)
-                return True
-            evictable = [s for s in snaps if _evictable(s, protected)]
-            if not evictable or used - c.index.bytes_freed_by([s.id for s in evictable]) + need > c.disk_budget():
-                return False  # not even deleting all of them would make room
-            # victims sharing blocks free more together than their own sizes say: the least recent one, recount
-            c.remove(victims[:1])
+        used = c.index.durable_bytes()[0] + c.disk_reserved
+        if used + need <= c.disk_budget():
+            return True
+        c.flush_touches()  # the eviction order is by last access
+        victims, fits = self._disk_victims(used, need)
+        if not fits:
+            return False  # not even deleting all of them would make room
+        log.info("disk budget: evicting %d snapshot(s) to make room", len(victims))
+        c.remove(victims)
+        return True
+
+    def _disk_victims(self, used: int, need: int) -> tuple[list[str], bool]:
+        """disk_victims over the index's eviction order, each candidate's bytes counted with the blocks it frees
+        together with the victims before it (blocks the victims share go when the last of them does)."""
+        c = self._core
+        busy = c.busy()
+        claimed: dict[str, int] = {}
+
+        def candidates() -> Iterator[tuple[str, int]]:
+            with contextlib.closing(c.index.eviction_order()) as order:
+                for sid, own in order:
+                    if sid not in busy:
+                        yield sid, own + c.index.freed_along(sid, claimed)
+
+        with c.lock:
+            return disk_victims(candidates(), used, need, c.disk_budget())

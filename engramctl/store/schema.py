@@ -27,6 +27,9 @@ Invariants the store keeps (and reconcile restores after a crash):
   tip or names, hidden from the snapshot listings and lookups, kept within its own byte budget.
 - snapshots.nbytes is the snapshot's own file (the constant part once it has blocks); the records add its
   blocks' bytes (index.py).
+- totals (4) holds the durable rows' bytes and count, of snapshots and of blocks, kept by triggers in the
+  transaction that changes the rows: a write asks whether it fits without summing the store. The eviction
+  order (store/retention.py) has its index, so the least recently used victim is found without a listing.
 """
 
 from __future__ import annotations
@@ -108,5 +111,45 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (snapshot, seq)
     );
     CREATE INDEX snapshot_blocks_by_block ON snapshot_blocks (block);
+    """,
+    # 4: running totals of the durable bytes and the eviction order's index (a write's bookkeeping must not
+    # grow with the store: retention.py); triggers keep the totals in the transaction that changes a row
+    """
+    CREATE TABLE totals (
+        name   TEXT PRIMARY KEY,  -- 'snapshots' | 'blocks'
+        nbytes INTEGER NOT NULL,  -- of the durable rows
+        count  INTEGER NOT NULL
+    );
+    INSERT INTO totals SELECT 'snapshots', COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots WHERE durable <> 0;
+    INSERT INTO totals SELECT 'blocks', COALESCE(SUM(nbytes), 0), COUNT(*) FROM blocks WHERE durable <> 0;
+    CREATE TRIGGER snapshots_total_insert AFTER INSERT ON snapshots WHEN NEW.durable <> 0 BEGIN
+        UPDATE totals SET nbytes = nbytes + NEW.nbytes, count = count + 1 WHERE name = 'snapshots';
+    END;
+    CREATE TRIGGER snapshots_total_delete AFTER DELETE ON snapshots WHEN OLD.durable <> 0 BEGIN
+        UPDATE totals SET nbytes = nbytes - OLD.nbytes, count = count - 1 WHERE name = 'snapshots';
+    END;
+    CREATE TRIGGER snapshots_total_update AFTER UPDATE OF durable, nbytes ON snapshots
+    WHEN OLD.durable <> 0 OR NEW.durable <> 0 BEGIN
+        UPDATE totals SET
+            nbytes = nbytes - (CASE WHEN OLD.durable <> 0 THEN OLD.nbytes ELSE 0 END)
+                            + (CASE WHEN NEW.durable <> 0 THEN NEW.nbytes ELSE 0 END),
+            count = count - (OLD.durable <> 0) + (NEW.durable <> 0)
+        WHERE name = 'snapshots';
+    END;
+    CREATE TRIGGER blocks_total_insert AFTER INSERT ON blocks WHEN NEW.durable <> 0 BEGIN
+        UPDATE totals SET nbytes = nbytes + NEW.nbytes, count = count + 1 WHERE name = 'blocks';
+    END;
+    CREATE TRIGGER blocks_total_delete AFTER DELETE ON blocks WHEN OLD.durable <> 0 BEGIN
+        UPDATE totals SET nbytes = nbytes - OLD.nbytes, count = count - 1 WHERE name = 'blocks';
+    END;
+    CREATE TRIGGER blocks_total_update AFTER UPDATE OF durable, nbytes ON blocks
+    WHEN OLD.durable <> 0 OR NEW.durable <> 0 BEGIN
+        UPDATE totals SET
+            nbytes = nbytes - (CASE WHEN OLD.durable <> 0 THEN OLD.nbytes ELSE 0 END)
+                            + (CASE WHEN NEW.durable <> 0 THEN NEW.nbytes ELSE 0 END),
+            count = count - (OLD.durable <> 0) + (NEW.durable <> 0)
+        WHERE name = 'blocks';
+    END;
+    CREATE INDEX snapshots_by_eviction ON snapshots (durable, pinned, (label IS NOT NULL), last_access, id);
     """,
 )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from engramctl.errors import NotFound, SnapshotCorrupt
-from engramctl.store import arrays, blocks, snapshot_file
+from engramctl.store import arrays, blocks, repair, snapshot_file
 from engramctl.store.blocks import BlockCorrupt
 from engramctl.store.core import StoreCore
 from engramctl.store.crashpoints import crash_point
@@ -70,7 +70,9 @@ class Snapshots:
         nbytes = payload_nbytes(payload)
         with c.lock:
             c.check_open()
-            self._retention.check_disk_room(nbytes)
+            base = parent if parent is not None else c.index.session_head(session)
+            adds = self.new_bytes(payload, ids, base)
+            self._retention.check_disk_room(adds)
             now = c.clock()
             with c.index.tx():
                 sess = c.ensure_session(session, now)
@@ -103,7 +105,7 @@ class Snapshots:
                     model_id=meta.get("model_id"),
                     last_used=now,
                 )
-            self._hold(sid, (tensors, meta), nbytes)
+            self._hold(sid, (tensors, meta), nbytes, adds)
             record = c.with_tiers(c.index.snapshot(sid))  # type: ignore[arg-type]
         self.queue_write(sid)
         return record
@@ -134,7 +136,7 @@ class Snapshots:
                 label=None,
                 kind="prefix",
             )
-            self._hold(sid, (tensors, meta), nbytes)
+            self._hold(sid, (tensors, meta), nbytes, nbytes)  # it continues no snapshot: all of it may be new
         return sid
 
     def _insert_row(
@@ -176,13 +178,37 @@ class Snapshots:
         )
         return meta
 
-    def _hold(self, sid: str, payload: Payload, nbytes: int) -> None:
-        """Put a committed payload in the hottest memory tier with room and hold it for the writer. Under the lock."""
+    def new_bytes(self, payload: Payload, ids: list[int] | None, base: str | None) -> int:
+        """About what committing `payload` adds on disk: its bytes less the K/V of the tokens whose KV blocks the
+        snapshot it continues (`base`, its parent) already has stored or queued, when its token ids begin with
+        base's. Reads base's row and its block count, hashes the ids once. Under the lock."""
+        nbytes = payload_nbytes(payload)
+        if base is None or not ids:
+            return nbytes
+        row = self._core.index.one(
+            "SELECT n_tokens, token_hash, (SELECT COUNT(*) FROM snapshot_blocks WHERE snapshot = ?) AS n_blocks "
+            "FROM snapshots WHERE id = ?",
+            (base, base),
+        )
+        if row is None or not row["n_blocks"] or row["n_tokens"] > len(ids):
+            return nbytes
+        if token_hash(ids[: row["n_tokens"]]) != row["token_hash"]:
+            return nbytes
+        tensors, meta = payload
+        axes = blocks.token_axes(tensors, meta, len(ids))
+        kv = sum(arrays.nbytes(tensors[name]) for name in axes)
+        covered = min(int(row["n_blocks"]) * blocks.BLOCK_TOKENS, len(ids))
+        return nbytes - kv * covered // len(ids)
+
+    def _hold(self, sid: str, payload: Payload, nbytes: int, adds: int) -> None:
+        """Put a committed payload in the hottest memory tier with room and hold it for the writer, `adds` bytes
+        promised to the disk (check_disk_room counts them). Under the lock."""
         c = self._core
         c.placement.hold(sid)
         c.placement.put(sid, payload, nbytes)
         hot = c.placement.get(sid, touch=False)  # the writer uses the tier's copy: no second one
         c.pending[sid] = hot[0] if hot else payload
+        c.promised[sid] = adds
 
     def queue_write(self, sid: str) -> None:
         """Queue the writer-thread job that makes a committed row durable. Outside the lock: it waits while the
@@ -192,7 +218,17 @@ class Snapshots:
 
     def _write(self, sid: str) -> None:
         """Writer-thread job: split and encode, reference the KV blocks, make room within the disk budget, write
-        the new blocks and the own file atomically, mark them durable."""
+        the new blocks and the own file atomically, mark them durable. Whatever it raises before the snapshot is
+        durable drops it (_abandon), never leaves it pending."""
+        try:
+            self._write_once(sid)
+        except Exception as e:
+            with self._core.lock:
+                if sid not in self._core.pending:
+                    raise  # durable already: the writer logs what failed after
+            self._abandon(sid, f"the write failed ({type(e).__name__}: {e})")
+
+    def _write_once(self, sid: str) -> None:
         c = self._core
         with c.lock:
             payload = c.pending.get(sid)
@@ -239,10 +275,12 @@ class Snapshots:
                 c.files.sync_blocks()  # one directory fsync for them all, before the own file names them
                 crash_point("write.blocks_written")
             c.files.write(sid, parts)
-        except OSError as e:
+        except BaseException as e:  # any failure gives its reservation back (issue 46: not only OSError)
             with c.lock:
                 c.disk_reserved -= need
-            return self._abandon(sid, f"writing the file failed ({e})")
+            if not isinstance(e, Exception):
+                raise
+            return self._abandon(sid, f"writing the file failed ({type(e).__name__}: {e})")
         crash_point("write.renamed")
         with c.lock:
             c.disk_reserved -= need
@@ -257,6 +295,7 @@ class Snapshots:
                     c.index.update_block(bid, durable=1, nbytes=size, checksum=checksum)
                 c.index.update_snapshot(sid, durable=1, nbytes=own, checksum=checksum_of(parts[0]))
             del c.pending[sid]
+            c.promised.pop(sid, None)
             c.placement.release(sid)
             crash_point("write.indexed")
             rec = c.index.snapshot(sid)
@@ -318,7 +357,9 @@ class Snapshots:
                 c.done_reading(sid)
                 if c.index.snapshot(sid) is None:
                     raise NotFound(f"snapshot {sid} was deleted while it was being loaded.") from None
-                if isinstance(e, BlockCorrupt):  # every snapshot using the block is lost, and only those
+                if isinstance(e, BlockCorrupt) and repair.from_hot_copy(c, e.block_id, e.message):
+                    return self.load_from(snapshot_id, copy=copy)  # whole again: a hot user held its bytes
+                if isinstance(e, BlockCorrupt):  # no copy: every snapshot using the block is lost, and only those
                     if is_snapshot_id(e.block_id) and c.files.block_size(e.block_id) is not None:
                         c.files.quarantine(c.files.block_path(e.block_id), e.message)
                     lost = sorted(set(c.index.block_users(e.block_id)) | {sid})

@@ -27,6 +27,10 @@ def assert_consistent(store, verify_loads: bool = True) -> None:
         assert row["durable"] and block_files[bid].stat().st_size == row["nbytes"]
         users = index.block_users(bid)
         assert users and set(users) <= set(rows), (bid, users)
+    # the running totals (schema 4, kept by triggers) are the sums they stand for
+    summed = index.one("SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM snapshots WHERE durable = 1")
+    summed_blocks = index.one("SELECT COALESCE(SUM(nbytes), 0) FROM blocks WHERE durable = 1")
+    assert index.durable_bytes() == (summed[0] + summed_blocks[0], summed[1])
     for s in store.sessions.list():
         assert s.head is None or s.head in rows
         assert s.base is None or s.base in rows

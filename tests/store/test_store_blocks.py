@@ -1,7 +1,7 @@
 """KV blocks shared between snapshots (store/blocks.py), on real tiny models' states on both backends: a turn
 writes only the blocks its new tokens complete plus the constant part, a branch and another conversation with
 the same tokens share blocks, a load gives back the captured payload bitwise, deleting frees a block with its
-last user, a damaged block fails only its users, export/import round trips."""
+last user, a damaged block fails only its users unless a hot copy rewrites it, export/import round trips."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from engramctl.state.codec import from_payload, to_payload
 from engramctl.store import arrays, exchange
 from engramctl.store.blocks import BLOCK_TOKENS, KV_BLOCKS
 from engramctl.store.files import read_payload
+from engramctl.store.reconcile import verify_block
 from engramctl.store.records import payload_nbytes
 
 BACKENDS = ("transformers", "llama.cpp")
@@ -205,6 +206,46 @@ def test_a_damaged_block_fails_only_the_snapshots_using_it(model, open_store, en
     assert s.sessions.get("a").head is None and len(s.transcripts.of_session("a")) == 2
     assert (engram_home / "quarantine" / path.name).exists()
     assert same(s.snapshots.load(rq.id), q)
+    assert_consistent(s)
+
+
+@pytest.mark.parametrize("hot", [True, False], ids=["a-hot-copy", "no-copy"])
+def test_a_damaged_system_prompt_block_under_four_agents_is_rewritten_from_a_hot_copy(
+    model, open_store, engram_home, hot
+):
+    """Four agents share a system prompt's block; one flipped bit in it. With one agent's state in RAM the block is cut again from it, checked by its id, rewritten, and no agent loses its snapshot; with no
+    copy in memory every agent falls back to its transcript, as before (store/repair.py)."""
+    _, backend = model
+    system = ids_of(B + 20, seed=7)
+    payloads = [states(backend, system + ids_of(40, seed=10 + i), [B + 60])[0] for i in range(4)]
+    size = max(payload_nbytes(p) for p in payloads)
+    s = open_store(ram=size + size // 2 if hot else 0)  # room for one agent's state, or none
+    msgs = [{"role": "user", "content": "task"}]
+    recs = [s.snapshots.commit(f"agent-{i}", p, messages=msgs) for i, p in enumerate(payloads)]
+    s.flush()
+    shared = s._index.block_ids_of(recs[0].id)
+    assert len(shared) == 1 and all(s._index.block_ids_of(r.id) == shared for r in recs)
+    in_ram = [i for i, r in enumerate(recs) if "ram" in s.snapshots.info(r.id).tiers]
+    assert len(in_ram) == (1 if hot else 0)
+    cold = [i for i in range(4) if i not in in_ram]
+    path = engram_home / "blocks" / f"{shared[0]}.safetensors"
+    good = path.read_bytes()
+    data = bytearray(good)
+    data[-7] ^= 0x10  # a flipped bit in the K/V: only the checksum sees it
+    path.write_bytes(bytes(data))
+    if hot:
+        assert same(s.snapshots.load(recs[cold[0]].id), payloads[cold[0]])
+        assert path.read_bytes() == good and verify_block(s._files, shared[0])[0] is not None
+        assert (engram_home / "quarantine" / path.name).exists()  # the damaged bytes kept aside
+        assert [r.id for r in s.snapshots.list()] == [r.id for r in recs]
+        for r, p in zip(recs, payloads):
+            assert same(s.snapshots.load(r.id), p)
+    else:
+        with pytest.raises(SnapshotCorrupt, match="checksum"):
+            s.snapshots.load(recs[cold[0]].id)
+        assert s.snapshots.list() == []
+        for i in range(4):
+            assert s.sessions.get(f"agent-{i}").head is None and len(s.transcripts.of_session(f"agent-{i}")) == 1
     assert_consistent(s)
 
 

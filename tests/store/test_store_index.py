@@ -88,5 +88,6 @@ def test_a_store_from_before_kv_blocks_opens_and_its_whole_files_load(open_store
     assert s.reconcile_report.clean and s._index.schema_version == len(MIGRATIONS)
     rec = s.snapshots.info(sid)
     assert rec.kind == "snapshot" and rec.nbytes == rec.own_size_bytes == size and rec.shared_size_bytes == 0
+    assert s._index.durable_bytes() == (size, 1)  # schema 4's running totals start from what the rows held
     tensors2, _ = s.snapshots.load(sid)
     assert all((tensors2[k] == tensors[k]).all() for k in tensors)

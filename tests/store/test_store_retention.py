@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from engramctl.store import retention
 from engramctl.tiers.planner import TierPlanner
 
@@ -81,34 +80,37 @@ def test_disk_budget_evicts_least_recently_used_unpinned_first(open_store, make_
     assert s.retention.usage()["disk"][0] <= s.retention.plan.budget("disk")
 
 
-def test_disk_victims_order_and_all_or_nothing(make_payload):
-    from engramctl.store.records import SnapshotRecord
+def test_disk_victims_reads_the_eviction_order_only_as_far_as_it_must():
+    def order():  # (id, bytes it frees with those before it), least recently used first, as the index yields them
+        for i, freed in enumerate((100, 100, 50, 300)):
+            seen.append(i)
+            yield f"{i:032x}", freed
 
-    def rec(i, access, **kw):
-        base = dict(
-            id=f"{i:032x}",
-            session="s",
-            parent=None,
-            n_tokens=1,
-            nbytes=100,
-            checksum=None,
-            fingerprint=None,
-            model_id=None,
-            n_messages=0,
-            created=i,
-            last_access=access,
-            pinned=False,
-            label=None,
-            durable=True,
-        )
-        return SnapshotRecord(**{**base, **kw})
+    seen: list[int] = []
+    assert retention.disk_victims(order(), used=500, need=100, budget=400) == ([f"{0:032x}", f"{1:032x}"], True)
+    assert seen == [0, 1]  # the third candidate was never read
+    seen.clear()
+    victims, ok = retention.disk_victims(order(), used=500, need=100, budget=0)
+    assert not ok and len(victims) == 4  # all of them are not enough: the caller deletes none
+    seen.clear()
+    assert retention.disk_victims(order(), used=100, need=100, budget=200) == ([], True) and seen == []
 
-    snaps = [rec(1, 50), rec(2, 10), rec(3, 5, label="x"), rec(4, 1, pinned=True), rec(5, 2)]
-    victims, ok = retention.disk_victims(snaps, used=500, need=100, budget=400, protected={f"{5:032x}"})
-    assert ok and victims == [f"{2:032x}", f"{1:032x}"]  # LRU first, pinned/protected skipped
-    victims, ok = retention.disk_victims(snaps, used=500, need=100, budget=150, protected=set())
-    assert not ok
-    assert retention.disk_victims(snaps, used=100, need=100, budget=200, protected=set()) == ([], True)
+
+def test_disk_eviction_order_lru_unlabelled_first_never_pinned_or_heads(open_store, make_payload, clock):
+    s = open_store(keep_last=100, ram=0)
+    ids = []
+    for i in range(5):
+        clock.advance(1)
+        ids.append(s.snapshots.commit("a", make_payload(10, i)).id)
+    s.flush()
+    s.snapshots.label(ids[0], "keep me")
+    s.snapshots.pin(ids[1])
+    clock.advance(1)
+    s.snapshots.load(ids[2])  # the most recently used now
+    with s._core.lock:
+        s._core.flush_touches()
+        order = [sid for sid, _ in s._index.eviction_order()]
+    assert order == [ids[3], ids[2], ids[0]]  # LRU, the labelled one last; pinned and the head (ids[4]) never
 
 
 def test_gc_shrinks_to_new_disk_budget(open_store, make_payload):
