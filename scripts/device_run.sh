@@ -12,11 +12,13 @@
 #   bench-store.json    scripts/bench_store.py: restore from RAM and from disk against their floors (issue 45 item 1)
 #   prefetch.json       scripts/prefetch_check.py: the turn after a restart, prefetched vs read from disk
 #   bench-serve.json    SERVE=1 only: engramctl bench serve against llama-server over the same CUDA libraries
-# PYTHON names the interpreter (default python3); FIGURES=0 skips everything after the tests.
+# PYTHON names the interpreter (default python3); FIGURES=0 skips everything after the tests. A rehearsal on a machine
+# without a GPU: KIT=<a kit> DEVICE=cpu GGUF=<a small GGUF instead of building the preset> ENGRAM_LLAMA_TEST_DEVICE=cpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-KIT=wheels/device-kit
+KIT="${KIT:-wheels/device-kit}"
+DEVICE="${DEVICE:-cuda}"
 SITE="${SITE:-/tmp/engram-site}"
 OUT="${OUT:-/tmp/engram-out}"
 TOTAL_S="${TOTAL_S:-560}"
@@ -51,7 +53,8 @@ step untar 60 tar xJf "$KIT"/cuda/llama_cpp_python.tar.xz -C "$SITE"  # what pip
 # the installed wheels first for them too
 printf 'import sys\n\nif "%s" not in sys.path:\n    sys.path.insert(0, "%s")\n' "$SITE" "$SITE" >sitecustomize.py
 trap 'rm -f sitecustomize.py' EXIT
-export PYTHONPATH="$SITE:$PWD" ENGRAM_LLAMA_CONVERTER="$PWD/$KIT/converter" HF_HUB_OFFLINE=1
+export PYTHONPATH="$SITE:$PWD" HF_HUB_OFFLINE=1
+[ -d "$KIT/converter" ] && export ENGRAM_LLAMA_CONVERTER="$(cd "$KIT/converter" && pwd)"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"  # libcudart and libcublas for ggml-cuda
 { nvidia-smi 2>&1 || true; } >>"$LOG"
 timeout 60 "$PY" -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())" >>"$LOG" 2>&1
@@ -65,7 +68,8 @@ grep -E " (PASSED|FAILED|ERROR|SKIPPED)|passed|failed|\[gpu-figure\]" "$OUT/pyte
 # ENGRAM_HOME outside $OUT so that nothing big comes back
 export ENGRAM_HOME=/tmp/engram-bench-home ENGRAM_NO_AUTOSTART=1
 if [ "${FIGURES:-1}" = 1 ]; then
-  gguf=$(step preset 120 "$PY" -c "from pathlib import Path; from engramctl.bench.gguf_presets import preset_gguf
+  gguf="${GGUF:-}"
+  [ -n "$gguf" ] || gguf=$(step preset 120 "$PY" -c "from pathlib import Path; from engramctl.bench.gguf_presets import preset_gguf
 print(preset_gguf('granite-4.0-h-350m', 0, 'q8_0', Path('/tmp/engram-bench-home/cache')))")
   if [ -n "$gguf" ]; then
     step vram-tier 60 "$PY" scripts/vram_tier_probe.py "$gguf" --tokens 2048 --json "$OUT/vram-tier.json" >/dev/null
@@ -73,11 +77,11 @@ print(preset_gguf('granite-4.0-h-350m', 0, 'q8_0', Path('/tmp/engram-bench-home/
     # the script has (what a newer one adds, its floors among them, it prints and writes by default)
     [ -f scripts/bench_store.py ] && step bench-store 60 "$PY" scripts/bench_store.py --blocks --tokens 10240 \
       --repeat 5 --json "$OUT/bench-store.json" >/dev/null
-    step prefetch 90 "$PY" scripts/prefetch_check.py "$gguf" --tokens 2048 --device cuda \
+    step prefetch 90 "$PY" scripts/prefetch_check.py "$gguf" --tokens 2048 --device "$DEVICE" \
       --json "$OUT/prefetch.json" >/dev/null
   fi
   # 130 s was enough where 50 s once timed out (2026-11-28): the transformers row builds the preset first
-  step bench-backends 150 "$PY" -m engramctl bench backends --preset granite-4.0-h-350m --device cuda \
+  step bench-backends 150 "$PY" -m engramctl bench backends --preset granite-4.0-h-350m --device "$DEVICE" \
     --dtype bfloat16 --gguf-type f16 --prefill-tokens 512 --decode-tokens 64 --runs 3 --json \
     >"$OUT/bench-backends.json"
 fi
