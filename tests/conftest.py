@@ -151,11 +151,17 @@ def engine(backend, tiny_engine):
     return tiny_engine(backend)
 
 
+# what the llama.cpp tests assume: the 2-core development machine's default (engine/llama_context.py SEQUENCES_MIN)
+LLAMA_TEST_SEQUENCES = 4
+
+
 @pytest.fixture(scope="session")
 def load_llama():
-    """Load a GGUF file through the llama.cpp backend, with small chunks so tests cross chunk boundaries."""
+    """Load a GGUF file through the llama.cpp backend, with small chunks so tests cross chunk boundaries, serving
+    LLAMA_TEST_SEQUENCES conversations at once whatever the machine (the default follows the cores, or the VRAM on
+    a GPU: 16 there, more sequences than a 16-token chunk can hold a token of each)."""
 
-    def load(path: Path, chunk_tokens: int = 16, device: str = "cpu", sequences: int | None = None):
+    def load(path: Path, chunk_tokens: int = 16, device: str = "cpu", sequences: int | None = LLAMA_TEST_SEQUENCES):
         from engramctl.engine.loading import load_engine
 
         engine = load_engine(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from engramctl.cli import common
 from engramctl.cli.common import JsonOpt, QuietOpt
 from engramctl.cli.output import Column, ago, count, render_fields, render_table, size
@@ -51,6 +50,11 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
     serves = serving_line(d.get("serving"))
     if serves:
         fields.append(("serves", serves))
+    prefetched = prefetch_line(d.get("prefetched"))
+    if prefetched:
+        fields.append(("prefetched", prefetched))
+    if d.get("warmup_ms") is not None:
+        fields.append(("warm-up", f"{d['warmup_ms']:.0f} ms before it was ready (one tiny prompt and decode)"))
     where = d.get("url") or (f"http://{d.get('host')}:{d.get('port')}" if d.get("port") else None)
     state = d.get("state") or ("running" if d.get("ready") else "starting")
     up = d.get("uptime_s")
@@ -77,6 +81,20 @@ def serving_line(serving: Any) -> str | None:
     names = serving.get("sessions") or []
     running = f"{serving.get('running', 0)} running" + (f": {', '.join(names)}" if names else "")
     return f"{at_once} ({running}; {serving.get('waiting', 0)} waiting)"
+
+
+def prefetch_line(p: Any) -> str | None:
+    """The states loaded into memory at start (daemon/prefetch.py): how many, their bytes, what is left."""
+    if not isinstance(p, dict) or "states" not in p:
+        return None
+    n = p["states"]
+    line = f"{count(n)} recent state{'' if n == 1 else 's'} in memory ({size(p.get('bytes') or 0)})"
+    if not p.get("done"):
+        line += f"; {count(p.get('loading') or 0)} loading"
+    elif p.get("ms") is not None:
+        line += f", in {human_duration(p['ms'] / 1000)}"
+    extra = [f"{count(p[k])} {why}" for k, why in (("skipped", "did not fit"), ("failed", "unusable")) if p.get(k)]
+    return line + (f" ({', '.join(extra)})" if extra else "")
 
 
 def model_line(m: dict | None) -> str:

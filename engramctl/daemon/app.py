@@ -1,7 +1,8 @@
 """The ASGI app: one model, one store, one worker, the routes, auth, limits and error handlers.
 
-    app = create_app(settings)                        # loads settings.model, opens the store
-    app = create_app(settings, engine=e, store=s)     # tests, benchmarks, `serve`
+    app = create_app(settings)                        # loads settings.model, opens the store, warms the backend
+                                                      # and starts the prefetch of recent states (Daemon.start)
+    app = create_app(settings, engine=e, store=s)     # tests, benchmarks: neither until app.state.daemon.start()
 
 `app.state.daemon` is the Daemon (context.py); `serve` (runner.py) runs the app under uvicorn.
 """
@@ -20,9 +21,9 @@ from starlette.routing import Match
 from engramctl import __version__
 from engramctl.daemon import routes_agent, routes_completions, routes_ollama, routes_openai, routes_status
 from engramctl.daemon.auth import OLLAMA_PATHS, PUBLIC_PATHS, AuthMiddleware, check_open_routes
+from engramctl.daemon.context import Daemon, engine_plan_args
 from engramctl.daemon.engram_api import answers
 from engramctl.daemon.engram_api import routes as engram_api_routes
-from engramctl.daemon.context import Daemon, engine_plan_args
 from engramctl.daemon.errors import INVALID_REQUEST, body_for, error_body, validation_problem
 from engramctl.daemon.limits import MAX_BODY_BYTES, BodyLimitMiddleware, JsonContentTypeMiddleware, RetryAfterMiddleware
 from engramctl.daemon.model import load_model
@@ -61,11 +62,18 @@ def create_app(
     The tier plan the store follows is the daemon's (Daemon.tiers)."""
     check_open_routes(settings)
     tiers = None
-    if engine is None or store is None:
+    loaded = engine is None or store is None
+    if loaded:
         if store is not None or engine is not None:
             raise UsageError("create_app needs both engine and store, or neither.")
         engine, store, tiers = _load(settings)
     daemon = Daemon(settings, engine, store, tiers, reuse=reuse)
+    if loaded:  # a daemon of its own: warmed before it is ready, its recent states loading (Daemon.start)
+        try:
+            daemon.start()
+        except BaseException:
+            daemon.close()
+            raise
     open_paths = OLLAMA_PATHS if settings.ollama_no_token else frozenset()
 
     @asynccontextmanager

@@ -34,7 +34,7 @@ LOG_ROTATE_BYTES = 16 * 2**20
 START_LOCK_FILE = "start.lock"
 # What daemon_status() takes from /v1/status.
 _STATUS_KEYS = """uptime_s rss_bytes weights_bytes backend weight_type n_params sessions queue turns hot pending_writes
-family context_length started notices serving build""".split()
+family context_length started notices serving build prefetched warmup_ms""".split()
 
 
 def _settings_env(settings: Settings) -> dict[str, str]:

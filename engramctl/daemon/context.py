@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from engramctl import __version__
 from engramctl.daemon.auth import ensure_token
+from engramctl.daemon.prefetch import Prefetch
 from engramctl.daemon.scheduler import Scheduler
 from engramctl.daemon.service import ConversationService
 from engramctl.daemon.worker import Worker
@@ -65,6 +66,8 @@ class Daemon:
         keep = self.scheduler.max_sequences + engine.device_slots
         self.service = ConversationService(engine, store, reuse=reuse, keep=keep)
         self.worker = Worker(settings.max_queue, self.scheduler, self.service)
+        self.prefetch = Prefetch(store, engine.spec)  # started by `start` (prefetch.py)
+        self.warmup_ms: float | None = None
         self.started = time.time()
         self.model_id = engine.info.model_id
         self.model_names = (self.model_id, settings.model)  # what a request's `model` may name (same_model)
@@ -77,6 +80,27 @@ class Daemon:
                 hint="GET /v1/models lists it",
             )
 
+    def start(self) -> None:
+        """What a daemon that loaded its model does before it says it is ready: warm the backend's kernels (one
+        tiny prompt and one decode on the worker thread, so the first request pays no first-call setup: CUDA
+        kernels, llama.cpp's graph and buffers), then start loading the most recently used states in the
+        background (prefetch.py), which readiness does not wait for."""
+        t0 = time.perf_counter()
+        self.worker.call(self._warm_up, name="warm_up")
+        self.warmup_ms = round((time.perf_counter() - t0) * 1000, 1)
+        log.info("backend warmed up in %.1f ms", self.warmup_ms)
+        self.prefetch.start()
+
+    def _warm_up(self) -> None:
+        engine = self.engine
+        token = (engine.tokenizer.encode("Hello") or [0])[:1]
+        live = engine.new_live()
+        try:
+            engine.step([(live, token)])  # a prompt chunk
+            engine.step([(live, token)])  # and one decode after it
+        finally:
+            engine.release(live)
+
     def begin_shutdown(self) -> None:
         """Refuse new work, cancel the generation in flight and everything queued."""
         self.worker.begin_shutdown()
@@ -86,6 +110,7 @@ class Daemon:
         if self._closed:
             return
         self._closed = True
+        self.prefetch.stop(timeout)  # before the store closes under it
         if not self.worker.close(timeout):
             log.warning("the generation in flight did not stop within %.0f s; closing anyway", timeout)
         if not self.store.flush(timeout=max(timeout, 10.0)):
@@ -130,6 +155,8 @@ class Daemon:
             "serving": self.serving(),
             "turns": self.service.turns,
             "pending_writes": self.store.pending_writes,
+            "warmup_ms": self.warmup_ms,
+            "prefetched": self.prefetch.status(),
             "write_errors": list(self.store.write_errors),
         }
 

@@ -24,6 +24,7 @@ from engramctl.store import arrays, blocks, repair, snapshot_file
 from engramctl.store.blocks import BlockCorrupt
 from engramctl.store.core import StoreCore
 from engramctl.store.crashpoints import crash_point
+from engramctl.store.inflight import one_load_per_id
 from engramctl.errors import SnapshotInUse
 from engramctl.store.names import (
     is_snapshot_id,
@@ -334,6 +335,7 @@ class Snapshots:
         session's head falls back; its transcript is intact)."""
         return self.load_from(snapshot_id, copy=copy)[0]
 
+    @one_load_per_id  # inflight.py: a load of an id being loaded waits for that one, never reads again
     def load_from(self, snapshot_id: str, *, copy: bool = False) -> tuple[Payload, str]:
         """load(), and where the payload came from: a memory tier's name ("vram", "ram"), "pending"
         (saved, not yet written) or "disk" (read from its file now). A payload from memory is the one

@@ -15,6 +15,21 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+# How far llama.cpp's logits may move where the same tokens run through other kernels (docs/gpu.md, "Tolerance"):
+# DESIGN.md's 1e-4 holds on one build and device (the CPU's invariant, and a GPU state restored on the GPU, which is
+# bitwise); a state the CPU build wrote and the GPU continues, or conversations stepped together in one batch on the
+# GPU against each alone, go through CUDA kernels whose reductions are ordered differently: measured on an H200, up
+# to 1.0e-3 (CPU snapshot on the GPU, 9 of 9 families) and 6.2e-4 (16 at once vs alone). The tolerance is twice the
+# worst measured, and the greedy tokens must be the same.
+LLAMA_TOLERANCE = 1e-4
+LLAMA_CUDA_TOLERANCE = 2e-3
+
+
+def llama_tolerance(device: str) -> float:
+    """The tolerance of llama.cpp logits computed on `device` against another run (LLAMA_TOLERANCE's comment)."""
+    return LLAMA_TOLERANCE if device == "cpu" else LLAMA_CUDA_TOLERANCE
+
+
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (see docs/gpu.md for how these ran)")
 
 

@@ -2,9 +2,11 @@
 tests/gguf_factory.py:
 - a state captured on the GPU, written to a snapshot file and restored by a fresh process on the GPU continues
   bitwise like the run that never stopped (the CPU's invariant, tests/engine/test_llama_resume.py, on CUDA);
-- a snapshot written by the CPU build restores on the GPU and continues within DESIGN.md's tolerance (1e-4 of the
-  GPU's own uninterrupted run) with the same greedy tokens, or is refused with a sentence: never a crash;
-- 16 conversations stepped together in one llama_decode on the GPU each get their own conversation's logits.
+- a snapshot written by the CPU build restores on the GPU and continues within llama.cpp's CUDA tolerance of the GPU's
+  own uninterrupted run (2e-3: tests/cuda/_common.py LLAMA_CUDA_TOLERANCE, docs/gpu.md "Tolerance"; 1e-4 when
+  DEVICE is the CPU) with the same greedy tokens;
+- 16 conversations stepped together in one llama_decode on the GPU each get their own conversation's logits
+  (within the same tolerance of each run alone, the same greedy token).
 
 Skipped unless llama-cpp-python offloads to a GPU and torch sees one. ENGRAM_LLAMA_TEST_DEVICE=cpu runs the same
 checks on the CPU build (how this file was checked on a machine without a GPU)."""
@@ -18,7 +20,7 @@ import pytest
 import torch
 
 from engramctl.errors import EngramError
-from tests.cuda._common import HAS_CUDA, record
+from tests.cuda._common import HAS_CUDA, llama_tolerance, record
 from tests.engine.test_llama_resume import GREEDY, MORE_TOKENS, N_TOKENS, _ids, check_resumed, resume_run_on
 from tests.gguf_factory import LLAMA_FAMILIES
 from tests.helpers import in_fresh_process
@@ -85,7 +87,7 @@ def test_a_cpu_snapshot_continues_on_the_gpu_within_the_tolerance(cpu_snapshots_
     refs, got = cpu_snapshots_on_gpu
     diff = (got[f"{family}.continued_logits"] - refs[family]["continued"]).abs().max().item()
     record("llama_cuda_cpu_snapshot", family, diff)
-    assert diff <= 1e-4, diff
+    assert diff <= llama_tolerance(DEVICE), diff
     assert got[f"{family}.greedy"].tolist() == refs[family]["greedy"]
 
 
@@ -108,7 +110,7 @@ def test_sixteen_conversations_step_together_each_on_its_own_state(gguf_zoo, loa
         assert int(logits.argmax()) == int(want.argmax())
         backend.release(alone)
     record("llama_cuda_batch", "max_abs_diff_vs_alone", worst)
-    assert worst <= 1e-4
+    assert worst <= llama_tolerance(DEVICE), worst
     assert not np.allclose(got[0], got[1], atol=1e-2)  # the check can fail: conversations differ
     for live in lives:
         backend.release(live)

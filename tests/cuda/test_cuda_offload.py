@@ -60,6 +60,7 @@ def test_a_smaller_card_gets_the_last_blocks_and_computes_what_the_cpu_does(serv
         context_tokens=None,
         sequences=1,
         threads=2,
+        chunk_tokens=cpu.backend.chunk_tokens,  # the context the engine below counts (the same default)
     )
     cost = llama_offload.model_cost(read_header(path), cpu.backend.layout, placed.size)
     n = len(cost.layers)

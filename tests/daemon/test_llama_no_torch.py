@@ -99,11 +99,17 @@ def test_llama_cpp_daemon_serves_a_whole_session_without_torch(served_model, tmp
     d = _start(gguf, home, second, "llama.cpp")  # a fresh process: every snapshot is on disk only
     try:
         with d.http() as h:
+            deadline = time.monotonic() + 60
+            while not (prefetched := h.get("/v1/status").json()["prefetched"])["done"]:
+                assert time.monotonic() < deadline, prefetched
+                time.sleep(0.05)
+            # the prefetch read demo's head from its files and checked it (daemon/prefetch.py), as a turn's load would
+            assert prefetched["states"] >= 1 and prefetched["failed"] == 0, prefetched
             branched = h.post("/branch_snapshot", json={"snapshot_id": two["snapshot_id"], "new_session": "fork"})
             assert branched.status_code == 200, branched.text
         oai = openai.OpenAI(base_url=d.url + "/v1", api_key=d.token, max_retries=0, timeout=120)
         three = _stream(oai, "fork", "Go on.")
-        assert three["resumed"] is True and three["tier"] == "disk", three
+        assert three["resumed"] is True and three["tier"] == "ram", three
     finally:
         modules = _modules_at_exit(d, second)
     assert "engramctl.engine.llama_backend" in modules

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from engramctl.store import arrays
-
+from tests.conftest import LLAMA_TEST_SEQUENCES
 from tests.snapshot_io import read_state
 
 
@@ -20,7 +20,13 @@ def _backend(job: dict):
         from engramctl.engine.llama_backend import LlamaCppBackend
 
         path = Path(job["gguf"])
-        return LlamaCppBackend(path, path.name, chunk_tokens=job["chunk_tokens"], device=job.get("device", "cpu"))
+        return LlamaCppBackend(
+            path,
+            path.name,
+            chunk_tokens=job["chunk_tokens"],
+            device=job.get("device", "cpu"),
+            sequences=job.get("sequences", LLAMA_TEST_SEQUENCES),  # as load_llama: not the GPU's default 16
+        )
     from engramctl.engine.hf_backend import TransformersBackend
     from engramctl.ngram.hashing import NgramConfig
 
