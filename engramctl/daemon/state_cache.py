@@ -182,7 +182,7 @@ class StateCache:
     def load(self, snapshot_id: str) -> tuple[Live, Origin]:
         """The snapshot, injected into a new Live; SnapshotError / NotFound when it cannot be used."""
         t0 = time.perf_counter()
-        (tensors, meta), came_from = self.store.snapshots.load_from(snapshot_id)
+        (tensors, meta), came_from = self.store.snapshots.load_from(snapshot_id, into=self.engine.place)
         # every way into the store checked the values (a capture's to_payload, an import's from_payload);
         # only a file read now gets a second look
         state = from_payload(tensors, meta, self.engine.spec, check_values=came_from == "disk")

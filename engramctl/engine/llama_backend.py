@@ -188,7 +188,7 @@ class LlamaCppBackend:
                 except StateFormatError as e:
                     error = e
                     continue
-                if llama_state.serialize(layers, candidate, 3) == blob:
+                if llama_state.serialize(layers, candidate, 3, reuse=False) == blob:
                     return candidate
                 error = StateFormatError("re-serializing the parsed state did not reproduce llama.cpp's bytes.")
             raise StateFormatError(
@@ -394,6 +394,19 @@ class LlamaCppBackend:
             )
             self._pool.remember(live, state, blob)
         return state
+
+    def place(self, meta: dict[str, str], entries: dict[str, tuple[str, tuple[int, ...]]]) -> dict | None:
+        """store/reader.py's Placer: a snapshot this model wrote is read from disk straight into a blob laid out
+        as llama_state_seq_set_data takes it (llama_state.place); inject() then finds its tensors in place and
+        loads that blob (serialize copies nothing). None for any other snapshot: it is read as it is, and
+        from_payload says what does not match."""
+        if meta.get("backend") != BACKEND or meta.get("fingerprint") != self.spec.fingerprint:
+            return None
+        n = meta.get("n_tokens", "")
+        if not n.isdigit() or int(n) < 1:
+            return None
+        slack = 4 * (self._pool.n_seq - 1) if self._pool.streams else 0  # llama_streams.as_streams writes there
+        return llama_state.place(self.layout, int(n), entries, slack)
 
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here), beside

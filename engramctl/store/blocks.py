@@ -145,10 +145,10 @@ def split(
 
 def block_ids(meta: dict[str, str]) -> list[str]:
     """The ids of the blocks a constant part's metadata lists (none for a snapshot stored whole)."""
-    return _block_list(meta)[1]
+    return block_list(meta)[1]
 
 
-def _block_list(meta: dict[str, str]) -> tuple[int, list[str]]:
+def block_list(meta: dict[str, str]) -> tuple[int, list[str]]:
     """(tokens per block, block ids) from a constant part's metadata; SnapshotCorrupt when it is malformed."""
     raw = meta.get(KV_BLOCKS)
     if not raw:
@@ -171,7 +171,7 @@ def join(
     BlockCorrupt if it is missing). Each block is read once and each of its tensors copied once, into arrays
     allocated once at their full length. Raises BlockCorrupt naming a block that is damaged, of another model,
     or not the block the snapshot lists."""
-    block_tokens, ids = _block_list(meta)
+    block_tokens, ids = block_list(meta)
     out_meta = {k: v for k, v in meta.items() if k != KV_BLOCKS}
     if not ids:
         return tensors, out_meta
