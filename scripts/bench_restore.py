@@ -21,6 +21,7 @@ be the captured one, bitwise, once per case. "smollm2" is the SmolLM2-135M-Instr
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -42,7 +43,7 @@ def gguf_for(name: str) -> Path:
     from engramctl.bench.gguf_presets import preset_gguf
     from engramctl.settings import load_settings
 
-    cache = Path(load_settings(env={}).cache_dir)
+    cache = Path(load_settings(env={}).paths.cache_dir)
     return preset_gguf(name, 0, "f16", cache, say=lambda m: print(m, flush=True))
 
 
@@ -100,6 +101,8 @@ def run_case(name: str, n_tokens: int, repeat: int, home: Path) -> dict:
     def reopen():
         nonlocal store
         store.close()
+        store = None
+        gc.collect()  # the closed store's cycles go now, with the payload its RAM tier held (a restart frees them)
         store = Store.open(settings)
         TierPlanner.start(settings, store.retention)
 
@@ -137,7 +140,7 @@ def run_case(name: str, n_tokens: int, repeat: int, home: Path) -> dict:
         w, c, _ = timed(lambda: np.copyto(dst, src))
         rows["floor_ram"].append((w, c))
     # bitwise: the restored state is the captured one
-    live, origin = StateCache(engine, store).load(sid)
+    live, _origin = StateCache(engine, store).load(sid)
     again = engine.capture(live)
     engine.release(live)
     same = {f"{i}.{k}": t.tobytes() for i, layer in enumerate(again.layers) for k, t in layer.tensors().items()} == want
@@ -173,11 +176,12 @@ def main() -> None:
         results.append(r)
         print(json.dumps(r), flush=True)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; medians of {args.repeat}")
-    print(f"{'case':<26} {'MB':>6} {'RAM ms (cpu)':>16} {'floor':>14} {'x':>5} {'disk ms (cpu)':>16} {'floor':>14} {'x':>5}")
+    print(
+        f"{'case':<26} {'MB':>6} {'RAM ms (cpu)':>16} {'floor':>14} {'x':>5} {'disk ms (cpu)':>16} {'floor':>14} {'x':>5}"
+    )
     for r in results:
-        m = r["ms"]
 
-        def cell(k):
+        def cell(k, m=r["ms"]):
             return f"{m[k]['wall']:.1f} ({m[k]['cpu']:.1f})"
 
         print(

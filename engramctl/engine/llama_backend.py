@@ -32,6 +32,7 @@ from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, SHARE_MIN_TOKEN
 from engramctl.engine.llama_layout import blob_layout
 from engramctl.engine.llama_lib import import_llama_cpp, library_version, n_cpu_threads, take_errors
 from engramctl.engine.llama_offload import gpu_memory, place
+from engramctl.engine.llama_buffers import HostBuffers
 from engramctl.engine.llama_pool import ParkedState, SequencePool
 from engramctl.engine.llama_threadpool import ThreadPool
 from engramctl.errors import (
@@ -129,6 +130,7 @@ class LlamaCppBackend:
                 f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}"
             )
         self._pool = SequencePool(lib, self._ctx, size, layout.has_kv)
+        self._buffers = HostBuffers()  # restored blobs' memory, reused (llama_buffers.py)
         self.prompts_per_step = 1 if size.streams else None  # Engine.prompts_per_step
         self.kv_layout = (  # for `engramctl ps` (daemon/context.py serving)
             f"each in a KV stream of its own ({n_ctx} tokens)"
@@ -395,7 +397,7 @@ class LlamaCppBackend:
             self._pool.remember(live, state, blob)
         return state
 
-    def place(self, meta: dict[str, str], entries: dict[str, tuple[str, tuple[int, ...]]]) -> dict | None:
+    def place_state(self, meta: dict[str, str], entries: dict[str, tuple[str, tuple[int, ...]]]) -> dict | None:
         """store/reader.py's Placer: a snapshot this model wrote is read from disk straight into a blob laid out
         as llama_state_seq_set_data takes it (llama_state.place); inject() then finds its tensors in place and
         loads that blob (serialize copies nothing). None for any other snapshot: it is read as it is, and
@@ -406,7 +408,7 @@ class LlamaCppBackend:
         if not n.isdigit() or int(n) < 1:
             return None
         slack = 4 * (self._pool.n_seq - 1) if self._pool.streams else 0  # llama_streams.as_streams writes there
-        return llama_state.place(self.layout, int(n), entries, slack)
+        return llama_state.place(self.layout, int(n), entries, slack, take=self._buffers.take)
 
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here), beside

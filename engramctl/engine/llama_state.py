@@ -27,6 +27,7 @@ serialize() takes arrays of either kind (store/arrays.py).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -307,14 +308,19 @@ def plan(
 
 
 def place(
-    layout: BlobLayout, n_tokens: int, entries: dict[str, tuple[str, tuple[int, ...]]], slack_bytes: int = 0
+    layout: BlobLayout,
+    n_tokens: int,
+    entries: dict[str, tuple[str, tuple[int, ...]]],
+    slack_bytes: int = 0,
+    take: Callable[[int], np.ndarray] | None = None,
 ) -> dict | None:
     """A blob for a stored state of `n_tokens` tokens whose payload tensors are `entries` ({"layers.i.name":
     (safetensors dtype code, shape)}), its headers written: {payload name: the uint8 view of the blob where that
     tensor's bytes go} (store/reader.py's Placer), for a reader to fill. None when the entries are not exactly
     what this layout's blob holds (the state layer then says what does not match). Transposed values are not
     token-major in the blob: they are left to serialize(). `slack_bytes` more are allocated after the blob
-    (llama_streams.as_streams: the empty entries of a context of several KV streams, written there, not copied)."""
+    (llama_streams.as_streams: the empty entries of a context of several KV streams, written there, not copied).
+    `take(nbytes)` gives the memory (llama_buffers.HostBuffers: reused, already faulted in), else a new array."""
     codes = {"F16": _GGML_IDS["float16"], "F32": _GGML_IDS["float32"]}
     types: dict[tuple[int, str], int] = {}
     names: dict[tuple[int, str], str] = {}
@@ -336,7 +342,7 @@ def place(
     if layer_keys != set(names.values()):
         return None
     size, heads, spans = plan(layout, n_tokens, types)
-    blob = np.empty(size + slack_bytes, np.uint8)  # numpy asks for huge pages: 100 MB fault in 50 pieces, not 25,000
+    blob = take(size + slack_bytes) if take is not None else np.empty(size + slack_bytes, np.uint8)
     for at, head in heads:
         blob[at : at + len(head)] = np.frombuffer(head, np.uint8)
     out = {}
@@ -358,7 +364,9 @@ def _layer_tensors(layers, layout: BlobLayout) -> dict[tuple[int, str], object]:
         if lay.recurrent:
             rec = _recurrent(layers[i])
             out[(i, "conv")] = np.zeros((1, *lay.conv_shape), np.float32) if rec.conv is None else rec.conv
-            out[(i, "recurrent")] = np.zeros((1, *lay.ssm_shape), np.float32) if rec.recurrent is None else rec.recurrent
+            out[(i, "recurrent")] = (
+                np.zeros((1, *lay.ssm_shape), np.float32) if rec.recurrent is None else rec.recurrent
+            )
     return out
 
 

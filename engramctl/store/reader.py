@@ -44,10 +44,14 @@ _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def read_payload(path: Path, block_path: Callable[[str], Path], *, into: Placer | None = None) -> Payload:
+def read_payload(
+    path: Path, block_path: Callable[[str], Path], *, into: Placer | None = None, check_values: bool = False
+) -> Payload:
     """A stored snapshot's whole payload, verified, from its own file at `path` and its KV blocks
     (`block_path(id)`). Raises SnapshotCorrupt (BlockCorrupt naming a damaged, missing or foreign block) or
-    SnapshotMismatch (a file of another format or version)."""
+    SnapshotMismatch (a file of another format or version). check_values: its floats are also checked for NaN
+    and Inf, each piece right after it is read and checksummed, while it is in the cache (what from_payload's
+    check_values would do in a second pass over the whole state); a file holding one is SnapshotCorrupt."""
     path = Path(path)
     source = f"snapshot {path.name}"
     try:
@@ -64,12 +68,15 @@ def read_payload(path: Path, block_path: Callable[[str], Path], *, into: Placer 
         except SnapshotCorrupt as e:  # said once the checksum holds: damage is reported as damage first
             plan, problem = _Plan(0, [], {}, entries), e
         dest = _destinations(meta, plan.full, into if problem is None else None)
-        jobs = [] if problem is not None else _submit_blocks(plan, dest, meta, block_path, source)
+        jobs = [] if problem is not None else _submit_blocks(plan, dest, meta, block_path, source, check_values)
         own_error: BaseException | None = None
         try:
             h = snapshot_file.hasher(header)
-            _read_into(fd, data_at, _own_pieces(header, plan, dest), h, size - data_at, source)
+            pieces = _own_pieces(header, plan, dest)
+            _read_into(fd, data_at, pieces, h, size - data_at, source)
             snapshot_file.check_sum(header, h, source)
+            if check_values:
+                _check_values(pieces, source)
         except BaseException as e:  # noqa: BLE001 - raised once the block reads have stopped writing
             own_error = e
         block_error = _wait(jobs)
@@ -152,24 +159,32 @@ def _rows(buf: Any, code: str, shape: tuple[int, ...], axis: int) -> Any:
     return buf.reshape(_prod(shape[:axis]), shape[axis], _prod(shape[axis + 1 :]) * snapshot_file.dtype_bytes(code))
 
 
-def _own_pieces(header: dict, plan: _Plan, dest: dict[str, Any]) -> list[memoryview]:
+Piece = tuple[memoryview, str, str]  # where some of a file's data goes, its dtype code, its tensor
+
+
+def _own_pieces(header: dict, plan: _Plan, dest: dict[str, Any]) -> list[Piece]:
     """Where the own file's data section goes, in file order: whole tensors, and the tails of the token-axis ones
     (their tokens from plan.start)."""
-    pieces: list[memoryview] = []
+    pieces: list[Piece] = []
     order = sorted((e["data_offsets"][0], k) for k, e in header.items() if k != "__metadata__")
     for _, name in order:
         axis = plan.axes.get(name)
-        if axis is None:
-            pieces.append(memoryview(dest[name]))
-            continue
         code, shape = plan.full[name]
+        if axis is None:
+            pieces.append((memoryview(dest[name]), code, name))
+            continue
         rows = _rows(dest[name], code, shape, axis)
-        pieces += [_flat(rows[p, plan.start :, :]) for p in range(rows.shape[0])]
+        pieces += [(_flat(rows[p, plan.start :, :]), code, name) for p in range(rows.shape[0])]
     return pieces
 
 
 def _submit_blocks(
-    plan: _Plan, dest: dict[str, Any], meta: dict[str, str], block_path: Callable[[str], Path], source: str
+    plan: _Plan,
+    dest: dict[str, Any],
+    meta: dict[str, str],
+    block_path: Callable[[str], Path],
+    source: str,
+    check_values: bool,
 ) -> list[concurrent.futures.Future]:
     if not plan.ids:
         return []
@@ -183,7 +198,7 @@ def _submit_blocks(
         block_shape[axis] = plan.block_tokens
         want[name] = (code, block_shape)
     return [
-        pool.submit(_read_block, bid, i, plan.block_tokens, rows, want, fingerprint, block_path, source)
+        pool.submit(_read_block, bid, i, plan.block_tokens, rows, want, fingerprint, block_path, source, check_values)
         for i, bid in enumerate(plan.ids)
     ]
 
@@ -197,6 +212,7 @@ def _read_block(
     fingerprint: str,
     block_path: Callable[[str], Path],
     source: str,
+    check_values: bool = False,
 ) -> None:
     """Read block `bid` (the i-th) into its tokens' rows of the full tensors, verified; BlockCorrupt otherwise."""
     what = f"KV block {bid} of {source}"
@@ -216,13 +232,15 @@ def _read_block(
         if names != set(want):
             raise BlockCorrupt(bid, f"{what} holds tensors the snapshot does not list.")
         lo, hi = i * block_tokens, (i + 1) * block_tokens
-        pieces: list[memoryview] = []
+        pieces: list[Piece] = []
         for _, name in sorted((header[k]["data_offsets"][0], k) for k in names):
             r = rows[name]
-            pieces += [_flat(r[p, lo:hi, :]) for p in range(r.shape[0])]
+            pieces += [(_flat(r[p, lo:hi, :]), want[name][0], name) for p in range(r.shape[0])]
         h = snapshot_file.hasher(header)
         _read_into(fd, data_at, pieces, h, size - data_at, what)
         snapshot_file.check_sum(header, h, what)
+        if check_values:
+            _check_values(pieces, what)
     except (SnapshotCorrupt, SnapshotMismatch) as e:  # a mismatch: not a block this engramctl wrote
         if isinstance(e, BlockCorrupt):
             raise
@@ -247,12 +265,12 @@ def _head(fd: int, source: str) -> tuple[dict, int, int]:
     return snapshot_file.parse_header(raw, size - 8 - n, source), 8 + n, size
 
 
-def _read_into(fd: int, at: int, pieces: Sequence[memoryview], h, n_data: int, source: str) -> None:
+def _read_into(fd: int, at: int, pieces: Sequence[Piece], h, n_data: int, source: str) -> None:
     """Fill `pieces` (the data section, in order) from the file at `at`, hashing each (h: snapshot_file.hasher's)."""
-    total = sum(p.nbytes for p in pieces)
+    total = sum(p.nbytes for p, _, _ in pieces)
     if total != n_data:  # parse_header checked the tensors tile the data section: this is the file's own size
         raise SnapshotCorrupt(f"{source} is truncated: its tensors need {total} data bytes, it holds {n_data}.")
-    todo = [p for p in pieces if p.nbytes]
+    todo = [p for p, _, _ in pieces if p.nbytes]
     k = 0
     while k < len(todo):
         batch = todo[k : k + _MAX_IOV]
@@ -278,6 +296,12 @@ def _finish(fd: int, batch: list[memoryview], at: int, done: int, source: str) -
             done += n
         offset = end
     return done
+
+
+def _check_values(pieces: Sequence[Piece], source: str) -> None:
+    for view, code, name in pieces:
+        if not arrays.bytes_finite(view, code):
+            raise SnapshotCorrupt(f"{source} holds NaN or Inf values in {name}; refusing it.")
 
 
 def _wait(jobs: list[concurrent.futures.Future]) -> BaseException | None:

@@ -249,7 +249,9 @@ def verify(buf: bytes, source: str = "snapshot") -> dict:
 
     Every header field is checked before anything is allocated from it, so a damaged or hostile file
     costs at most a copy of its own size: sizes are compared with the bytes actually present."""
-    n = header_length(bytes(buf[:_HEADER_LEN_BYTES]), len(buf), bytes(buf[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + 1]), source)
+    n = header_length(
+        bytes(buf[:_HEADER_LEN_BYTES]), len(buf), bytes(buf[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + 1]), source
+    )
     data = memoryview(buf)[_HEADER_LEN_BYTES + n :]
     header = parse_header(memoryview(buf)[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + n], len(data), source)
     h = hasher(header)

@@ -296,11 +296,15 @@ class Snapshots:
         session's head falls back; its transcript is intact)."""
         return self.load_from(snapshot_id, copy=copy)[0]
 
-    def load_from(self, snapshot_id: str, *, copy: bool = False, into: Placer | None = None) -> tuple[Payload, str]:
+    def load_from(
+        self, snapshot_id: str, *, copy: bool = False, into: Placer | None = None, check_values: bool = False
+    ) -> tuple[Payload, str]:
         """load(), and where the payload came from: a memory tier's name ("vram", "ram"), "pending"
         (saved, not yet written) or "disk" (read from its file now). A payload from memory is the one
         this process saved or already read back, so it needs no second look at its values. `into` lays out
-        the tensors of a payload read from disk (store/reader.py: the backend's blob, read into in place)."""
+        the tensors of a payload read from disk (store/reader.py: the backend's blob, read into in place);
+        check_values has such a payload's floats checked for NaN/Inf as they are read (a file holding one is
+        corrupt): every payload this returns then holds finite values, as the memory tiers' already do."""
         c = self._core
         with c.lock:
             sid = c.row(snapshot_id).id
@@ -314,7 +318,7 @@ class Snapshots:
             c.reading[sid] += 1
             c.placement.hold(sid)
         try:
-            payload = c.files.read(sid, into=into)
+            payload = c.files.read(sid, into=into, check_values=check_values)
         except SnapshotCorrupt as e:
             with c.lock:
                 c.done_reading(sid)

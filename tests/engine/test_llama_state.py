@@ -98,7 +98,9 @@ def test_a_state_read_into_place_is_its_blob_with_nothing_copied():
     for k, v in views.items():
         v[:] = np.frombuffer(names[k].tobytes(), np.uint8)
     placed = [
-        type(layer).from_tensors({k: views[f"layers.{i}.{k}"].view(t.dtype).reshape(t.shape) for k, t in layer.tensors().items()})
+        type(layer).from_tensors(
+            {k: views[f"layers.{i}.{k}"].view(t.dtype).reshape(t.shape) for k, t in layer.tensors().items()}
+        )
         for i, layer in enumerate(layers)
     ]
     blob = llama_state.serialize(placed, _HYBRID, n)

@@ -109,7 +109,7 @@ def test_a_payload_is_read_into_the_buffers_a_placer_gives(tmp_path):
         seen.update(entries)
         out, at = {}, 8
         for name in sorted(k for k in entries if k.endswith(("keys", "values"))):
-            code, shape = entries[name]
+            _code, shape = entries[name]
             n = int(np.prod(shape)) * 2
             out[name] = arena[at : at + n]
             at += n + 8
@@ -149,7 +149,9 @@ def test_a_damaged_block_or_block_list_is_refused(tmp_path):
     first.write_bytes(intact)
     constant, own_meta, _ = split(tensors, meta, ids, 16)
     bad = tmp_path / "bad.safetensors"
-    snapshot_file.write_atomic(bad, snapshot_file.encode_parts(constant, {**own_meta, KV_BLOCKS: '{"tokens": "16", "ids": []}'}))
+    snapshot_file.write_atomic(
+        bad, snapshot_file.encode_parts(constant, {**own_meta, KV_BLOCKS: '{"tokens": "16", "ids": []}'})
+    )
     with pytest.raises(SnapshotCorrupt, match="kv_blocks"):
         _read(tmp_path, bad)
     damaged = bytearray(own.read_bytes())
