@@ -385,6 +385,8 @@ def _in_place(tensors: dict, spans: dict[tuple[int, str], Span], size: int, v_tr
             root = t
             while isinstance(root, np.ndarray) and root.base is not None:
                 root = root.base
+            if isinstance(root, memoryview) and isinstance(root.obj, bytearray):
+                root = root.obj  # parse()'s views of a captured blob: the bytearray itself, as get_data made it
             try:
                 plain = isinstance(root, np.ndarray) and root.dtype == np.uint8 and root.ndim == 1
                 base = root if plain else np.frombuffer(root, np.uint8)

@@ -70,7 +70,7 @@ def of_streams(blob: bytearray, n_stream: int, into: bytearray | None = None) ->
     out = bytearray(n) if into is None else into
     if len(out) < n:
         out.extend(bytes(n - len(out)))
-    out[: len(blob)] = blob
+    out[: len(blob)] = memoryview(blob)  # a bytearray, or the uint8 array a restore was read into
     out[len(blob) : n] = bytes(n - len(blob))  # the empty entries: a cell count of 0 each
     struct.pack_into("<I", out, _N_STREAM_AT, n_stream)
     return out, n
