@@ -27,12 +27,12 @@ from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.gguf_header import gguf_fingerprint, read_header
 from engramctl.engine.gguf_tokenizer import GgufTokenizer
 from engramctl.engine.llama_batch import Batch
+from engramctl.engine.llama_buffers import HostBuffers
 from engramctl.engine.llama_build import loaded_build
 from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, SHARE_MIN_TOKENS, context_params, context_size
 from engramctl.engine.llama_layout import blob_layout
 from engramctl.engine.llama_lib import import_llama_cpp, library_version, n_cpu_threads, take_errors
 from engramctl.engine.llama_offload import gpu_memory, place
-from engramctl.engine.llama_buffers import HostBuffers
 from engramctl.engine.llama_pool import ParkedState, SequencePool
 from engramctl.engine.llama_threadpool import ThreadPool
 from engramctl.errors import (
