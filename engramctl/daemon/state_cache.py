@@ -182,10 +182,11 @@ class StateCache:
     def load(self, snapshot_id: str) -> tuple[Live, Origin]:
         """The snapshot, injected into a new Live; SnapshotError / NotFound when it cannot be used."""
         t0 = time.perf_counter()
-        (tensors, meta), came_from = self.store.snapshots.load_from(snapshot_id)
-        # every way into the store checked the values (a capture's to_payload, an import's from_payload);
-        # only a file read now gets a second look
-        state = from_payload(tensors, meta, self.engine.spec, check_values=came_from == "disk")
+        # every way into the store checked the values (a capture's to_payload, an import's from_payload); a file
+        # read now gets a second look, piece by piece as it is read (store/reader.py), not a pass of its own
+        loaded = self.store.snapshots.load_from(snapshot_id, into=self.engine.place)
+        (tensors, meta), came_from = loaded
+        state = from_payload(tensors, meta, self.engine.spec, check_values=False)
         live = self.engine.inject(state)
         tier = "ram" if came_from == "pending" else came_from  # saved, not yet written: in memory
         ms = round((time.perf_counter() - t0) * 1000, 2)

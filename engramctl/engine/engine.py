@@ -142,6 +142,12 @@ class Engine:
     def inject(self, state: SessionState) -> Live:
         return self.backend.inject(state)
 
+    @property
+    def place(self):
+        """Where a snapshot read from disk puts its tensors (store/reader.py's Placer): the backend's own state
+        layout, read into in place, so inject() copies nothing; None where the backend has none (transformers)."""
+        return getattr(self.backend, "place_state", None)
+
     def take_load(self, live: Live) -> tuple[str, float] | None:
         """Where the backend loaded `live` back from since the last call, inside the steps that ran it, and the
         ms it took: ("device", ms) from a device copy (llama.cpp's VRAM tier), ("blob", ms) from host memory;

@@ -27,6 +27,7 @@ from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.gguf_header import gguf_fingerprint, read_header
 from engramctl.engine.gguf_tokenizer import GgufTokenizer
 from engramctl.engine.llama_batch import Batch
+from engramctl.engine.llama_buffers import HostBuffers
 from engramctl.engine.llama_build import loaded_build
 from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, SHARE_MIN_TOKENS, context_params, context_size
 from engramctl.engine.llama_layout import blob_layout
@@ -129,6 +130,7 @@ class LlamaCppBackend:
                 f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}"
             )
         self._pool = SequencePool(lib, self._ctx, size, layout.has_kv)
+        self._buffers = HostBuffers()  # restored blobs' memory, reused (llama_buffers.py)
         self.prompts_per_step = 1 if size.streams else None  # Engine.prompts_per_step
         self.kv_layout = (  # for `engramctl ps` (daemon/context.py serving)
             f"each in a KV stream of its own ({n_ctx} tokens)"
@@ -188,7 +190,7 @@ class LlamaCppBackend:
                 except StateFormatError as e:
                     error = e
                     continue
-                if llama_state.serialize(layers, candidate, 3) == blob:
+                if llama_state.serialize(layers, candidate, 3, reuse=False) == blob:
                     return candidate
                 error = StateFormatError("re-serializing the parsed state did not reproduce llama.cpp's bytes.")
             raise StateFormatError(
@@ -394,6 +396,19 @@ class LlamaCppBackend:
             )
             self._pool.remember(live, state, blob)
         return state
+
+    def place_state(self, meta: dict[str, str], entries: dict[str, tuple[str, tuple[int, ...]]]) -> dict | None:
+        """store/reader.py's Placer: a snapshot this model wrote is read from disk straight into a blob laid out
+        as llama_state_seq_set_data takes it (llama_state.place); inject() then finds its tensors in place and
+        loads that blob (serialize copies nothing). None for any other snapshot: it is read as it is, and
+        from_payload says what does not match."""
+        if meta.get("backend") != BACKEND or meta.get("fingerprint") != self.spec.fingerprint:
+            return None
+        n = meta.get("n_tokens", "")
+        if not n.isdigit() or int(n) < 1:
+            return None
+        slack = 4 * (self._pool.n_seq - 1) if self._pool.streams else 0  # llama_streams.as_streams writes there
+        return llama_state.place(self.layout, int(n), entries, slack, take=self._buffers.take)
 
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here), beside

@@ -51,7 +51,7 @@ from engramctl.engine.llama_context import ContextSize
 from engramctl.engine.llama_device_copies import DeviceCopies, DeviceCopy
 from engramctl.engine.llama_lib import take_errors
 from engramctl.engine.llama_state import SEQ_ID, renumber
-from engramctl.engine.llama_streams import of_streams, one_stream
+from engramctl.engine.llama_streams import as_streams, of_streams, one_stream, one_stream_again
 from engramctl.errors import EngramError, SnapshotMismatch
 from engramctl.state import SessionState
 from engramctl.store import arrays
@@ -418,8 +418,16 @@ class SequencePool:
             self._clear(seq)
 
     def _load(self, blob: bytearray, n_tokens: int, seq: int) -> None:
-        blob, n = of_streams(blob, self.n_seq, self._streams_buffer) if self.streams else (blob, len(blob))
-        read = self._lib.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * n).from_buffer(blob), n, seq)
+        in_place = as_streams(blob, self.n_seq) if self.streams else None  # a restore laid out with room: no copy
+        try:
+            if in_place is not None:
+                buf, n = in_place
+            else:
+                buf, n = of_streams(blob, self.n_seq, self._streams_buffer) if self.streams else (blob, len(blob))
+            read = self._lib.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * n).from_buffer(buf), n, seq)
+        finally:
+            if in_place is not None:
+                one_stream_again(blob)
         if read != n:
             self._lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
             self._give_back(seq)

@@ -27,6 +27,7 @@ serialize() takes arrays of either kind (store/arrays.py).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -234,44 +235,175 @@ def parse(blob: bytearray, layout: BlobLayout, n_tokens: int) -> list[LayerState
     return out
 
 
-def serialize(layers: list[LayerState] | tuple[LayerState, ...], layout: BlobLayout, n_tokens: int) -> bytearray:
-    """The blob llama_state_seq_set_data takes for these layers: parse()'s exact inverse."""
-    parts: list = [struct.pack("<Ii", MAGIC, SEQ_ID)]  # bytes or arrays, in blob order
+def serialize(
+    layers: list[LayerState] | tuple[LayerState, ...], layout: BlobLayout, n_tokens: int, *, reuse: bool = True
+) -> bytearray:
+    """The blob llama_state_seq_set_data takes for these layers: parse()'s exact inverse. When every tensor
+    already lies where the blob keeps it, in one buffer whose headers are already this blob's (a restore read
+    into place(), or a capture's views of its blob), that buffer is the blob, nothing copied (reuse=False: a new
+    blob all the same)."""
+    tensors = _layer_tensors(layers, layout)
+    size, heads, spans = plan(layout, n_tokens, {key: _ggml_id(t) for key, t in tensors.items()})
+    found = _in_place(tensors, spans, size, layout.v_trans, heads) if reuse else None
+    if found is not None:
+        return found
+    blob = bytearray(size)
+    view = memoryview(blob)
+    for key, t in tensors.items():
+        at, n = spans[key]
+        if n:
+            view[at : at + n] = arrays.host_bytes(_transposed(t) if layout.v_trans and key[1] == "values" else t)
+    for at, head in heads:
+        view[at : at + len(head)] = head
+    return blob
+
+
+Span = tuple[int, int]  # (offset, bytes) in a blob
+
+
+def plan(
+    layout: BlobLayout, n_tokens: int, types: dict[tuple[int, str], int]
+) -> tuple[int, list[tuple[int, bytes]], dict[tuple[int, str], Span]]:
+    """The blob of `n_tokens` tokens whose tensors have these ggml types ({(layer, "keys" | "values" | "conv" |
+    "recurrent"): type id}): (its size, its headers as (offset, bytes), where each tensor's bytes go). A
+    recurrent layer without a conv or SSM state still has its header, over no bytes."""
+    heads: list[tuple[int, bytes]] = []
+    spans: dict[tuple[int, str], Span] = {}
+    at = 0
+
+    def head(b: bytes) -> None:
+        nonlocal at
+        heads.append((at, b))
+        at += len(b)
+
+    def data(key: tuple[int, str], n: int) -> None:
+        nonlocal at
+        spans[key] = (at, n)
+        at += n
+
+    head(struct.pack("<Ii", MAGIC, SEQ_ID))
     if layout.has_kv:
         attn = [i for i, lay in enumerate(layout.layers) if lay.attention]
-        parts.append(struct.pack("<II", 1, n_tokens))
-        parts.append(_cells(n_tokens).tobytes())
-        parts.append(struct.pack("<II", int(layout.v_trans), len(attn)))
+        head(struct.pack("<II", 1, n_tokens) + _cells(n_tokens).tobytes())
+        head(struct.pack("<II", int(layout.v_trans), len(attn)))
         for i in attn:
-            k = _attention(layers[i]).keys
-            parts += [struct.pack("<iQ", _ggml_id(k), k.shape[-1] * _itemsize(k)), k]
+            item = GGML_TYPES[types[(i, "keys")]].itemsize
+            head(struct.pack("<iQ", types[(i, "keys")], layout.layers[i].k_elems * item))
+            data((i, "keys"), n_tokens * layout.layers[i].k_elems * item)
         for i in attn:
-            v = _attention(layers[i]).values
-            if layout.v_trans:
-                parts += [struct.pack("<iII", _ggml_id(v), _itemsize(v), v.shape[-1]), _transposed(v)]
-            else:
-                parts += [struct.pack("<iQ", _ggml_id(v), v.shape[-1] * _itemsize(v)), v]
+            t, elems = types[(i, "values")], layout.layers[i].v_elems
+            item = GGML_TYPES[t].itemsize
+            head(struct.pack("<iII", t, item, elems) if layout.v_trans else struct.pack("<iQ", t, elems * item))
+            data((i, "values"), n_tokens * elems * item)
     if layout.has_recurrent:
         recr = [i for i, lay in enumerate(layout.layers) if lay.recurrent]
-        parts.append(struct.pack("<IiIII", 1, n_tokens - 1, 0, 0, len(layout.layers)))
-        for i in recr:
-            conv = _recurrent(layers[i]).conv
-            conv = np.zeros((1, *layout.layers[i].conv_shape), np.float32) if conv is None else conv  # parse(): empty
-            parts += [struct.pack("<iQ", _ggml_id(conv), arrays.nbytes(conv)), conv]
-        for i in recr:
-            ssm = _recurrent(layers[i]).recurrent
-            ssm = np.zeros((1, *layout.layers[i].ssm_shape), np.float32) if ssm is None else ssm
-            parts += [struct.pack("<iQ", _ggml_id(ssm), arrays.nbytes(ssm)), ssm]
-    sizes = [len(p) if isinstance(p, bytes) else arrays.nbytes(p) for p in parts]
-    blob = bytearray(sum(sizes))
-    view, at = memoryview(blob), 0
-    for p, n in zip(parts, sizes):
-        if isinstance(p, bytes):
-            view[at : at + n] = p
-        elif n:
-            view[at : at + n] = arrays.host_bytes(p)
-        at += n
-    return blob
+        head(struct.pack("<IiIII", 1, n_tokens - 1, 0, 0, len(layout.layers)))
+        for name, shape_of in (("conv", lambda lay: lay.conv_shape), ("recurrent", lambda lay: lay.ssm_shape)):
+            for i in recr:
+                t = types.get((i, name), _GGML_IDS["float32"])
+                n = _numel(shape_of(layout.layers[i])) * GGML_TYPES[t].itemsize
+                head(struct.pack("<iQ", t, n))
+                data((i, name), n)
+    return at, heads, spans
+
+
+def place(
+    layout: BlobLayout,
+    n_tokens: int,
+    entries: dict[str, tuple[str, tuple[int, ...]]],
+    slack_bytes: int = 0,
+    take: Callable[[int], np.ndarray] | None = None,
+) -> dict | None:
+    """A blob for a stored state of `n_tokens` tokens whose payload tensors are `entries` ({"layers.i.name":
+    (safetensors dtype code, shape)}), its headers written: {payload name: the uint8 view of the blob where that
+    tensor's bytes go} (store/reader.py's Placer), for a reader to fill. None when the entries are not exactly
+    what this layout's blob holds (the state layer then says what does not match). Transposed values are not
+    token-major in the blob: they are left to serialize(). `slack_bytes` more are allocated after the blob
+    (llama_streams.as_streams: the empty entries of a context of several KV streams, written there, not copied).
+    `take(nbytes)` gives the memory (llama_buffers.HostBuffers: reused, already faulted in), else a new array."""
+    codes = {"F16": _GGML_IDS["float16"], "F32": _GGML_IDS["float32"]}
+    types: dict[tuple[int, str], int] = {}
+    names: dict[tuple[int, str], str] = {}
+    for i, lay in enumerate(layout.layers):
+        want = {}
+        if lay.attention:
+            want["keys"], want["values"] = (1, n_tokens, lay.k_elems), (1, n_tokens, lay.v_elems)
+        if lay.recurrent:
+            want["conv"], want["recurrent"] = (1, *lay.conv_shape), (1, *lay.ssm_shape)
+        for name, shape in want.items():
+            key = f"layers.{i}.{name}"
+            entry = entries.get(key)
+            if entry is None and name in ("conv", "recurrent") and _numel(shape) == 0:
+                continue  # parse() gives no tensor for an empty state
+            if entry is None or entry[0] not in codes or tuple(entry[1]) != shape:
+                return None
+            types[(i, name)], names[(i, name)] = codes[entry[0]], key
+    layer_keys = {k for k in entries if k.startswith("layers.")}
+    if layer_keys != set(names.values()):
+        return None
+    size, heads, spans = plan(layout, n_tokens, types)
+    blob = take(size + slack_bytes) if take is not None else np.empty(size + slack_bytes, np.uint8)
+    for at, head in heads:
+        blob[at : at + len(head)] = np.frombuffer(head, np.uint8)
+    out = {}
+    for key, name in names.items():
+        at, n = spans[key]
+        if not (layout.v_trans and key[1] == "values"):
+            out[name] = blob[at : at + n]
+    return out
+
+
+def _layer_tensors(layers, layout: BlobLayout) -> dict[tuple[int, str], object]:
+    """{(layer, name): array} of what a blob holds, a missing conv or SSM state as zeros (parse(): empty)."""
+    out: dict[tuple[int, str], object] = {}
+    for i, lay in enumerate(layout.layers):
+        if lay.attention:
+            att = _attention(layers[i])
+            out[(i, "keys")], out[(i, "values")] = att.keys, att.values
+    for i, lay in enumerate(layout.layers):
+        if lay.recurrent:
+            rec = _recurrent(layers[i])
+            out[(i, "conv")] = np.zeros((1, *lay.conv_shape), np.float32) if rec.conv is None else rec.conv
+            out[(i, "recurrent")] = (
+                np.zeros((1, *lay.ssm_shape), np.float32) if rec.recurrent is None else rec.recurrent
+            )
+    return out
+
+
+def _in_place(tensors: dict, spans: dict[tuple[int, str], Span], size: int, v_trans: bool, heads: list):
+    """The one buffer of `size` bytes in which every tensor already lies at its span and the headers are already
+    `heads` (a bytearray, or a uint8 array over it), else None."""
+    root = None
+    base = None
+    for key, t in tensors.items():
+        at, n = spans[key]
+        if n == 0:
+            continue
+        if not arrays.is_numpy(t) or not t.flags.c_contiguous or t.nbytes != n or (v_trans and key[1] == "values"):
+            return None
+        if base is None:
+            root = t
+            while isinstance(root, np.ndarray) and root.base is not None:
+                root = root.base
+            if isinstance(root, memoryview) and isinstance(root.obj, bytearray):
+                root = root.obj  # parse()'s views of a captured blob: the bytearray itself, as get_data made it
+            try:
+                plain = isinstance(root, np.ndarray) and root.dtype == np.uint8 and root.ndim == 1
+                base = root if plain else np.frombuffer(root, np.uint8)
+            except (TypeError, ValueError):
+                return None
+            if base.nbytes < size:
+                return None
+        if t.__array_interface__["data"][0] != base.__array_interface__["data"][0] + at:
+            return None
+    if base is None:
+        return None
+    view = memoryview(base)
+    if any(view[at : at + len(head)] != head for at, head in heads):
+        return None
+    if isinstance(root, bytearray) and len(root) == size:
+        return root
+    return base if base.nbytes == size else base[:size]  # room after it: place()'s slack_bytes
 
 
 def prefix(blob: bytearray, layout: BlobLayout, n_tokens: int, n: int) -> bytearray:

@@ -70,7 +70,31 @@ def of_streams(blob: bytearray, n_stream: int, into: bytearray | None = None) ->
     out = bytearray(n) if into is None else into
     if len(out) < n:
         out.extend(bytes(n - len(out)))
-    out[: len(blob)] = blob
+    out[: len(blob)] = memoryview(blob)  # a bytearray, or the uint8 array a restore was read into
     out[len(blob) : n] = bytes(n - len(blob))  # the empty entries: a cell count of 0 each
     struct.pack_into("<I", out, _N_STREAM_AT, n_stream)
     return out, n
+
+
+def as_streams(blob, n_stream: int):
+    """`blob` as set_data takes it into `n_stream` streams without copying it, when it is a uint8 array with room
+    after it in its buffer (a restore read into place: llama_state.place's slack_bytes): (that buffer, the length
+    to load) with its stream count and the empty entries written in place; None otherwise (of_streams copies).
+    Call one_stream_again(blob) after the load: nothing else may see the blob as several streams."""
+    import numpy as np
+
+    if not isinstance(blob, np.ndarray) or blob.base is None or n_stream == 1:
+        return None
+    (have,) = struct.unpack_from("<I", blob, _N_STREAM_AT)
+    owner = np.frombuffer(blob.base, np.uint8) if not isinstance(blob.base, np.ndarray) else blob.base
+    n = len(blob) + 4 * (n_stream - 1)
+    if have != 1 or owner.ndim != 1 or owner.nbytes < n or owner.ctypes.data != blob.ctypes.data:
+        return None
+    owner[len(blob) : n] = 0  # the empty entries: a cell count of 0 each
+    struct.pack_into("<I", owner, _N_STREAM_AT, n_stream)
+    return owner, n
+
+
+def one_stream_again(blob) -> None:
+    """Undo as_streams's stream count: the blob is one stream's again (what parse() and the store read)."""
+    struct.pack_into("<I", blob, _N_STREAM_AT, 1)

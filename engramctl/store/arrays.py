@@ -14,6 +14,7 @@ so that is the kind the engine in use wants; the file's bytes are the same eithe
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
@@ -95,15 +96,51 @@ def all_finite(a: Array) -> bool:
         import numpy as np
 
         if a.dtype == np.float16:
-            # numpy emulates float16 arithmetic (a sum ran ~5x slower than this): NaN and Inf are the values
-            # whose exponent bits are all ones, so the largest magnitude's bits tell, exactly
-            bits = np.ascontiguousarray(a).view(np.uint16)
-            return bits.size == 0 or int((bits & 0x7FFF).max()) < 0x7C00
+            # numpy emulates float16 arithmetic (a sum ran ~5x slower than this): bytes_finite's bit test
+            return bytes_finite(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)), "F16")
         with np.errstate(over="ignore", invalid="ignore"):
             return bool(np.isfinite(a.sum())) or bool(np.isfinite(a).all())
     import torch
 
     return bool(torch.isfinite(a.sum())) or bool(torch.isfinite(a).all())
+
+
+# safetensors dtype code -> (unsigned type of its width, its exponent bits): a float is NaN or Inf exactly when its
+# exponent bits are all ones, i.e. when its bits without the sign are at least the exponent mask
+FLOAT_BITS = {
+    "F16": ("uint16", 0x7C00),
+    "BF16": ("uint16", 0x7F80),
+    "F32": ("uint32", 0x7F800000),
+    "F64": ("uint64", 0x7FF0000000000000),
+}
+_local = threading.local()
+_SCRATCH_BYTES = 1 << 17  # a piece and its mask stay in the L2 cache
+
+
+def bytes_finite(data: memoryview, code: str) -> bool:
+    """No NaN or Inf among the floats of dtype `code` whose bytes (native order) are `data`; True for a dtype
+    that is not a float. In pieces through one small buffer per thread: a mask of the whole array would be a
+    fresh array as large as the state (~20 ms of page faults for 47 MB of SmolLM2 KV). What a restore from
+    disk runs on each piece as it is read (store/reader.py), while it is still in the cache."""
+    if code not in FLOAT_BITS or not data.nbytes:
+        return True
+    import numpy as np
+
+    kind, exponent = FLOAT_BITS[code]
+    bits = np.frombuffer(data, np.dtype(kind))
+    magnitude = np.array((1 << (8 * bits.itemsize - 1)) - 1, bits.dtype)  # all but the sign bit
+    limit = np.array(exponent, bits.dtype)
+    scratch = getattr(_local, "scratch", None)
+    if scratch is None:
+        scratch = _local.scratch = np.empty(_SCRATCH_BYTES, np.uint8)
+    step = _SCRATCH_BYTES // bits.itemsize
+    for at in range(0, bits.size, step):
+        piece = bits[at : at + step]
+        out = scratch[: piece.nbytes].view(bits.dtype)
+        np.bitwise_and(piece, magnitude, out=out)
+        if out.max() >= limit:
+            return False
+    return True
 
 
 def equal(a: Array, b: Array) -> bool:

@@ -26,13 +26,13 @@ import hashlib
 import json
 import sys
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from xxhash import xxh3_128
 
-from engramctl.errors import SnapshotCorrupt, SnapshotMismatch
+from engramctl.errors import SnapshotCorrupt
 from engramctl.store import arrays, snapshot_file
 from engramctl.store.arrays import Array
 
@@ -145,10 +145,10 @@ def split(
 
 def block_ids(meta: dict[str, str]) -> list[str]:
     """The ids of the blocks a constant part's metadata lists (none for a snapshot stored whole)."""
-    return _block_list(meta)[1]
+    return block_list(meta)[1]
 
 
-def _block_list(meta: dict[str, str]) -> tuple[int, list[str]]:
+def block_list(meta: dict[str, str]) -> tuple[int, list[str]]:
     """(tokens per block, block ids) from a constant part's metadata; SnapshotCorrupt when it is malformed."""
     raw = meta.get(KV_BLOCKS)
     if not raw:
@@ -162,62 +162,6 @@ def _block_list(meta: dict[str, str]) -> tuple[int, list[str]]:
     if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids) and type(tokens) is int and tokens > 0):
         raise SnapshotCorrupt("snapshot metadata kv_blocks is not a block size and a list of block ids.")
     return tokens, ids
-
-
-def join(
-    tensors: dict[str, Array], meta: dict[str, str], read_block: Callable[[str], bytes | memoryview], source: str
-) -> tuple[dict[str, Array], dict[str, str]]:
-    """The whole payload from a constant part and its blocks (`read_block(id)` -> the block file's bytes; raises
-    BlockCorrupt if it is missing). Each block is read once and each of its tensors copied once, into arrays
-    allocated once at their full length. Raises BlockCorrupt naming a block that is damaged, of another model,
-    or not the block the snapshot lists."""
-    block_tokens, ids = _block_list(meta)
-    out_meta = {k: v for k, v in meta.items() if k != KV_BLOCKS}
-    if not ids:
-        return tensors, out_meta
-    import numpy as np
-
-    n = int(meta["n_tokens"]) if meta.get("n_tokens", "").isdigit() else -1
-    start = len(ids) * block_tokens
-    axes = token_axes(tensors, meta, n - start) if n >= start else {}  # the tails: the tokens after the blocks
-    if not axes:
-        raise SnapshotCorrupt(f"{source} lists KV blocks but its token axes do not match its tensors.")
-    fingerprint = meta.get("fingerprint", "")
-    out: dict[str, Any] = {}
-    codes: dict[str, str] = {}
-    for name, axis in axes.items():
-        tail = tensors[name]
-        shape = list(arrays.shape(tail))
-        shape[axis] = n
-        pre, post = _prod(shape[:axis]), _prod(shape[axis + 1 :]) * _itemsize(tail)
-        buf = np.empty((pre, n, post), np.uint8)
-        buf[:, start:, :] = _rows(tail, axis)
-        out[name] = (buf, tuple(shape))
-        codes[name] = arrays.SAFETENSORS_DTYPE[arrays.dtype_name(tail)]
-    for i, bid in enumerate(ids):
-        raw = read_block(bid)
-        try:
-            header = snapshot_file.verify(raw, source=f"KV block {bid} of {source}")
-        except (SnapshotCorrupt, SnapshotMismatch) as e:  # a mismatch: not a block this engramctl wrote
-            raise BlockCorrupt(bid, e.message) from None
-        bmeta = header["__metadata__"]
-        if bmeta.get("kind") != BLOCK_KIND or bmeta.get("block_id") != bid or bmeta.get("fingerprint") != fingerprint:
-            raise BlockCorrupt(bid, f"KV block {bid} of {source} is another block or another model's.")
-        data = memoryview(raw)[8 + int.from_bytes(bytes(raw[:8]), "little") :]
-        lo, hi = i * block_tokens, (i + 1) * block_tokens
-        for name, axis in axes.items():
-            buf, shape = out[name]
-            entry = header.get(name)
-            want = list(shape)
-            want[axis] = block_tokens
-            if entry is None or entry["dtype"] != codes[name] or entry["shape"] != want:
-                raise BlockCorrupt(bid, f"KV block {bid} of {source} does not hold {name} as the snapshot needs it.")
-            a, b = entry["data_offsets"]
-            buf[:, lo:hi, :] = np.frombuffer(data[a:b], np.uint8).reshape(buf.shape[0], block_tokens, buf.shape[2])
-    whole = dict(tensors)
-    for name, (buf, shape) in out.items():
-        whole[name] = _as_array(buf, tensors[name], shape)
-    return whole, out_meta
 
 
 def _prod(dims: Sequence[int]) -> int:
@@ -240,15 +184,6 @@ def _rows(t: Array, axis: int):
 
 def _itemsize(t: Array) -> int:
     return t.itemsize if arrays.is_numpy(t) else t.element_size()
-
-
-def _as_array(buf: Any, like: Array, shape: tuple[int, ...]) -> Array:
-    """A (pre, tokens, post) uint8 buffer as an array of `like`'s kind and dtype, of `shape` (no copy)."""
-    if arrays.is_numpy(like):
-        return buf.reshape(-1).view(like.dtype).reshape(shape)
-    import torch
-
-    return torch.from_numpy(buf.reshape(-1)).view(like.dtype).reshape(shape)
 
 
 def _id_bytes(ids: Sequence[int]) -> bytes:

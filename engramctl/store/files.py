@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engramctl.pidlock import try_lock
-from engramctl.store import blocks, snapshot_file
+from engramctl.store import blocks, reader, snapshot_file
 from engramctl.errors import DataDirUnusable, InvalidName, StoreLocked
 from engramctl.store.names import id_from_filename, snapshot_filename
+from engramctl.store.reader import Placer
 from engramctl.store.records import TOKEN_IDS, Payload
 
 log = logging.getLogger("engramctl.store")
@@ -64,10 +65,11 @@ class SnapshotFiles:
         """The file's bytes, in parts (snapshot_file.encode_parts), written atomically."""
         snapshot_file.write_atomic(self.path(snapshot_id), parts)
 
-    def read(self, snapshot_id: str) -> Payload:
-        """Read and verify (checksum, format) the whole payload, its KV blocks joined in; raises SnapshotCorrupt
-        (blocks.BlockCorrupt when it is one of its blocks) / SnapshotMismatch."""
-        return read_payload(self.snapshots, self.blocks, snapshot_id)
+    def read(self, snapshot_id: str, into: Placer | None = None, check_values: bool = False) -> Payload:
+        """Read and verify (checksum, format) the whole payload, its KV blocks read into place (reader.py: where
+        `into` lays the tensors out); raises SnapshotCorrupt (blocks.BlockCorrupt when it is one of its blocks) /
+        SnapshotMismatch; check_values: NaN/Inf too (reader.read_payload)."""
+        return read_payload(self.snapshots, self.blocks, snapshot_id, into=into, check_values=check_values)
 
     def read_own(self, snapshot_id: str) -> Payload:
         """Only the snapshot's own file, verified: its constant part when its KV is in blocks."""
@@ -166,12 +168,15 @@ class SnapshotFiles:
         return sorted(p for p in self.quarantine_dir.iterdir() if p.name != "quarantine.jsonl")
 
 
-def read_payload(snapshots_dir: Path, blocks_dir: Path, snapshot_id: str) -> Payload:
+def read_payload(
+    snapshots_dir: Path, blocks_dir: Path, snapshot_id: str, into: Placer | None = None, check_values: bool = False
+) -> Payload:
     """A stored snapshot's whole payload, verified, from its file and its KV blocks: what a restore and
     `snapshots export` read (the latter without opening the store: the file lists its blocks)."""
     path = Path(snapshots_dir) / snapshot_filename(snapshot_id)
-    tensors, meta = snapshot_file.read(path)
-    return blocks.join(tensors, meta, lambda bid: _read_block(Path(blocks_dir), bid), f"snapshot {path.name}")
+    return reader.read_payload(
+        path, lambda bid: Path(blocks_dir) / snapshot_filename(bid), into=into, check_values=check_values
+    )
 
 
 def _read_block(blocks_dir: Path, block_id: str) -> bytes:

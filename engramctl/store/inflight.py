@@ -78,8 +78,10 @@ def one_load_per_id(load_from: Callable[..., tuple[Any, str]]) -> Callable[..., 
     """Wrap Snapshots.load_from so that concurrent loads of one snapshot id perform one."""
 
     @functools.wraps(load_from)
-    def wrapped(self, snapshot_id: str, *, copy: bool = False) -> tuple[Any, str]:
-        payload, tier = in_flight(self).run(snapshot_id, lambda: load_from(self, snapshot_id, copy=False))
+    def wrapped(self, snapshot_id: str, *, copy: bool = False, into: Any = None) -> tuple[Any, str]:
+        # a caller that joins another's load gets that load's layout: `into` is where a payload may be laid out,
+        # never what it must be
+        payload, tier = in_flight(self).run(snapshot_id, lambda: load_from(self, snapshot_id, copy=False, into=into))
         if copy:
             tensors, meta = payload
             payload = {k: arrays.copy(t) for k, t in tensors.items()}, dict(meta)

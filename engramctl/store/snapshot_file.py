@@ -249,28 +249,60 @@ def verify(buf: bytes, source: str = "snapshot") -> dict:
 
     Every header field is checked before anything is allocated from it, so a damaged or hostile file
     costs at most a copy of its own size: sizes are compared with the bytes actually present."""
-    if len(buf) < _HEADER_LEN_BYTES:
-        raise SnapshotCorrupt(f"{source} is truncated ({len(buf)} bytes).")
-    (n,) = struct.unpack("<Q", buf[:_HEADER_LEN_BYTES])
-    if n > len(buf) - _HEADER_LEN_BYTES:
-        if buf[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + 1] != b"{":  # no safetensors header follows: not ours at all?
-            raise SnapshotCorrupt(f"{source} is not a snapshot file (no safetensors header), or it is damaged.")
-        raise SnapshotCorrupt(f"{source} is truncated: header says {n} bytes, file has {len(buf)}.")
+    n = header_length(
+        bytes(buf[:_HEADER_LEN_BYTES]), len(buf), bytes(buf[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + 1]), source
+    )
     data = memoryview(buf)[_HEADER_LEN_BYTES + n :]
+    header = parse_header(memoryview(buf)[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + n], len(data), source)
+    h = hasher(header)
+    if h is not None:
+        h.update(data)
+    check_sum(header, h, source)
+    return header
+
+
+def header_length(first: bytes, file_nbytes: int, after: bytes, source: str) -> int:
+    """The header's length from a file's first 8 bytes (`after`: the byte that follows them), checked against
+    the file's size: SnapshotCorrupt when the file is too short for it."""
+    if file_nbytes < _HEADER_LEN_BYTES or len(first) < _HEADER_LEN_BYTES:
+        raise SnapshotCorrupt(f"{source} is truncated ({file_nbytes} bytes).")
+    (n,) = struct.unpack("<Q", first[:_HEADER_LEN_BYTES])
+    if n > file_nbytes - _HEADER_LEN_BYTES:
+        if after[:1] != b"{":  # no safetensors header follows: not ours at all?
+            raise SnapshotCorrupt(f"{source} is not a snapshot file (no safetensors header), or it is damaged.")
+        raise SnapshotCorrupt(f"{source} is truncated: header says {n} bytes, file has {file_nbytes}.")
+    return n
+
+
+def parse_header(raw: bytes | memoryview, n_data: int, source: str) -> dict:
+    """The header JSON of a file whose data section holds `n_data` bytes, every field checked and its tensors
+    tiling the data section exactly; SnapshotCorrupt naming what is wrong."""
     try:
-        header = _parse_header(memoryview(buf)[_HEADER_LEN_BYTES : _HEADER_LEN_BYTES + n])
-        _check_layout(header, len(data))
+        header = _parse_header(raw)
+        _check_layout(header, n_data)
     except _Truncated as e:
         raise SnapshotCorrupt(f"{source} is truncated: {e}.") from None
     except _HeaderError as e:
         raise SnapshotCorrupt(f"{source} has a bad header: {e}.") from None
+    return header
+
+
+def hasher(header: dict):
+    """A hash object over the header, for the checksum its metadata names, to be fed the data section in order
+    (None when the metadata names no algorithm this module knows: check_sum then decides)."""
+    algo = header["__metadata__"].get("checksum", "").partition(":")[0]
+    return _HASHES[algo](_canonical(header)) if algo in _HASHES else None
+
+
+def check_sum(header: dict, h, source: str) -> None:
+    """The checksum (`h`: hasher(header) fed the whole data section), then the format, checked: the checksum is
+    verified before the format is believed, so a flipped bit in "format" or "format_version" is damage
+    (quarantined), not a file of another kind (left alone). Raises SnapshotCorrupt / SnapshotMismatch."""
     meta = header["__metadata__"]
     ours = meta.get("format") == FORMAT
     algo = meta.get("checksum", "").partition(":")[0]
-    # The checksum is verified before the format is believed: a flipped bit in "format" or
-    # "format_version" is damage (quarantined), not a file of another kind (left alone).
-    if algo in _HASHES:
-        if meta["checksum"] != _checksum(header, data, algo):
+    if h is not None:
+        if meta["checksum"] != f"{algo}:{h.hexdigest()}":
             raise SnapshotCorrupt(f"{source} failed its checksum: the file was modified or damaged.")
     elif ours and meta.get("format_version") == FORMAT_VERSION:
         raise SnapshotCorrupt(f"{source} has no valid checksum (checksum={_show(meta.get('checksum'))}).")
@@ -281,7 +313,11 @@ def verify(buf: bytes, source: str = "snapshot") -> dict:
             f"{source} has snapshot format version {_show(meta.get('format_version'))}; "
             f"this engramctl reads version {FORMAT_VERSION}."
         )
-    return header
+
+
+def dtype_bytes(code: str) -> int:
+    """Bytes per element of a safetensors dtype code (one parse_header accepted)."""
+    return _DTYPE_BYTES[code]
 
 
 def read_metadata(path: Path) -> dict[str, str]:

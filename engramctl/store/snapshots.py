@@ -36,6 +36,7 @@ from engramctl.store.names import (
     validate_snapshot_id,
 )
 from engramctl.store.prefix import prefix_hashes, token_hash
+from engramctl.store.reader import Placer
 from engramctl.store.reconcile import checksum_of
 from engramctl.store.records import TOKEN_IDS, Payload, SnapshotRecord, check_payload, payload_nbytes
 from engramctl.store.retention import Retention
@@ -336,10 +337,13 @@ class Snapshots:
         return self.load_from(snapshot_id, copy=copy)[0]
 
     @one_load_per_id  # inflight.py: a load of an id being loaded waits for that one, never reads again
-    def load_from(self, snapshot_id: str, *, copy: bool = False) -> tuple[Payload, str]:
+    def load_from(self, snapshot_id: str, *, copy: bool = False, into: Placer | None = None) -> tuple[Payload, str]:
         """load(), and where the payload came from: a memory tier's name ("vram", "ram"), "pending"
         (saved, not yet written) or "disk" (read from its file now). A payload from memory is the one
-        this process saved or already read back, so it needs no second look at its values."""
+        this process saved or already read back, so it needs no second look at its values. `into` lays out
+        the tensors of a payload read from disk (store/reader.py: the backend's blob, read into in place);
+        such a payload's floats are checked for NaN/Inf as they are read (a file holding one is
+        corrupt): every payload this returns then holds finite values, as the memory tiers' already do."""
         c = self._core
         with c.lock:
             sid = c.row(snapshot_id).id
@@ -353,7 +357,7 @@ class Snapshots:
             c.reading[sid] += 1
             c.placement.hold(sid)
         try:
-            payload = c.files.read(sid)
+            payload = c.files.read(sid, into=into, check_values=True)
         except SnapshotCorrupt as e:
             with c.lock:
                 c.done_reading(sid)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,7 +34,10 @@ def blobs(gguf_zoo, load_llama):
 def test_blob_parses_into_typed_layers_and_reserializes_byte_for_byte(blobs, family):
     backend, blob = blobs[family]
     layers = llama_state.parse(blob, backend.layout, N)
-    assert bytes(llama_state.serialize(layers, backend.layout, N)) == bytes(blob)
+    again = llama_state.serialize(layers, backend.layout, N)  # views of `blob` where it keeps them: blob itself
+    assert np.frombuffer(again, np.uint8).ctypes.data == np.frombuffer(blob, np.uint8).ctypes.data
+    copies = [_copied(layer) for layer in layers]  # elsewhere in memory: serialized into a new blob
+    assert bytes(llama_state.serialize(copies, backend.layout, N)) == bytes(blob)
     kinds = [layer.kind for layer in layers]
     assert kinds == list(backend.spec.layout) and ("recurrent" in kinds or "hybrid" in kinds)
     for layer in layers:
@@ -46,6 +50,68 @@ def test_blob_parses_into_typed_layers_and_reserializes_byte_for_byte(blobs, fam
             assert att.n_tokens == N
         if isinstance(rec, RecurrentState):
             assert rec.conv is not None and arrays.dtype_name(rec.conv) == "float32" and abs(rec.conv).sum() > 0
+
+
+def _copied(layer):
+    return type(layer).from_tensors({k: v.copy() for k, v in layer.tensors().items()}) if layer.tensors() else layer
+
+
+_HYBRID = llama_state.BlobLayout(
+    (
+        llama_state.LayerLayout("recurrent", conv_shape=(6, 3), ssm_shape=(2, 4, 5)),
+        llama_state.LayerLayout("attention", k_elems=8, v_elems=8),
+        llama_state.LayerLayout("hybrid", k_elems=4, v_elems=6, conv_shape=(6, 3), ssm_shape=(2, 4, 5)),
+        llama_state.LayerLayout("recurrent", conv_shape=(0,), ssm_shape=(2, 4, 5)),
+    )
+)
+
+
+def _layers(layout, n, seed=0):
+    g = np.random.default_rng(seed)
+    out = []
+    for lay in layout.layers:
+        rec = att = None
+        if lay.recurrent:
+            conv = g.standard_normal((1, *lay.conv_shape)).astype(np.float32) if lay.conv_shape != (0,) else None
+            rec = RecurrentState(conv=conv, recurrent=g.standard_normal((1, *lay.ssm_shape)).astype(np.float32))
+        if lay.attention:
+            att = AttentionState(
+                keys=g.standard_normal((1, n, lay.k_elems)).astype(np.float16),
+                values=g.standard_normal((1, n, lay.v_elems)).astype(np.float16),
+            )
+        out.append(HybridState(rec, att) if rec and att else rec or att)
+    return out
+
+
+def test_a_state_read_into_place_is_its_blob_with_nothing_copied():
+    """llama_state.place lays a stored state's tensors out as the blob set_data takes; filled with their bytes
+    (what store/reader.py does from disk), serialize() finds them in place and returns that buffer, byte for byte
+    the blob of the same layers serialized by copying. Anything else is not placed."""
+    n = 19
+    layers = _layers(_HYBRID, n)
+    want = bytes(llama_state.serialize(layers, _HYBRID, n))
+    names = {f"layers.{i}.{k}": t for i, layer in enumerate(layers) for k, t in layer.tensors().items()}
+    code = {"float16": "F16", "float32": "F32"}
+    entries = {k: (code[t.dtype.name], t.shape) for k, t in names.items()}
+    views = llama_state.place(_HYBRID, n, {**entries, "token_ids": ("I64", (n,)), "last_logits": ("F32", (7,))})
+    assert views is not None and views.keys() == names.keys()  # the rest is not the blob's
+    for k, v in views.items():
+        v[:] = np.frombuffer(names[k].tobytes(), np.uint8)
+    placed = [
+        type(layer).from_tensors(
+            {k: views[f"layers.{i}.{k}"].view(t.dtype).reshape(t.shape) for k, t in layer.tensors().items()}
+        )
+        for i, layer in enumerate(layers)
+    ]
+    blob = llama_state.serialize(placed, _HYBRID, n)
+    base = next(iter(views.values())).base
+    assert np.frombuffer(blob, np.uint8).ctypes.data == base.ctypes.data and bytes(blob) == want
+    wrong = dict(entries, **{"layers.1.keys": ("F16", (1, n + 1, 8))})
+    assert llama_state.place(_HYBRID, n, wrong) is None
+    assert llama_state.place(_HYBRID, n, {**entries, "layers.9.keys": ("F16", (1, n, 8))}) is None
+    transposed = llama_state.BlobLayout(_HYBRID.layers, v_trans=True)
+    views = llama_state.place(transposed, n, entries)
+    assert views is not None and not any(k.endswith("values") for k in views)
 
 
 def _corrupt(blob: bytearray, at: int, fmt: str, value) -> bytearray:

@@ -1,5 +1,6 @@
-"""store/blocks.py on its own: split and join give back every dtype and layout bitwise (token axis leading or
-not, a tail of zero tokens), block ids chain over the tokens and the bytes, a damaged list is refused."""
+"""store/blocks.py and store/reader.py on their own: split, written as the store writes, then read back give
+every dtype and layout bitwise (token axis leading or not, a tail of zero tokens), also into a caller's buffers;
+block ids chain over the tokens and the bytes; a damaged block or list is refused."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 
 from engramctl.errors import SnapshotCorrupt
 from engramctl.store import arrays, snapshot_file
-from engramctl.store.blocks import KV_BLOCKS, BlockCorrupt, join, split
+from engramctl.store.blocks import KV_BLOCKS, BlockCorrupt, split
+from engramctl.store.reader import read_payload
 
 
 def _payload(n: int, kind: str, dtype: str, seed: int = 0):
@@ -44,21 +46,33 @@ def _payload(n: int, kind: str, dtype: str, seed: int = 0):
     return {**kv, **rest}, meta, ids
 
 
-def _roundtrip(tensors, meta, ids, block_tokens=16):
+def _write(tmp_path, tensors, meta, ids, block_tokens=16):
+    """The payload as the store writes it: its own file and a file per block, in tmp_path."""
     constant, own_meta, blocks = split(tensors, meta, ids, block_tokens)
-    files = {b.id: b"".join(bytes(p) for p in b.parts("fp")) for b in blocks}
-    # the constant part as the store writes and reads it
-    decoded = snapshot_file.decode(snapshot_file.encode(constant, own_meta))
-    return join(*decoded, files.__getitem__, "test"), blocks, files, decoded
+    (tmp_path / "blocks").mkdir(exist_ok=True)
+    for b in blocks:
+        snapshot_file.write_atomic(tmp_path / "blocks" / b.id, b.parts("fp"))
+    own = tmp_path / "own.safetensors"
+    snapshot_file.write_atomic(own, snapshot_file.encode_parts(constant, own_meta))
+    return own, blocks
+
+
+def _read(tmp_path, own, into=None):
+    return read_payload(own, lambda bid: tmp_path / "blocks" / bid, into=into)
+
+
+def _roundtrip(tmp_path, tensors, meta, ids, block_tokens=16):
+    own, blocks = _write(tmp_path, tensors, meta, ids, block_tokens)
+    return _read(tmp_path, own), blocks, own
 
 
 @pytest.mark.parametrize(
     "kind,dtype", [("numpy", "float16"), ("numpy", "float32"), ("torch", "bfloat16"), ("torch", "float32")]
 )
 @pytest.mark.parametrize("n", [15, 16, 40, 64])
-def test_split_then_join_is_bitwise(kind, dtype, n):
+def test_split_then_read_is_bitwise(kind, dtype, n, tmp_path):
     tensors, meta, ids = _payload(n, kind, dtype)
-    (whole, whole_meta), blocks, _, _ = _roundtrip(tensors, meta, ids)
+    (whole, whole_meta), blocks, _ = _roundtrip(tmp_path, tensors, meta, ids)
     assert len(blocks) == n // 16
     assert whole.keys() == tensors.keys() and KV_BLOCKS not in whole_meta
     for k in tensors:
@@ -85,19 +99,64 @@ def test_a_payload_without_token_axes_or_with_wrong_ones_is_kept_whole():
         assert blocks == [] and constant is tensors and KV_BLOCKS not in own_meta
 
 
-def test_a_damaged_block_or_block_list_is_refused():
+def test_a_payload_is_read_into_the_buffers_a_placer_gives(tmp_path):
+    tensors, meta, ids = _payload(40, "numpy", "float16")
+    own, _ = _write(tmp_path, tensors, meta, ids)
+    arena = np.zeros(1 << 16, np.uint8)
+    seen = {}
+
+    def place(meta_seen, entries):  # the K/V back to back in one buffer, as a backend's blob would hold them
+        seen.update(entries)
+        out, at = {}, 8
+        for name in sorted(k for k in entries if k.endswith(("keys", "values"))):
+            _code, shape = entries[name]
+            n = int(np.prod(shape)) * 2
+            out[name] = arena[at : at + n]
+            at += n + 8
+        return out
+
+    whole, _ = _read(tmp_path, own, into=place)
+    assert seen["layers.0.keys"] == ("F16", (1, 40, 24)) and seen["token_ids"] == ("I64", (40,))
+    base = arena.__array_interface__["data"][0]
+    for k in tensors:
+        assert arrays.equal(whole[k], tensors[k]), k
+        inside = base <= whole[k].__array_interface__["data"][0] < base + arena.nbytes
+        assert inside == k.endswith(("keys", "values")), k
+    assert arena[:8].tolist() == [0] * 8  # what the placer did not give is not written
+
+
+def test_a_damaged_block_or_block_list_is_refused(tmp_path):
     tensors, meta, ids = _payload(40, "numpy", "float32")
-    _, blocks, files, (constant, own_meta) = _roundtrip(tensors, meta, ids)
-    first = blocks[0].id
-    damaged = dict(files)
-    raw = bytearray(damaged[first])
+    _, blocks, own = _roundtrip(tmp_path, tensors, meta, ids)
+    first, second = tmp_path / "blocks" / blocks[0].id, tmp_path / "blocks" / blocks[1].id
+    intact = first.read_bytes()
+    raw = bytearray(intact)
     raw[-1] ^= 1
-    damaged[first] = bytes(raw)
+    first.write_bytes(bytes(raw))
     with pytest.raises(BlockCorrupt, match="checksum") as e:
-        join(constant, own_meta, damaged.__getitem__, "test")
-    assert e.value.block_id == first
-    swapped = {**files, first: files[blocks[1].id]}  # an intact block, but another one
+        _read(tmp_path, own)
+    assert e.value.block_id == blocks[0].id
+    first.write_bytes(second.read_bytes())  # an intact block, but another one
     with pytest.raises(BlockCorrupt, match="another block"):
-        join(constant, own_meta, swapped.__getitem__, "test")
+        _read(tmp_path, own)
+    first.write_bytes(intact[: len(intact) // 2])
+    with pytest.raises(BlockCorrupt, match="truncated"):
+        _read(tmp_path, own)
+    first.unlink()
+    with pytest.raises(BlockCorrupt, match="missing") as e:
+        _read(tmp_path, own)
+    assert e.value.block_id == blocks[0].id
+    first.write_bytes(intact)
+    constant, own_meta, _ = split(tensors, meta, ids, 16)
+    bad = tmp_path / "bad.safetensors"
+    snapshot_file.write_atomic(
+        bad, snapshot_file.encode_parts(constant, {**own_meta, KV_BLOCKS: '{"tokens": "16", "ids": []}'})
+    )
     with pytest.raises(SnapshotCorrupt, match="kv_blocks"):
-        join(constant, {**own_meta, KV_BLOCKS: '{"tokens": "16", "ids": []}'}, files.__getitem__, "test")
+        _read(tmp_path, bad)
+    damaged = bytearray(own.read_bytes())
+    damaged[-1] ^= 1
+    own.write_bytes(bytes(damaged))
+    with pytest.raises(SnapshotCorrupt, match="failed its checksum") as e:
+        _read(tmp_path, own)
+    assert not isinstance(e.value, BlockCorrupt)

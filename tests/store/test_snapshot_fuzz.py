@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 
 from engramctl.errors import SnapshotCorrupt, SnapshotError, SnapshotMismatch
 from engramctl.store import snapshot_file
+from engramctl.store.reader import read_payload
 from tests import snapshot_mutations as mut
 
 BASE = mut.base_file()
@@ -45,6 +48,42 @@ def test_a_damaged_file_gets_a_typed_error_within_its_own_size(case):
     else:
         assert error in ("SnapshotCorrupt", "SnapshotMismatch", "UsageError"), (kind, error)
         assert "snapshot" in message, (kind, message)
+
+
+_READ_DIR = Path(tempfile.mkdtemp(prefix="fuzz-read-"))
+
+
+@settings(FUZZ, max_examples=300)
+@given(mut.damaged(BASE))
+def test_the_disk_reader_agrees_with_decode(case):
+    """store/reader.py reads a file into place with its own reads: it refuses what decode refuses, with the same
+    kind of error, and reads what decode accepts as the same tensors."""
+    kind, buf = case
+    path = _READ_DIR / "fuzzed.safetensors"
+    path.write_bytes(buf)
+    try:
+        want = snapshot_file.decode(buf, source="fuzzed snapshot")
+    except SnapshotError as e:
+        with pytest.raises(type(e)):
+            read_payload(path, lambda bid: _READ_DIR / bid)
+        return
+    try:
+        got, _meta = read_payload(path, lambda bid: _READ_DIR / bid)
+    except SnapshotCorrupt as e:  # a file decode takes whole may list KV blocks that are not there
+        assert "kv_blocks" in want[1] or "KV block" in e.message, (kind, e.message)
+        return
+    finite = all(bool(torch.isfinite(t).all()) for t in want[0].values() if t.is_floating_point())
+    if not finite:  # what from_payload's check_values refuses, the reader refuses as it reads
+        with pytest.raises(SnapshotCorrupt, match="NaN or Inf"):
+            read_payload(path, lambda bid: _READ_DIR / bid, check_values=True)
+    else:
+        read_payload(path, lambda bid: _READ_DIR / bid, check_values=True)
+    assert got.keys() == want[0].keys(), kind
+    assert all(_bytes(got[k]) == _bytes(want[0][k]) and got[k].shape == want[0][k].shape for k in got), kind
+
+
+def _bytes(t) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()  # NaN != NaN: compare the bytes
 
 
 def test_the_valid_file_is_accepted():
