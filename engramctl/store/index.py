@@ -98,6 +98,27 @@ class Index:
         self._db.execute("PRAGMA foreign_keys=OFF")  # references are kept by the store (see schema.py)
         self._migrate()
 
+    @classmethod
+    def read_only(cls, path: Path) -> "Index | None":
+        """The index opened only to read it (a listing while no daemon runs): no migration and no pragma that
+        writes, no lock file; SQLite shows the last committed transaction, never one in progress. None when
+        there is no index yet, or its schema is not this engramctl's (Index() migrates it, or refuses)."""
+        path = Path(path)
+        if not path.is_file():
+            return None
+        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, check_same_thread=False, timeout=10)
+        try:
+            if db.execute("PRAGMA user_version").fetchone()[0] != len(MIGRATIONS):
+                db.close()
+                return None
+        except BaseException:
+            db.close()
+            raise
+        index = cls.__new__(cls)
+        index.path, index.lock, index._db, index._depth, index._after = path, threading.RLock(), db, 0, []
+        db.row_factory = sqlite3.Row
+        return index
+
     # -- plumbing ------------------------------------------------------------------------------------
     def _migrate(self) -> None:
         with self.lock:
@@ -185,6 +206,13 @@ class Index:
     def update_session(self, name: str, **fields: Any) -> None:
         self._update("sessions", SESSION_COLUMNS, "name", name, fields)
 
+    def session_refs(self) -> list[tuple[str, str | None, str | None]]:
+        """(name, head, base) of every session, in sessions()' order: what a snapshot listing needs of them."""
+        return [tuple(r) for r in self.rows("SELECT name, head, base FROM sessions ORDER BY last_used DESC, name")]
+
+    def has_session(self, name: str) -> bool:
+        return self.one("SELECT 1 FROM sessions WHERE name = ?", (name,)) is not None
+
     def session_head(self, name: str) -> str | None:
         row = self.one("SELECT head FROM sessions WHERE name = ?", (name,))
         return None if row is None else row["head"]
@@ -199,14 +227,18 @@ class Index:
         row = self.one(_SNAPSHOT_SELECT + " WHERE s.id = ?", (snapshot_id,))
         return None if row is None else _snapshot(row)
 
-    def snapshots(self, session: str | None = None, kind: str | None = "snapshot") -> list[SnapshotRecord]:
+    def snapshots(
+        self, session: str | None = None, kind: str | None = "snapshot", *, durable_only: bool = False
+    ) -> list[SnapshotRecord]:
         """Snapshots by id (oldest first), of one session if given; prefix states with kind="prefix", every
-        row with kind=None."""
+        row with kind=None; durable_only: those whose files are complete."""
         where, params = [], []
         if kind is not None:
             where, params = ["s.kind = ?"], [kind]
         if session is not None:
             where, params = where + ["s.session = ?"], params + [session]
+        if durable_only:
+            where.append("s.durable = 1")
         select = _SNAPSHOT_SELECT if session is not None else _SNAPSHOT_LIST  # one session: its rows' blocks only
         sql = select + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
         return [_snapshot(r) for r in self.rows(sql, params)]
