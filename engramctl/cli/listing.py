@@ -36,6 +36,9 @@ class DaemonSource:
             self.client.session(session)  # NotFound for an unknown session, like the store
         return [Snapshot.from_json(x) for x in self.client.list_snapshots(session)]
 
+    def snapshot_dicts(self, session: str | None) -> list[dict]:
+        return [s.to_dict() for s in self.snapshots(session)]
+
     def snapshot(self, ref: str) -> Snapshot:
         return Snapshot.from_json(self.client.snapshot_info(ref))  # the daemon resolves a prefix by the store's rule
 
@@ -66,6 +69,9 @@ class StoreSource:
 
     def snapshots(self, session: str | None) -> list[Snapshot]:
         return [Snapshot.from_record(r) for r in self.store.snapshots.list(session)]
+
+    def snapshot_dicts(self, session: str | None) -> list[dict]:
+        return [s.to_dict() for s in self.snapshots(session)]
 
     def snapshot(self, ref: str) -> Snapshot:
         return Snapshot.from_record(self.store.snapshots.info(self.store.resolve(ref)))
@@ -110,7 +116,7 @@ class IndexSource:
     def session_refs(self) -> list[tuple[str, str | None, str | None]]:
         return [] if self.index is None else self.index.session_refs()
 
-    def snapshots(self, session: str | None) -> list[Snapshot]:
+    def snapshot_dicts(self, session: str | None) -> list[dict]:
         if session is not None:
             from engramctl.errors import NotFound
             from engramctl.store.names import validate_session_name
@@ -120,7 +126,7 @@ class IndexSource:
                 raise NotFound(f"no session named {session!r}.", hint="engramctl sessions")  # as Sessions.get
         if self.index is None:
             return []
-        return [Snapshot.from_record(r) for r in self.index.snapshots(session, durable_only=True)]
+        return self.index.snapshot_fields(session, durable_only=True)  # Snapshot.to_dict()'s, without the objects
 
 
 class Listing:
@@ -146,11 +152,11 @@ class Listing:
         return [s.name for s in self.source.sessions()[0]]
 
     def snapshots(self, session: str | None = None) -> list[dict]:
-        return snapshot_rows(self.source.snapshots(session), self.source.session_refs())
+        return snapshot_rows(self.source.snapshot_dicts(session), self.source.session_refs())
 
     def snapshot(self, ref: str) -> dict:
         """One snapshot by id or unique id prefix (store.names' rule), with the path of its file."""
-        row = snapshot_rows([self.source.snapshot(ref)], self.source.session_refs())[0]
+        row = snapshot_rows([self.source.snapshot(ref).to_dict()], self.source.session_refs())[0]
         row["path"] = str(self.snapshot_path(row["id"]))
         return row
 

@@ -12,8 +12,9 @@ from typing import Iterable
 from engramctl.protocol import Session, Snapshot
 
 
-def snapshot_rows(snaps: Iterable[Snapshot], sessions: Iterable[tuple[str, str | None, str | None]]) -> list[dict]:
-    """`sessions`: each session's (name, head, base), in the order `head_of` and `branch_point_of` list them."""
+def snapshot_rows(snaps: Iterable[dict], sessions: Iterable[tuple[str, str | None, str | None]]) -> list[dict]:
+    """`snaps`: Snapshot.to_dict()'s, made the rows in place. `sessions`: each session's (name, head, base), in
+    the order `head_of` and `branch_point_of` list them."""
     heads: dict[str, list[str]] = {}
     bases: dict[str, list[str]] = {}
     for name, head, base in sessions:
@@ -21,10 +22,12 @@ def snapshot_rows(snaps: Iterable[Snapshot], sessions: Iterable[tuple[str, str |
             heads.setdefault(head, []).append(name)
         if base:
             bases.setdefault(base, []).append(name)
-    return [
-        {**snap.to_dict(), "head_of": heads.get(snap.id, []), "branch_point_of": bases.get(snap.id, [])}
-        for snap in snaps
-    ]
+    rows = list(snaps)
+    for row in rows:
+        sid = row["id"]
+        row["head_of"] = heads.get(sid, [])
+        row["branch_point_of"] = bases.get(sid, [])
+    return rows
 
 
 def session_rows(sessions: Iterable[Session], snaps: Iterable[Snapshot], hot: set[str] | None = None) -> list[dict]:
