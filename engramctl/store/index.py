@@ -100,7 +100,7 @@ class Index:
         self._migrate()
 
     @classmethod
-    def read_only(cls, path: Path) -> "Index | None":
+    def read_only(cls, path: Path) -> Index | None:
         """The index opened only to read it (a listing while no daemon runs): no migration and no pragma that
         writes, no lock file; SQLite shows the last committed transaction, never one in progress. None when
         there is no index yet, or its schema is not this engramctl's (Index() migrates it, or refuses)."""
