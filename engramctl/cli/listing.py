@@ -191,7 +191,12 @@ def open_listing(settings: Any, out: Any, *, read_only: bool = False) -> Listing
     from engramctl.cli import connect
     from engramctl.errors import StoreLocked
 
-    info = connect.running(settings)
+    if read_only:
+        from engramctl.daemon.rundir import running_pid
+
+        info = None if running_pid(settings) is None else connect.running(settings)  # none: no daemon's imports
+    else:
+        info = connect.running(settings)
     if read_only and (info is None or not info.get("ready")):
         from engramctl.store.index import Index
 
