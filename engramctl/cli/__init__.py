@@ -6,12 +6,14 @@ inside the command functions. All output goes through engramctl.cli.output.
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
+from typing import Any
 
 import typer
 
 from engramctl import __version__
-from engramctl.cli import bench, chat, daemon, mcp, models, snapshots, status
 from engramctl.cli.common import EngramGroup
 from engramctl.settings import env_help
 
@@ -29,18 +31,19 @@ EPILOG = "\n".join(
         *textwrap.wrap(f"{env_help()} {ENV_NOTE}", 100, break_on_hyphens=False),
     ]
 )
-
-app = typer.Typer(
-    name="engramctl",
-    help="Stateful local inference for Mamba/Mamba2 hybrid language models.",
-    epilog=EPILOG,
-    cls=EngramGroup,
-    no_args_is_help=True,
-    add_completion=True,
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# the top-level commands, each with the name of the group that registers it (_register)
+_GROUP_OF = {
+    "chat": "chat",
+    "ps": "status",
+    "sessions": "status",
+    "models": "models",
+    "tiers": "status",
+    "snapshots": "snapshots",
+    "bench": "bench",
+    "mcp": "mcp",
+    "serve": "daemon",
+    "daemon": "daemon",
+}
 
 
 def _version(value: bool) -> None:
@@ -49,7 +52,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
@@ -58,16 +60,70 @@ def _root(
     """Stateful local inference for Mamba/Mamba2 hybrid language models."""
 
 
-chat.register(app)
-app.command("ps")(status.ps)
-app.command("sessions")(status.sessions)
-app.command("models")(models.models)
-app.command("tiers")(status.tiers)
-app.add_typer(snapshots.app, name="snapshots")
-app.add_typer(bench.app, name="bench")
-app.command("mcp")(mcp.mcp)
-daemon.register(app)  # serve, daemon ...
+def _register(app: typer.Typer, only: str | None = None) -> None:
+    """Every command, in the order --help lists them; only: the commands of one group alone."""
+    if only in (None, "chat"):
+        from engramctl.cli import chat
+
+        chat.register(app)
+    if only in (None, "status", "models"):
+        from engramctl.cli import models, status
+
+        if only != "models":
+            app.command("ps")(status.ps)
+            app.command("sessions")(status.sessions)
+        if only != "status":
+            app.command("models")(models.models)
+        if only != "models":
+            app.command("tiers")(status.tiers)
+    if only in (None, "snapshots"):
+        from engramctl.cli import snapshots
+
+        app.add_typer(snapshots.app, name="snapshots")
+    if only in (None, "bench"):
+        from engramctl.cli import bench
+
+        app.add_typer(bench.app, name="bench")
+    if only in (None, "mcp"):
+        from engramctl.cli import mcp
+
+        app.command("mcp")(mcp.mcp)
+    if only in (None, "daemon"):
+        from engramctl.cli import daemon
+
+        daemon.register(app)  # serve, daemon ...
+
+
+def build(only: str | None = None) -> typer.Typer:
+    """The command line; only: just one group's commands (what main runs for a command line that names one)."""
+    app = typer.Typer(
+        name="engramctl",
+        help="Stateful local inference for Mamba/Mamba2 hybrid language models.",
+        epilog=EPILOG,
+        cls=EngramGroup,
+        no_args_is_help=True,
+        add_completion=True,
+        rich_markup_mode=None,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(_root)
+    _register(app, only)
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    """`app`, the whole command line, made on first use: a command imports its own group's modules alone."""
+    if name == "app":
+        app = globals()["app"] = build()
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
-    app()
+    args = sys.argv[1:]
+    group = _GROUP_OF.get(args[0]) if args else None
+    if group is None or any(k.endswith("_COMPLETE") for k in os.environ):  # --help, completion: every command
+        __getattr__("app")()
+    else:
+        build(group)()

@@ -28,10 +28,16 @@ class DaemonSource:
         listed = self.client.sessions()
         return [Session.from_json(s) for s in listed], {s["name"] for s in listed if s.get("hot")}
 
+    def session_refs(self) -> list[tuple[str, str | None, str | None]]:
+        return [(s.name, s.head, s.base) for s in self.sessions()[0]]
+
     def snapshots(self, session: str | None) -> list[Snapshot]:
         if session is not None:
             self.client.session(session)  # NotFound for an unknown session, like the store
         return [Snapshot.from_json(x) for x in self.client.list_snapshots(session)]
+
+    def snapshot_dicts(self, session: str | None) -> list[dict]:
+        return [s.to_dict() for s in self.snapshots(session)]
 
     def snapshot(self, ref: str) -> Snapshot:
         return Snapshot.from_json(self.client.snapshot_info(ref))  # the daemon resolves a prefix by the store's rule
@@ -58,8 +64,14 @@ class StoreSource:
     def sessions(self) -> tuple[list[Session], set[str] | None]:
         return [Session.from_info(s) for s in self.store.sessions.list()], None  # nothing is in memory
 
+    def session_refs(self) -> list[tuple[str, str | None, str | None]]:
+        return [(s.name, s.head, s.base) for s in self.store.sessions.list()]
+
     def snapshots(self, session: str | None) -> list[Snapshot]:
         return [Snapshot.from_record(r) for r in self.store.snapshots.list(session)]
+
+    def snapshot_dicts(self, session: str | None) -> list[dict]:
+        return [s.to_dict() for s in self.snapshots(session)]
 
     def snapshot(self, ref: str) -> Snapshot:
         return Snapshot.from_record(self.store.snapshots.info(self.store.resolve(ref)))
@@ -88,6 +100,35 @@ class StoreSource:
         return plan_json(claim_tables(planner.plan, claims), self.store.retention.usage()) | prefixes
 
 
+class IndexSource:
+    """Reads the store's index, opened only to read it, while no daemon runs (`snapshots ls`): no lock, no
+    reconcile, nothing written, so a listing costs its one query, not an open of the store. It shows what
+    the last committed transaction holds, less the snapshots whose files are not complete (a write in
+    progress, or cut short by a crash: the next open of the store drops or adopts them)."""
+
+    def __init__(self, index: Any):
+        self.index = index  # None: no store yet, nothing to list
+
+    def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
+
+    def session_refs(self) -> list[tuple[str, str | None, str | None]]:
+        return [] if self.index is None else self.index.session_refs()
+
+    def snapshot_dicts(self, session: str | None) -> list[dict]:
+        if session is not None:
+            from engramctl.errors import NotFound
+            from engramctl.store.names import validate_session_name
+
+            validate_session_name(session)
+            if self.index is None or not self.index.has_session(session):
+                raise NotFound(f"no session named {session!r}.", hint="engramctl sessions")  # as Sessions.get
+        if self.index is None:
+            return []
+        return self.index.snapshot_fields(session, durable_only=True)  # Snapshot.to_dict()'s, without the objects
+
+
 class Listing:
     """The CLI's rows of sessions and snapshots (rows.py), whichever source read them."""
 
@@ -111,11 +152,11 @@ class Listing:
         return [s.name for s in self.source.sessions()[0]]
 
     def snapshots(self, session: str | None = None) -> list[dict]:
-        return snapshot_rows(self.source.snapshots(session), self.source.sessions()[0])
+        return snapshot_rows(self.source.snapshot_dicts(session), self.source.session_refs())
 
     def snapshot(self, ref: str) -> dict:
         """One snapshot by id or unique id prefix (store.names' rule), with the path of its file."""
-        row = snapshot_rows([self.source.snapshot(ref)], self.source.sessions()[0])[0]
+        row = snapshot_rows([self.source.snapshot(ref).to_dict()], self.source.session_refs())[0]
         row["path"] = str(self.snapshot_path(row["id"]))
         return row
 
@@ -142,15 +183,30 @@ def over(client: Any) -> Listing:
     return Listing(DaemonSource(client), client.settings)
 
 
-def open_listing(settings: Any, out: Any) -> Listing:
+def open_listing(settings: Any, out: Any, *, read_only: bool = False) -> Listing:
     """The running daemon's listing, else the store's. A daemon still loading its model may not hold the
-    store yet: then the store is read, or, once the daemon holds it, the daemon is waited for."""
+    store yet: then the store is read, or, once the daemon holds it, the daemon is waited for.
+    read_only: a listing of sessions and snapshots only, read from the index alone (IndexSource) while no
+    ready daemon runs; a store whose index needs migrating is opened as usual."""
     from engramctl.cli import connect
     from engramctl.errors import StoreLocked
-    from engramctl.store.store import Store
 
-    info = connect.running(settings)
+    if read_only:
+        from engramctl.daemon.rundir import running_pid
+
+        info = None if running_pid(settings) is None else connect.running(settings)  # none: no daemon's imports
+    else:
+        info = connect.running(settings)
+    if read_only and (info is None or not info.get("ready")):
+        from engramctl.store.index import Index
+
+        path = settings.paths.data_dir / "index.db"
+        index = Index.read_only(path)
+        if index is not None or not path.exists():
+            return Listing(IndexSource(index), settings)
     if info is None or not info.get("ready"):
+        from engramctl.store.store import Store
+
         try:
             return Listing(StoreSource(Store.open(settings)), settings)
         except StoreLocked:

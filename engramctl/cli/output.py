@@ -175,7 +175,7 @@ class Output:
         self.write(text, end="\n")
 
     def emit_json(self, obj: Any) -> None:
-        self.line(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default))
+        self.line(dumps_indented(obj))
 
     def event(self, obj: dict) -> None:
         """One NDJSON line (streams)."""
@@ -256,6 +256,34 @@ class Output:
         self.stderr.flush()
         answer = (stdin or sys.stdin).readline()
         return answer.strip().lower() in ("y", "yes")
+
+
+def dumps_indented(obj: Any) -> str:
+    """`json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default)`'s JSON, written by orjson's C encoder:
+    with an indent the standard library takes its pure-Python encoder, most of `snapshots ls --json`'s time at
+    10,000 rows. The same text but for a float's exponent (1e16 for 1e+16: the same number) and NaN or infinity,
+    which are not JSON (json.dumps writes NaN, a strict reader refuses it): null. What orjson refuses (a non-str
+    key, an int past 64 bits, a lone surrogate) the standard library writes."""
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(obj, default=_json_default, option=_ORJSON_OPTIONS).decode()
+        except TypeError:  # orjson.JSONEncodeError
+            pass
+    return json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default)
+
+
+try:
+    import orjson as _orjson
+
+    # every object but dicts, lists, tuples and exact scalars goes through _json_default, as with json.dumps
+    _ORJSON_OPTIONS = (
+        _orjson.OPT_INDENT_2
+        | _orjson.OPT_PASSTHROUGH_DATACLASS
+        | _orjson.OPT_PASSTHROUGH_DATETIME
+        | _orjson.OPT_PASSTHROUGH_SUBCLASS
+    )
+except ImportError:  # pragma: no cover - a declared dependency
+    _orjson = None
 
 
 def _json_default(obj: Any) -> Any:

@@ -12,18 +12,22 @@ from typing import Iterable
 from engramctl.protocol import Session, Snapshot
 
 
-def snapshot_rows(snaps: Iterable[Snapshot], sessions: Iterable[Session]) -> list[dict]:
+def snapshot_rows(snaps: Iterable[dict], sessions: Iterable[tuple[str, str | None, str | None]]) -> list[dict]:
+    """`snaps`: Snapshot.to_dict()'s, made the rows in place. `sessions`: each session's (name, head, base), in
+    the order `head_of` and `branch_point_of` list them."""
     heads: dict[str, list[str]] = {}
     bases: dict[str, list[str]] = {}
-    for s in sessions:
-        if s.head:
-            heads.setdefault(s.head, []).append(s.name)
-        if s.base:
-            bases.setdefault(s.base, []).append(s.name)
-    return [
-        {**snap.to_dict(), "head_of": heads.get(snap.id, []), "branch_point_of": bases.get(snap.id, [])}
-        for snap in snaps
-    ]
+    for name, head, base in sessions:
+        if head:
+            heads.setdefault(head, []).append(name)
+        if base:
+            bases.setdefault(base, []).append(name)
+    rows = list(snaps)
+    for row in rows:
+        sid = row["id"]
+        row["head_of"] = heads.get(sid, [])
+        row["branch_point_of"] = bases.get(sid, [])
+    return rows
 
 
 def session_rows(sessions: Iterable[Session], snaps: Iterable[Snapshot], hot: set[str] | None = None) -> list[dict]:

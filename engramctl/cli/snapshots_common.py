@@ -22,11 +22,11 @@ SessionOpt = typer.Option(
 )
 
 
-def read_listing(settings: Any, out: Any):
-    """The listing: the daemon's when it runs, else the store's."""
+def read_listing(settings: Any, out: Any, *, read_only: bool = False):
+    """The listing: the daemon's when it runs, else the store's (read_only: listing.open_listing)."""
     from engramctl.cli.listing import open_listing
 
-    return open_listing(settings, out)
+    return open_listing(settings, out, read_only=read_only)
 
 
 def daemon_client(settings: Any, out: Any) -> Any:

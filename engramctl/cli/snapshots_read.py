@@ -22,8 +22,11 @@ def ls(
 ) -> None:
     """List snapshots, oldest first (all sessions, or one with --session)."""
     out = common.output(json_, quiet)
-    with read_listing(common.settings(), out) as listing:
+    with read_listing(common.settings(), out, read_only=True) as listing:
         snaps = listing.snapshots(session)
+    if not out.human:  # the columns (each id's shortest unique prefix among thousands) are the table's alone
+        out.table(snaps, [], quiet_key="id")
+        return
     columns = snapshot_columns(snaps, with_session=session is None)
     at = next((i + 1 for i, c in enumerate(columns) if c.header == "SIZE"), len(columns))
     columns.insert(at, Column("SHARED", "shared_size_bytes", ">", size))  # of SIZE, the KV blocks others use too

@@ -59,16 +59,17 @@ _SNAPSHOT_SELECT = """
 """
 # _SNAPSHOT_SELECT for a listing of every row: the block sums in one pass over snapshot_blocks (each block's users
 # counted once) rather than two correlated subqueries a row
-_SNAPSHOT_LIST = """
+_SNAPSHOT_LIST_OF = """
     WITH users AS (SELECT block, COUNT(*) AS n FROM snapshot_blocks GROUP BY block),
     sums AS (
         SELECT sb.snapshot AS snapshot, SUM(b.nbytes) AS block_bytes,
                SUM(CASE WHEN u.n = 1 THEN b.nbytes ELSE 0 END) AS own_block_bytes
         FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block JOIN users u ON u.block = sb.block
         GROUP BY sb.snapshot)
-    SELECT s.*, COALESCE(k.block_bytes, 0) AS block_bytes, COALESCE(k.own_block_bytes, 0) AS own_block_bytes
+    SELECT {columns}, COALESCE(k.block_bytes, 0) AS block_bytes, COALESCE(k.own_block_bytes, 0) AS own_block_bytes
     FROM snapshots s LEFT JOIN sums k ON k.snapshot = s.id
 """
+_SNAPSHOT_LIST = _SNAPSHOT_LIST_OF.format(columns="s.*")
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
 # stored_bytes: the session's snapshot files and each KV block they use, a block counted once however many
 # of them share it (summing the snapshots' sizes would count a conversation's early blocks once per turn)
@@ -97,6 +98,27 @@ class Index:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=OFF")  # references are kept by the store (see schema.py)
         self._migrate()
+
+    @classmethod
+    def read_only(cls, path: Path) -> Index | None:
+        """The index opened only to read it (a listing while no daemon runs): no migration and no pragma that
+        writes, no lock file; SQLite shows the last committed transaction, never one in progress. None when
+        there is no index yet, or its schema is not this engramctl's (Index() migrates it, or refuses)."""
+        path = Path(path)
+        if not path.is_file():
+            return None
+        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, check_same_thread=False, timeout=10)
+        try:
+            if db.execute("PRAGMA user_version").fetchone()[0] != len(MIGRATIONS):
+                db.close()
+                return None
+        except BaseException:
+            db.close()
+            raise
+        index = cls.__new__(cls)
+        index.path, index.lock, index._db, index._depth, index._after = path, threading.RLock(), db, 0, []
+        db.row_factory = sqlite3.Row
+        return index
 
     # -- plumbing ------------------------------------------------------------------------------------
     def _migrate(self) -> None:
@@ -185,6 +207,13 @@ class Index:
     def update_session(self, name: str, **fields: Any) -> None:
         self._update("sessions", SESSION_COLUMNS, "name", name, fields)
 
+    def session_refs(self) -> list[tuple[str, str | None, str | None]]:
+        """(name, head, base) of every session, in sessions()' order: what a snapshot listing needs of them."""
+        return [tuple(r) for r in self.rows("SELECT name, head, base FROM sessions ORDER BY last_used DESC, name")]
+
+    def has_session(self, name: str) -> bool:
+        return self.one("SELECT 1 FROM sessions WHERE name = ?", (name,)) is not None
+
     def session_head(self, name: str) -> str | None:
         row = self.one("SELECT head FROM sessions WHERE name = ?", (name,))
         return None if row is None else row["head"]
@@ -199,17 +228,47 @@ class Index:
         row = self.one(_SNAPSHOT_SELECT + " WHERE s.id = ?", (snapshot_id,))
         return None if row is None else _snapshot(row)
 
-    def snapshots(self, session: str | None = None, kind: str | None = "snapshot") -> list[SnapshotRecord]:
+    def snapshots(
+        self, session: str | None = None, kind: str | None = "snapshot", *, durable_only: bool = False
+    ) -> list[SnapshotRecord]:
         """Snapshots by id (oldest first), of one session if given; prefix states with kind="prefix", every
-        row with kind=None."""
+        row with kind=None; durable_only: those whose files are complete."""
         where, params = [], []
         if kind is not None:
             where, params = ["s.kind = ?"], [kind]
         if session is not None:
             where, params = where + ["s.session = ?"], params + [session]
+        if durable_only:
+            where.append("s.durable = 1")
         select = _SNAPSHOT_SELECT if session is not None else _SNAPSHOT_LIST  # one session: its rows' blocks only
         sql = select + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
         return [_snapshot(r) for r in self.rows(sql, params)]
+
+    def snapshot_fields(self, session: str | None = None, *, durable_only: bool = False) -> list[dict[str, Any]]:
+        """snapshots(session, durable_only=...) as each record's fields (tiers a list): a listing of thousands
+        makes no record of each."""
+        where, params = ["s.kind = 'snapshot'"], []
+        if session is not None:
+            where, params = where + ["s.session = ?"], [session]
+        if durable_only:
+            where.append("s.durable = 1")
+        sql = (
+            f"{_SNAPSHOT_LIST_OF.format(columns=_RECORD_SELECT)} WHERE {' AND '.join(where)} ORDER BY s.id"
+            if session is None
+            else f"{_SNAPSHOT_SELECT} WHERE {' AND '.join(where)} ORDER BY s.id"
+        )
+        with self.lock:
+            cur = self._db.cursor()
+            cur.row_factory = None if session is None else sqlite3.Row
+            found = cur.execute(sql, params).fetchall()
+        if session is not None:
+            found = [tuple(r[c] for c in _RECORD_COLUMNS) for r in found]
+        out = []
+        for v in found:
+            d = _fields(v)
+            d["tiers"] = list(d["tiers"])
+            out.append(d)
+        return out
 
     def snapshot_states(self) -> dict[str, SnapshotState]:
         """{id: (durable, own file bytes)} of every row: what reconcile checks against the files, without the
@@ -501,28 +560,59 @@ def _session(row: sqlite3.Row) -> SessionInfo:
     )
 
 
+# a snapshot row's columns as _fields() takes them, then its blocks' sums (_SNAPSHOT_SELECT, _SNAPSHOT_LIST)
+_RECORD_COLUMNS = (
+    "id",
+    "session",
+    "parent",
+    "n_tokens",
+    "nbytes",
+    "checksum",
+    "fingerprint",
+    "model_id",
+    "n_messages",
+    "created",
+    "last_access",
+    "pinned",
+    "label",
+    "durable",
+    "kind",
+    "block_bytes",
+    "own_block_bytes",
+)
+_RECORD_SELECT = ", ".join(f"s.{c}" for c in _RECORD_COLUMNS[:-2])
+
+
+def _fields(v: tuple) -> dict[str, Any]:
+    """A SnapshotRecord's fields from a row's _RECORD_COLUMNS, in the record's order: the one place a row's
+    bytes become a record's (its own file, plus its KV blocks once durable)."""
+    sid, session, parent, n_tokens, own, checksum, fingerprint, model_id, n_messages = v[:9]
+    created, last_access, pinned, label, durable, kind, blocks, own_blocks = v[9:]
+    durable = bool(durable)
+    own = int(own)
+    blocks, own_blocks = (int(blocks), int(own_blocks)) if durable else (0, 0)
+    return {
+        "id": sid,
+        "session": session,
+        "parent": parent,
+        "n_tokens": int(n_tokens),
+        "nbytes": own + blocks,
+        "checksum": checksum,
+        "fingerprint": fingerprint,
+        "model_id": model_id,
+        "n_messages": int(n_messages),
+        "created": created,
+        "last_access": last_access,
+        "pinned": bool(pinned),
+        "label": label,
+        "durable": durable,
+        "tiers": ("disk",) if durable else (),
+        "file_bytes": own,
+        "own_size_bytes": own + own_blocks,
+        "shared_size_bytes": blocks - own_blocks,
+        "kind": kind,
+    }
+
+
 def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
-    durable = bool(row["durable"])
-    own = int(row["nbytes"])
-    blocks, own_blocks = (int(row["block_bytes"]), int(row["own_block_bytes"])) if durable else (0, 0)
-    return SnapshotRecord(
-        id=row["id"],
-        session=row["session"],
-        parent=row["parent"],
-        n_tokens=int(row["n_tokens"]),
-        nbytes=own + blocks,
-        checksum=row["checksum"],
-        fingerprint=row["fingerprint"],
-        model_id=row["model_id"],
-        n_messages=int(row["n_messages"]),
-        created=row["created"],
-        last_access=row["last_access"],
-        pinned=bool(row["pinned"]),
-        label=row["label"],
-        durable=durable,
-        tiers=("disk",) if durable else (),
-        file_bytes=own,
-        own_size_bytes=own + own_blocks,
-        shared_size_bytes=blocks - own_blocks,
-        kind=row["kind"],
-    )
+    return SnapshotRecord(**_fields(tuple(row[c] for c in _RECORD_COLUMNS)))

@@ -55,3 +55,37 @@ def test_completion_imports_no_torch_and_lists_sessions(tmp_path):
     )
     assert set(proc.stdout.split()) == set(seeded.all_ids)
     assert "torch" not in heavy(proc)
+
+
+OTHER_GROUPS = """
+atexit.register(lambda: sys.__stderr__.write("\\nGROUPS=" + ",".join(sorted(
+    m for m in sys.modules if m.split(".")[:3] in [["engramctl", "cli", g] for g in OTHERS])) + "\\n"))
+"""
+
+
+def test_snapshots_ls_imports_its_group_alone():
+    """A command line that names a group builds that group only: `snapshots ls` reads the index without torch
+    and without the other groups' modules."""
+    from tests.cli.conftest import seed_store
+
+    seeded = seed_store({"alpha": 2})
+    others = ("bench", "chat", "daemon", "models", "status", "mcp")
+    probe = PROBE.replace(
+        "from engramctl.cli import main", f"OTHERS = {others!r}{OTHER_GROUPS}from engramctl.cli import main"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, "snapshots", "ls", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == seeded.all_ids
+    assert heavy(proc) == []
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("GROUPS=")] == ["GROUPS="]
+    full = subprocess.run(
+        [sys.executable, "-c", probe, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert [ln for ln in full.stderr.splitlines() if ln.startswith("GROUPS=")] != ["GROUPS="]  # the probe sees them

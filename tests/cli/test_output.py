@@ -54,3 +54,37 @@ def test_error_and_hint():
     err = io.StringIO()
     Output(stderr=err).error("no such thing.", "engramctl snapshots ls")
     assert err.getvalue() == "Error: no such thing.\nHint: engramctl snapshots ls\n"
+
+
+def test_json_output_is_the_standard_librarys():
+    """emit_json writes with orjson; the text is json.dumps(indent=2, ensure_ascii=False)'s."""
+    import json
+    from dataclasses import dataclass
+    from pathlib import Path
+
+    from engramctl.cli.output import _json_default, dumps_indented
+    from engramctl.protocol import Snapshot
+
+    @dataclass
+    class Wire:
+        x: int
+
+        def to_json(self):
+            return {"wire": self.x}
+
+    snap = Snapshot("a" * 32, "s", None, 8, 10, None, None, None, 2, 1764372000.123456, 1.5, False, None, True)
+    cases = [
+        [],
+        {},
+        [{"id": "é→ü", "n": 0, "big": 2**62, "f": 1764372000.123456, "neg": -0.25, "none": None, "t": True}],
+        {"nested": {"list": [[], [1, [2, {}]], ["disk"]], "tuple": (1, "a")}, "empty": {"a": []}},
+        {"path": Path("/tmp/x"), "obj": Wire(3), "snap": snap, "set": {7}},
+        'a string\nwith "quotes" and \\ and \x01',
+    ]
+    for obj in cases:
+        assert dumps_indented(obj) == json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default), obj
+    # what orjson refuses, the standard library writes
+    for obj in ({1: "int key"}, [2**70]):
+        assert dumps_indented(obj) == json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default)
+    assert json.loads(dumps_indented({"ratio": float("nan")})) == {"ratio": None}  # NaN is not JSON
+    assert json.loads(dumps_indented([1e16, 1e-7])) == [1e16, 1e-7]  # the same numbers, exponent spelled 1e16
