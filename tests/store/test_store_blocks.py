@@ -213,8 +213,9 @@ def test_a_damaged_block_fails_only_the_snapshots_using_it(model, open_store, en
 def test_a_damaged_system_prompt_block_under_four_agents_is_rewritten_from_a_hot_copy(
     model, open_store, engram_home, hot
 ):
-    """Four agents share a system prompt's block; one flipped bit in it. With one agent's state in RAM the block is cut again from it, checked by its id, rewritten, and no agent loses its snapshot; with no
-    copy in memory every agent falls back to its transcript, as before (store/repair.py)."""
+    """Four agents share a system prompt's block; one flipped bit in it. With one agent's state in RAM the block
+    is cut again from it, checked by its id, rewritten, and no agent loses its snapshot; with no copy in memory
+    every agent falls back to its transcript, as before (store/repair.py)."""
     _, backend = model
     system = ids_of(B + 20, seed=7)
     payloads = [states(backend, system + ids_of(40, seed=10 + i), [B + 60])[0] for i in range(4)]
