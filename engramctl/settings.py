@@ -186,7 +186,7 @@ class Settings:
     prefix_state_bytes: int | None = setting(
         None,
         "bytes of prefix states (shared prompt beginnings kept for new conversations), least recently used "
-        "evicted first",
+        "evicted first; 0 keeps none (nothing is captured)",
         kind="bytes",
         metavar="SIZE",
         shown_default="1/4 of the disk tier, at most 2 GiB",

@@ -40,6 +40,12 @@ def serve(
     agent_clients: str = typer.Option("4,8", "--agent-clients", help="(e) new conversations at once, comma-separated."),
     system_tokens: int = typer.Option(2000, "--system-tokens", min=16, help="(e) the shared system prompt's tokens."),
     long_context: int = typer.Option(16384, "--long-context", min=1024, help="(f) tokens the conversation grows to."),
+    long_turns: Optional[int] = typer.Option(
+        None, "--long-turns", min=1, help="(f) turns at most (default: to --long-context)."
+    ),
+    other_snapshots: int = typer.Option(
+        0, "--other-snapshots", min=0, help="Snapshots of other sessions put in the daemon's store before it starts."
+    ),
     quick: bool = typer.Option(False, "--quick", help="A short run: 1 run, 32-token replies, 3 turns, 1,2 clients."),
     peer: bool = typer.Option(True, "--llama-server/--no-llama-server", help="Measure against llama-server."),
     build: bool = typer.Option(True, "--build/--no-build", help="Build llama-server when it is not cached."),
@@ -105,6 +111,8 @@ def serve(
         agent_clients=counts(agent_clients, "--agent-clients", "4,8"),
         system_tokens=system_tokens,
         long_context=long_context,
+        long_turns=long_turns,
+        other_snapshots=other_snapshots,
         seed=seed,
         llama_server=binary,
         peer_on_gpu=bool(archs),

@@ -1,8 +1,8 @@
-"""Prefix states: the states the daemon keeps where conversations diverge, and the ones its turns are computing.
+"""Prefix states: where a prompt keeps states for conversations that begin like it, and the ones its turns are
+computing. Which state a prompt starts from (a prefix state among them) is not decided here: the store's one
+lookup (store/candidates.py) finds them beside session snapshots and daemon/state_cache.py `for_prompt` loads one.
 
-    stops = prefixes.stops(messages, consumed_text, feed, start, opens=...)   # where a prompt keeps states
-    n = prefixes.longest(ids)              # the longest kept prefix of ids (0: none)
-    hit = prefixes.restore(ids, longer_than=held)   # it, injected: (live, tokens, restore_ms, tier) or None
+    stops = prefixes.stops(messages, prompt_ids, start, opens=..., held_text=...)   # where a prompt keeps states
     claim = prefixes.awaited(ids, start)   # a running turn will keep a longer prefix of ids: wait for it
     prefixes.claim(owner, ids, stops) ... prefixes.offer(ids, state) ... prefixes.ended(owner)
 
@@ -10,8 +10,7 @@ A prompt's prefill stops at the end of its system message(s), at each user messa
 engine/boundaries.py INTERVAL_TOKENS (engine/turn.py cuts its chunks there and returns a PrefixState event at
 each); the service offers each state here, and the store keeps it (store.prefixes: content-addressed by its
 token ids, its KV in the blocks snapshots share, its own byte budget with LRU retention, on disk so it
-survives a restart). A new prompt from any door starts from the longest kept prefix of its ids when that is
-longer than any snapshot it continues (daemon/service.py `ConversationService._from_prefix` asks).
+survives a restart). With a prefix budget of 0 bytes (Settings.prefix_state_bytes) nothing is captured.
 
 Several new conversations that arrive together with a prefix nobody has kept yet compute it once: the first
 one's turn claims its stops; a prompt whose ids begin with a claimed, longer prefix than anything kept waits
@@ -25,16 +24,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-from engramctl.engine.backend import Live
 from engramctl.engine.boundaries import INTERVAL_TOKENS, MIN_STOP_TOKENS, prompt_stops
 from engramctl.engine.engine import Engine
-from engramctl.errors import EngramError, NotFound, SnapshotError
+from engramctl.errors import EngramError
 from engramctl.state import SessionState
-from engramctl.state.codec import from_payload, to_payload
+from engramctl.state.codec import to_payload
 from engramctl.store.prefix import token_hash
 from engramctl.store.store import Store
 
@@ -55,55 +52,31 @@ class PrefixStates:
         self.engine, self.store, self.enabled = engine, store, enabled
         self._claims: dict[str, Claim] = {}  # token hash of the prefix -> the turn computing it
         self._lock = threading.Lock()  # counts() reads from the event loop
-        self.restored = 0  # prompts that started from a prefix state
+        self.restored = 0  # prompts that started from a prefix state (the service counts them)
         self.offered = 0  # states kept
 
     # -- where a prompt keeps states ------------------------------------------------------------------------
+    @property
+    def capturing(self) -> bool:
+        """Are prefix states kept at all (on, and a prefix budget above 0 bytes)?"""
+        return self.enabled and self.store.retention.prefix_budget() > 0
+
     def stops(
-        self, messages: Sequence[dict] | None, consumed_text: str, feed: Sequence[int], start: int, *, opens: bool
+        self, messages: Sequence[dict] | None, ids: Sequence[int], start: int, *, opens: bool, held_text: str = ""
     ) -> list[int]:
-        """The stops of a prompt (`feed` after the `start` tokens its state holds, whose text is `consumed_text`);
-        `opens`: it starts a conversation (an empty state or a prefix state), so it stops at intervals too. A stop
-        whose state is kept already is one the prompt would have started from (or past), so none is."""
-        if not self.enabled or not feed:
+        """The stops of a prompt (`ids`: all of it; its state holds the first `start`, whose text is `held_text`
+        when it has one) past `start`; `opens`: it starts a conversation (an empty state or a prefix state), so
+        it stops at intervals too. A stop whose state is kept already is one the prompt would have started from
+        (or past), so none is."""
+        if not self.capturing or len(ids) <= start:
             return []
+        tok = self.engine.tokenizer
         if opens:
-            return prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start, INTERVAL_TOKENS)
+            return prompt_stops(tok, messages, ids, start, INTERVAL_TOKENS, held_text)
         # A conversation going on from its own snapshot: its reply snapshot is already (a token or two short of)
         # the next message's start, which any prompt continuing it finds; only later messages' starts are new.
-        stops = prompt_stops(self.engine.tokenizer, messages, consumed_text, feed, start, None)
+        stops = prompt_stops(tok, messages, ids, start, None, held_text)
         return [n for n in stops if n - start >= MIN_STOP_TOKENS]
-
-    # -- a prompt's state from a kept prefix -------------------------------------------------------------------
-    def longest(self, ids: Sequence[int]) -> int:
-        """The length of the longest kept prefix of `ids` (0: none)."""
-        if not self.enabled:
-            return 0
-        hit = self.store.prefixes.longest(list(ids), fingerprint=self.engine.info.fingerprint)
-        return 0 if hit is None else hit[1]
-
-    def restore(self, ids: Sequence[int], longer_than: int = 0) -> tuple[Live, int, float, str] | None:
-        """The longest kept prefix of `ids` longer than `longer_than` tokens, injected into a new Live:
-        (live, its tokens, restore_ms, the tier it came from), or None. A damaged one is dropped by the store
-        (checksums) and the next longest tried."""
-        if not self.enabled:
-            return None
-        for _ in range(4):
-            hit = self.store.prefixes.longest(list(ids), fingerprint=self.engine.info.fingerprint)
-            if hit is None or hit[1] <= longer_than:
-                return None
-            pid, n = hit
-            t0 = time.perf_counter()
-            try:
-                (tensors, meta), tier = self.store.prefixes.load_from(pid)
-                state = from_payload(tensors, meta, self.engine.spec, check_values=tier == "disk")
-            except (SnapshotError, NotFound) as e:
-                log.warning("prefix state %s (%d tokens) cannot be used (%s)", pid, n, e.message)
-                continue
-            live = self.engine.inject(state)
-            self.restored += 1
-            return live, n, round((time.perf_counter() - t0) * 1000, 2), tier
-        return None
 
     # -- prefixes being computed ---------------------------------------------------------------------------
     def claim(self, owner: Hashable, ids: Sequence[int], stops: Sequence[int]) -> None:

@@ -1,7 +1,7 @@
 """Conversations: what a turn is (its plan), what happens as it runs, and what it leaves (its record).
 
 Every method here but `invalidate` runs on the worker thread. A request goes:
-1. which state continues it (state_cache.py): a hot Live, a snapshot, or a fresh state;
+1. which state continues it (state_cache.py): a hot Live, a snapshot, a prefix state, or a fresh state;
 2. the turn plans (refusing a prompt that does not fit, touching nothing) and comes back as a
    sequence.Sequence, which the scheduler steps with the other turns: prefill only the new
    tokens -> generate, streaming pieces -> settle -> capture;
@@ -155,15 +155,16 @@ class ConversationService:
         elif asked and head is not None:  # something else: they stay, read again from the state before them
             head = self._before_unanswered(head, len(transcript))
         conversation = [plain(m) for m in transcript] + new
-        live, origin = self.states.for_session(name, head, transcript, follow_head=base is None)
+        found = self.states.for_session(name, head, transcript, follow_head=base is None)
         budget = self.default_max_tokens
-        if origin.tier is None and not live.token_ids and self.prefixes.enabled:  # a new conversation's first prompt
+        if found is None and self.prefixes.enabled:  # no state of its own yet: a prefix state holding its start
             text, ids = self._rendered(conversation)
-            live, origin = self._from_prefix(ids, live, origin)
+            live, origin, _ = self._start(ids, conversations=False)
             turn = self.plan_turn(
                 live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params, default_max_tokens=budget)
             )
         else:
+            live, origin = found if found is not None else (self.engine.new_live(), Origin())
             turn = self.plan_turn(
                 live,
                 origin,
@@ -205,14 +206,11 @@ class ConversationService:
         *,
         raw: bool = False,
     ) -> Sequence:
-        """A turn on `ids` from the longest stored snapshot or prefix state that holds a prefix of them."""
+        """A turn on `ids` from the state holding a prefix of them that is cheapest to start from
+        (StateCache.for_prompt)."""
         budget = self.default_max_tokens
         reply_budget(self.engine, len(ids), params.max_tokens, budget)  # refuse before looking anything up
-        live, origin, source = self.states.longest_prefix(ids)
-        before = origin
-        live, origin = self._from_prefix(ids, live, origin)
-        if origin is not before:
-            source = None  # a prefix state: no conversation it continues
+        live, origin, source = self._start(ids, conversations=True)
         turn = self.plan_turn(
             live, origin, lambda: Turn.for_tokens(self.engine, live, ids, text, params, default_max_tokens=budget)
         )
@@ -220,23 +218,25 @@ class ConversationService:
         record = TurnRecord(session, origin.parent, [], replace_transcript=conversation)
         return self.sequence(turn, session, origin, record, job, t0, None if raw else conversation)
 
-    def _from_prefix(self, ids: list[int], live: Live, origin: Origin) -> tuple[Live, Origin]:
-        """`live` (holding a prefix of `ids`), or the longest prefix state holding more of them. A prompt whose
-        longer prefix a running turn is computing waits for it (Deferred), not to compute it a second time."""
-        held, kept = len(live.token_ids), self.prefixes.longest(ids)
-        claim = self.prefixes.awaited(ids, max(held, kept))
-        if claim is not None:
-            self.states.give_back(live, origin)
-            raise Deferred(
-                f"waiting for the state after {claim.n_tokens} tokens another turn is computing",
-                lambda: not self.prefixes.claimed(claim),
-            )
-        hit = self.prefixes.restore(ids, longer_than=held) if kept > held else None  # no second lookup on a miss
-        if hit is None:
-            return live, origin
-        self.states.give_back(live, origin)
-        new_live, n, restore_ms, tier = hit
-        return new_live, Origin(tier, n, restore_ms, None)
+    def _start(self, ids: list[int], *, conversations: bool) -> tuple[Live, Origin, str | None]:
+        """The state a prompt of `ids` starts from (StateCache.for_prompt decides), once no running turn is
+        computing a longer prefix of them than any state holds: a prompt that would wait for one raises
+        Deferred (the scheduler keeps it queued), not to compute it a second time."""
+
+        def unless_computing(held: int) -> None:
+            claim = self.prefixes.awaited(ids, held)
+            if claim is not None:
+                raise Deferred(
+                    f"waiting for the state after {claim.n_tokens} tokens another turn is computing",
+                    lambda: not self.prefixes.claimed(claim),
+                )
+
+        live, origin, source = self.states.for_prompt(
+            ids, conversations=conversations, prefixes=self.prefixes.enabled, wait=unless_computing
+        )
+        if origin.prefix:
+            self.prefixes.restored += 1
+        return live, origin, source
 
     def _continues(self, source: str | None, origin: Origin, conversation: list[dict]) -> bool:
         """Does an anonymous turn record into the auto session whose state it continues? Only when it goes on
@@ -280,13 +280,14 @@ class ConversationService:
         to keep the states there (daemon/prefix_states.py)."""
         self.in_flight[session] += 1
         seq = Sequence(turn, session, origin, record, t0, job)
-        start = 0 if turn.reset else len(turn.live.token_ids)
-        consumed = "" if turn.reset else turn.live.text
+        held = [] if turn.reset else turn.live.token_ids
         opens = origin.parent is None  # from nothing or a prefix state, not a snapshot of a conversation
-        stops = self.prefixes.stops(messages, consumed, turn.feed, start, opens=opens)  # inside the fed part
+        ids = [*held, *turn.feed]
+        held_text = "" if turn.reset else turn.live.text
+        stops = self.prefixes.stops(messages, ids, len(held), opens=opens, held_text=held_text)  # in the fed part
         if stops:
             turn.stops = sorted({*turn.stops, *stops})
-            self.prefixes.claim(seq, [*(() if turn.reset else turn.live.token_ids), *turn.feed], turn.stops)
+            self.prefixes.claim(seq, ids, turn.stops)
         return seq
 
     # -- a turn's events: the scheduler's steps return them, the worker hands each here -------------------
@@ -297,6 +298,7 @@ class ConversationService:
         recorded, its state kept hot, and the job's result returned (the worker finishes the job with it)."""
         match event:
             case Started(prompt=prompt):
+                self.states.cost.prefilled(prompt.computed_tokens, prompt.prefill_ms)
                 seq.result = turn_result.started(seq.session, seq.origin, prompt, seq.started_at)
                 seq.emit("start", seq.result)
             case Piece():

@@ -3,12 +3,18 @@ keeps, restores and releases a Live (daemon/scheduler.py steps the turns that us
 
 Which state continues a prompt:
 - a session's turn: its hot Live if it is that session's head, else the head snapshot (the hottest tier
-  that has it), else (no head, corrupt, another model) a fresh state: the turn then feeds the whole
-  conversation from the transcript. Slower, never lost. A head that awaits a reply which never came (the
-  daemon killed mid-reply, a branch taken mid-turn) continues only a turn that asks that message again;
-  another message continues from the head's parent (service.py `turn_from`).
-- an anonymous turn (a stock OpenAI client resending its history): the hot Live or the longest stored
-  snapshot whose token ids are an exact prefix of the request's; the turn feeds only the rest.
+  that has it), else (no head, corrupt, another model) a prefix state `for_prompt` finds for the conversation, else
+  a fresh state: the turn then feeds the whole conversation. Slower, never lost. A head that awaits a reply
+  which never came (the daemon killed mid-reply, a branch taken mid-turn) continues only a turn that asks
+  that message again; another message continues from the head's parent (service.py `turn_from`).
+- a prompt no session names (a stock OpenAI client resending its history, a raw completion; a session's first
+  prompt too, from prefix states only): `for_prompt`, the one place that chooses among states by their token
+  ids. The candidates are the hot Lives and what the store's one lookup returns (store/candidates.py: session
+  snapshots and prefix states whose ids, compared, are a prefix of the prompt's, of this model, dtype and state
+  format); each is ranked by what starting from it costs before the first new token (`RestoreCost`: reading its
+  bytes from its tier, then prefilling the tokens it lacks), and only the cheapest is loaded (the next one only
+  if it cannot be used). A candidate refused as intact but unusable is never tried again: a prefix state is
+  dropped (a later prompt keeps a usable one), a snapshot is remembered as refused.
 - a restore: the snapshot itself (an unusable one is an error there, not a fallback); `restore` loads it
   and keeps it hot, `reset` starts a session over and drops its hot state.
 - a save of a session that has only a transcript: the transcript, prefilled.
@@ -35,19 +41,21 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
 from engramctl.errors import NotFound, SnapshotCorrupt, SnapshotError
 from engramctl.protocol import Restored
 from engramctl.state.codec import from_payload
+from engramctl.store.candidates import Candidate
 from engramctl.store.records import SessionInfo
 from engramctl.store.store import Store
 
 log = logging.getLogger("engramctl.daemon")
 
-_TRIES = 4  # an unusable snapshot is dropped (corrupt) or skipped: look again, a few times
+_TRIES = 4  # an unusable head is dropped (corrupt) and the session falls back to its parent: a few times
+_CANDIDATES = 8  # the longest stored candidates of a prompt ranked: each is a token-id (and header) read
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,8 @@ class Origin:
     tier: str | None = None  # "live" (a hot state) | "vram" | "ram" | "disk" | None (a fresh state)
     restored_tokens: int = 0
     restore_ms: float | None = None
-    parent: str | None = None  # the snapshot the state is (None: new)
+    parent: str | None = None  # the snapshot the state is (None: new, or a state no conversation owns)
+    prefix: bool = False  # a prefix state (store/prefixes.py)
 
     @property
     def hot(self) -> bool:
@@ -73,6 +82,34 @@ class Hot:
     live: Live
 
 
+class RestoreCost:
+    """What starting a prompt from a state costs before its first new token, in ms: reading the state's bytes
+    from where it is, then prefilling the tokens it lacks. The rates are this daemon's own, averaged as it
+    loads states and prefills prompts, from a CPU's guesses until it has measured them."""
+
+    WEIGHT = 0.25  # of each new measurement in the running average
+
+    def __init__(self) -> None:
+        # bytes per ms: a hot Live costs nothing; memory tiers are a copy; a disk read is verified too
+        self.load_bytes_per_ms = {"vram": 20e6, "ram": 4e6, "pending": 4e6, "disk": 0.5e6}
+        self.prefill_ms_per_token = 5.0
+
+    def ms(self, tier: str, size_bytes: int, tokens_left: int) -> float:
+        load = 0.0 if tier == "live" else size_bytes / self.load_bytes_per_ms.get(tier, self.load_bytes_per_ms["disk"])
+        return load + tokens_left * self.prefill_ms_per_token
+
+    def loaded(self, tier: str, size_bytes: int, ms: float) -> None:
+        if tier in self.load_bytes_per_ms and size_bytes > 0 and ms > 0:
+            self.load_bytes_per_ms[tier] = self._average(self.load_bytes_per_ms[tier], size_bytes / ms)
+
+    def prefilled(self, tokens: int, ms: float) -> None:
+        if tokens >= 32 and ms > 0:  # a short prompt's time is mostly the step's fixed cost
+            self.prefill_ms_per_token = self._average(self.prefill_ms_per_token, ms / tokens)
+
+    def _average(self, old: float, new: float) -> float:
+        return old + self.WEIGHT * (new - old)
+
+
 class StateCache:
     def __init__(self, engine: Engine, store: Store, *, reuse: bool = True, keep: int = 1):
         self.engine, self.store = engine, store
@@ -81,6 +118,8 @@ class StateCache:
         self._lock = threading.Lock()
         self._hot: collections.OrderedDict[str, Hot] = collections.OrderedDict()  # session -> Hot, oldest first
         self._retired: list[Live] = []
+        self.cost = RestoreCost()
+        self._refused: set[str] = set()  # snapshots found for a prompt but refused by this model (another dtype)
 
     # -- the hot states ---------------------------------------------------------------------------------
     @property
@@ -179,8 +218,9 @@ class StateCache:
         return previous, info
 
     # -- which state continues a prompt ---------------------------------------------------------------
-    def load(self, snapshot_id: str) -> tuple[Live, Origin]:
-        """The snapshot, injected into a new Live; SnapshotError / NotFound when it cannot be used."""
+    def load(self, snapshot_id: str, *, size_bytes: int = 0) -> tuple[Live, Origin]:
+        """The snapshot (or prefix state), injected into a new Live; SnapshotError / NotFound when it cannot be
+        used. `size_bytes` (what it reads from disk) times the load for RestoreCost."""
         t0 = time.perf_counter()
         # every way into the store checked the values (a capture's to_payload, an import's from_payload); a file
         # read now gets a second look, piece by piece as it is read (store/reader.py), not a pass of its own
@@ -188,8 +228,9 @@ class StateCache:
         (tensors, meta), came_from = loaded
         state = from_payload(tensors, meta, self.engine.spec, check_values=False)
         live = self.engine.inject(state)
-        tier = "ram" if came_from == "pending" else came_from  # saved, not yet written: in memory
         ms = round((time.perf_counter() - t0) * 1000, 2)
+        self.cost.loaded(came_from, size_bytes, ms)
+        tier = "ram" if came_from == "pending" else came_from  # saved, not yet written: in memory
         return live, Origin(tier, len(live.token_ids), ms, snapshot_id)
 
     def at_head(self, session: str, head: str) -> tuple[Live, Origin]:
@@ -201,9 +242,10 @@ class StateCache:
 
     def for_session(
         self, session: str, head: str | None, transcript: list[dict], *, follow_head: bool = True
-    ) -> tuple[Live, Origin]:
-        """The session's state at `head`: hot, else loaded, else a fresh one. A corrupt head is dropped
-        by the store and the session falls back to its parent: with follow_head that one is tried next."""
+    ) -> tuple[Live, Origin] | None:
+        """The session's state at `head`: hot, else loaded; None when it has none that can be used (the caller
+        starts it from `for_prompt` or a fresh state). A corrupt head is dropped by the store and the session
+        falls back to its parent: with follow_head that one is tried next."""
         live = self._live_for(session, head) if self.reuse else None
         if live is not None:
             return live, Origin("live", len(live.token_ids), 0.0, head)
@@ -222,34 +264,86 @@ class StateCache:
                 fallback = None
             head = None if fallback == head else fallback
         if transcript:
-            log.info("session %s: re-prefilling its %d messages", session, len(transcript))
-        return self.engine.new_live(), Origin()
+            log.info("session %s: re-feeding its %d messages", session, len(transcript))
+        return None
 
-    def longest_prefix(self, ids: list[int]) -> tuple[Live, Origin, str | None]:
-        """The state holding the longest stored prefix of `ids` (a hot one first), and its session."""
+    def for_prompt(
+        self,
+        ids: Sequence[int],
+        *,
+        conversations: bool = True,
+        prefixes: bool = True,
+        wait: Callable[[int], Any] | None = None,
+    ) -> tuple[Live, Origin, str | None]:
+        """The state to start the prompt `ids` from: of every state holding a prefix of them, the one cheapest to
+        start from, loaded; else a fresh one. Returns (live, origin, the session whose state it is or None).
+        `conversations`: conversations' states count (hot Lives, session snapshots: the prompt continues that
+        conversation); False for a named session's first prompt, which starts a conversation of its own;
+        `prefixes`: prefix states count. `wait(n)` is called with the most tokens any candidate holds before
+        anything is loaded: it may raise (the prompt waits for a longer state a running turn will keep),
+        leaving nothing to give back."""
         if not self.reuse:
             return self.engine.new_live(), Origin(), None
-        best: Hot | None = None
-        for h in self.hot():
-            n = len(h.live.token_ids)
-            if 0 < n <= len(ids) and h.live.token_ids == ids[:n] and (best is None or n > len(best.live.token_ids)):
-                best = h
-        if best is not None:
-            n = len(best.live.token_ids)
-            return best.live, Origin("live", n, 0.0, best.head), best.session
-        for _ in range(_TRIES):
-            hit = self.store.snapshots.find_prefix(ids, self.engine.info.fingerprint)
-            if hit is None:
-                break
-            rec, _n = hit
+        ids = list(ids)
+        kinds = (("snapshot",) if conversations else ()) + (("prefix",) if prefixes else ())
+        ranked = self._ranked(ids, kinds, hot=conversations)
+        if wait is not None:
+            wait(max((n for n, *_ in ranked), default=0))
+        for n, hot, cand in ranked:
+            if hot is not None:
+                return hot.live, Origin("live", n, 0.0, hot.head), hot.session
+            if cand is None:
+                continue
             try:
-                live, origin = self.load(rec.id)
-                return live, origin, rec.session
+                live, origin = self.load(cand.id, size_bytes=cand.size_bytes)
             except (SnapshotError, NotFound) as e:
-                log.warning("snapshot %s matched the prompt but cannot be used (%s)", rec.id, e.message)
-                if isinstance(e, SnapshotError) and not isinstance(e, SnapshotCorrupt):
-                    break  # intact but unusable (another dtype, say): it would match again
+                self._refuse(cand, e)
+                continue
+            if cand.kind == "prefix":
+                return live, Origin(origin.tier, n, origin.restore_ms, None, prefix=True), None
+            return live, origin, cand.session
         return self.engine.new_live(), Origin(), None
+
+    def _ranked(
+        self, ids: list[int], kinds: tuple[str, ...], *, hot: bool
+    ) -> list[tuple[int, Hot | None, Candidate | None]]:
+        """(tokens held, a hot state or a stored candidate of `kinds`) for every state holding a prefix of `ids`,
+        cheapest start first (ties: the longest)."""
+        found: list[tuple[float, int, Hot | None, Candidate | None]] = []
+        heads = set()
+        for h in self.hot() if hot else ():
+            n = len(h.live.token_ids)
+            if 0 < n <= len(ids) and h.live.token_ids == ids[:n]:
+                found.append((self.cost.ms("live", 0, len(ids) - n), n, h, None))
+                heads.add(h.head)
+        spec = self.engine.spec
+        stored = self.store.candidates.find(
+            ids,
+            self.engine.info.fingerprint,
+            state={"dtype": spec.dtype, "state_format": spec.state_format},
+            kinds=kinds,
+            exclude=self._refused | heads,  # a hot head is that snapshot, loaded
+            limit=_CANDIDATES,
+        )
+        for c in stored:
+            found.append((self.cost.ms(c.tier, c.size_bytes, len(ids) - c.n_tokens), c.n_tokens, None, c))
+        found.sort(key=lambda f: (f[0], -f[1]))
+        return [(n, hot, cand) for _, n, hot, cand in found]
+
+    def _refuse(self, cand: Candidate, e: SnapshotError | NotFound) -> None:
+        """A candidate that could not be loaded: a damaged one the store has dropped already; one intact but
+        unusable here (another dtype, a format the candidates' metadata did not tell) is never tried again."""
+        what = "prefix state" if cand.kind == "prefix" else "snapshot"
+        log.warning("%s %s matched the prompt but cannot be used (%s)", what, cand.id, e.message)
+        if not isinstance(e, SnapshotError) or isinstance(e, SnapshotCorrupt):
+            return
+        if cand.kind == "prefix":  # a shared cache entry, not a user's: a usable one replaces it
+            try:
+                self.store.prefixes.delete(cand.id)
+            except NotFound:
+                pass
+        else:
+            self._refused.add(cand.id)
 
     def from_transcript(self, transcript: list[dict]) -> Live:
         """A new state that has consumed the transcript (rendered without a generation prompt)."""

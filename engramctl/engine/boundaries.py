@@ -1,21 +1,23 @@
 """Where a prompt's prefill stops to keep a prefix state: the token counts at which conversations tend to diverge.
 
-    stops = prompt_stops(tokenizer, messages, consumed_text, feed, start)   # absolute token counts, ascending
+    stops = prompt_stops(tokenizer, messages, prompt_ids, after)   # absolute token counts, ascending
 
 A recurrent state cannot be cut back to a prefix, so a later prompt can start from a prefix only where a state
 was kept. Conversations diverge where a message begins: agents sharing a system prompt part at its end (the
 first user message's start), chat UIs and regenerations at a user message's start. The template's own
 delimiters mark those places whatever the model: message i begins where the render of messages[:i] ends,
-when that render is a prefix of the whole one and tokenizes to a prefix of its ids (else no stop there: a
-state at a token count that another prompt's ids never reach would never be reused). A long prompt also
-stops every INTERVAL_TOKENS, at absolute multiples, so two prompts sharing a long prefix share a stop near its
-end whatever their messages; the caller asks for these only for a prompt that starts a conversation (from an
-empty state or a prefix state), not one a conversation continues from its own snapshot, whose turns already
-keep a state at each prompt's end (two snapshots a turn) and whose long messages no other conversation sends.
+when that render tokenizes to a prefix of the prompt's ids (else no stop there: a state at ids that another
+prompt's tokenization never produces would never be found; a template that refuses to render messages[:i]
+gives no stop there either, and the prompt goes on). A long prompt also stops every INTERVAL_TOKENS, at
+absolute multiples, so two prompts sharing a long prefix share a stop near its end whatever their messages;
+the caller asks for these only for a prompt that starts a conversation (from an empty state or a prefix
+state), not one a conversation continues from its own snapshot, whose turns already keep a state at each
+prompt's end (two snapshots a turn) and whose long messages no other conversation sends.
 
-The stops depend only on the prompt's tokens and messages, never on where the state started: a solo run of
-the whole prompt and a run restored at any of its stops cut their chunks at the same places after it, which
-is what makes a restored run compute bitwise what the solo run computes (engine/turn.py cuts chunks at stops).
+The stops are computed from token 0 over the whole prompt, whatever the state the turn starts from holds
+(a prefix state holds ids, not text), and only those past it (`after`) are kept: a solo run of the whole
+prompt and a run restored at any of its stops cut their chunks at the same places after it, which is what
+makes a restored run compute bitwise what the solo run computes (engine/turn.py cuts chunks at stops).
 """
 
 from __future__ import annotations
@@ -36,21 +38,35 @@ def interval_stops(start: int, end: int, interval: int = INTERVAL_TOKENS) -> lis
 
 
 def message_stops(
-    tokenizer: ChatTokenizer, messages: Sequence[dict], consumed_text: str, feed: Sequence[int], start: int
+    tokenizer: ChatTokenizer, messages: Sequence[dict], ids: Sequence[int], after: int = 0, held_text: str = ""
 ) -> list[int]:
-    """Token counts where the end of the system message(s) and each user message's start fall inside the fed
-    part: `feed` (after the `start` tokens the state holds, whose text is `consumed_text`) encodes the render
-    of `messages` past `consumed_text`. Only places where the render of the messages before is a prefix of
-    the whole render and its tokens are a prefix of the fed ones."""
+    """Token counts strictly between `after` and the end of the prompt's `ids` (the whole prompt's, from token 0)
+    where the end of the system message(s) or a user message's start falls: where the render of the messages
+    before tokenizes to a prefix of `ids`. `held_text`, the text of the state's first `after` tokens when it has
+    one, only spares rendering the messages it holds."""
     stops = []
-    for i in _candidates(messages)[-MESSAGE_STOPS_MAX:]:
-        before = tokenizer.render(list(messages[:i]), add_generation_prompt=False)
-        if len(before) <= len(consumed_text) or not before.startswith(consumed_text):
+    for i in reversed(_candidates(messages)[-MESSAGE_STOPS_MAX:]):  # latest first: each earlier one is shorter
+        before = _render(tokenizer, messages[:i])
+        if before is None:
             continue
-        ids = tokenizer.encode(before[len(consumed_text) :])
-        if 0 < len(ids) < len(feed) and list(feed[: len(ids)]) == ids:
-            stops.append(start + len(ids))
-    return stops
+        if held_text and len(before) <= len(held_text) and held_text.startswith(before):
+            break  # the state holds these messages
+        before_ids = tokenizer.encode(before)
+        n = len(before_ids)
+        if n <= after:
+            break
+        if n < len(ids) and list(ids[:n]) == before_ids:
+            stops.append(n)
+    return sorted(stops)
+
+
+def _render(tokenizer: ChatTokenizer, messages: Sequence[dict]) -> str | None:
+    """The render of a conversation's first messages, or None when the template refuses it (one that insists on
+    ending with a user message, say): no stop there."""
+    try:
+        return tokenizer.render(list(messages), add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - a template raises what it likes (jinja2's TemplateError, a ValueError, ...)
+        return None
 
 
 def _candidates(messages: Sequence[dict]) -> list[int]:
@@ -66,15 +82,16 @@ def _candidates(messages: Sequence[dict]) -> list[int]:
 def prompt_stops(
     tokenizer: ChatTokenizer,
     messages: Sequence[dict] | None,
-    consumed_text: str,
-    feed: Sequence[int],
-    start: int,
+    ids: Sequence[int],
+    after: int = 0,
     interval: int | None = INTERVAL_TOKENS,
+    held_text: str = "",
 ) -> list[int]:
-    """Every stop of a prompt fed from `start` tokens: its messages' (None: a raw prompt, none) and the
-    interval's (None: none), ascending, each at least MIN_STOP_TOKENS and strictly inside the fed part."""
-    end = start + len(feed)
-    stops = set(interval_stops(start, end, interval)) if interval else set()
+    """Every stop of a prompt (`ids`: all of it, from token 0) past the `after` tokens its state holds: its
+    messages' (None: a raw prompt, none) and the interval's (None: none), ascending, each at least
+    MIN_STOP_TOKENS and strictly inside the part fed."""
+    end = len(ids)
+    stops = set(interval_stops(after, end, interval)) if interval else set()
     if messages:
-        stops.update(message_stops(tokenizer, messages, consumed_text, feed, start))
-    return sorted(s for s in stops if start < s < end and s >= MIN_STOP_TOKENS)
+        stops.update(message_stops(tokenizer, messages, ids, after, held_text))
+    return sorted(s for s in stops if after < s < end and s >= MIN_STOP_TOKENS)

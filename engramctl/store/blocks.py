@@ -130,7 +130,7 @@ def split(
             for p in range(r.shape[0]):  # each row's run of tokens is contiguous: hashed where it lies, no copy
                 content.update(memoryview(r[p, lo:hi, :]).cast("B") if r.shape[2] else b"")
         h = hashlib.sha256(prev)
-        h.update(_id_bytes(ids[lo:hi]))  # type: ignore[index]
+        h.update(id_bytes(ids[lo:hi]))  # type: ignore[index]
         h.update(content.digest())
         prev = h.digest()
         blocks.append(Block(h.hexdigest()[:32], block_tokens, lo, rows, layout))
@@ -186,7 +186,7 @@ def _itemsize(t: Array) -> int:
     return t.itemsize if arrays.is_numpy(t) else t.element_size()
 
 
-def _id_bytes(ids: Sequence[int]) -> bytes:
+def id_bytes(ids: Sequence[int]) -> bytes:
     a = array("q", ids)
     if sys.byteorder != "little":
         a.byteswap()

@@ -9,23 +9,16 @@ candidates, it never decides a match.
 from __future__ import annotations
 
 import hashlib
-import sys
-from array import array
 from typing import Iterable, Sequence
+
+from engramctl.store.blocks import id_bytes
 
 _DOMAIN = b"engram-token-ids-v1\0"
 
 
-def _bytes(ids: Sequence[int]) -> bytes:
-    a = array("q", ids)
-    if sys.byteorder != "little":
-        a.byteswap()
-    return a.tobytes()
-
-
 def token_hash(ids: Sequence[int]) -> str:
     h = hashlib.sha256(_DOMAIN)
-    h.update(_bytes(ids))
+    h.update(id_bytes(ids))
     return h.hexdigest()[:32]
 
 
@@ -37,7 +30,7 @@ def prefix_hashes(ids: Sequence[int], lengths: Iterable[int]) -> dict[str, int]:
     for n in sorted(set(lengths)):
         if n <= 0 or n > len(ids):
             continue
-        h.update(_bytes(ids[done:n]))
+        h.update(id_bytes(ids[done:n]))
         done = n
         out[h.copy().hexdigest()[:32]] = n
     return out

@@ -1,16 +1,16 @@
 """Prefix states (a Store part: `store.prefixes`): the model state after a prompt's first tokens, kept for any
 conversation that begins with those tokens.
 
-    pid = store.prefixes.put(tensors, meta, token_ids)       # content-addressed by (fingerprint, token ids)
-    hit = store.prefixes.longest(prompt_ids, fingerprint=spec.fingerprint)   # (pid, n_tokens) or None
+    pid = store.prefixes.put(tensors, meta, token_ids)       # content-addressed by (model, dtype, format, ids)
     tensors, meta = store.prefixes.load(pid)                 # as Snapshots.load; marks it used (LRU)
+    store.candidates.find(prompt_ids, fingerprint, ...)      # finds them beside snapshots (candidates.py)
 
 A prefix state is a snapshot row of kind 'prefix' (schema.py): no session, parent, transcript or names; its
 file and KV blocks are written like a snapshot's (the writer thread, snapshots.py `_write`), so its attention
 KV shares blocks with the conversations, branches and other prefix states that hold the same tokens. It lives
 in the memory tiers and on disk like a snapshot, survives restarts, and is kept within its own byte budget
 (Settings.prefix_state_bytes; Retention.keep_prefixes), least recently used evicted first. It is not listed by
-Snapshots.list, found by Snapshots.find_prefix or counted as a session's.
+Snapshots.list or counted as a session's.
 """
 
 from __future__ import annotations
@@ -19,26 +19,28 @@ from typing import Sequence
 
 from engramctl.errors import NotFound, UsageError
 from engramctl.store import arrays
+from engramctl.store.candidates import Candidates
 from engramctl.store.core import StoreCore
-from engramctl.store.prefix import prefix_hashes
 from engramctl.store.records import TOKEN_IDS, Payload, SnapshotRecord, check_payload
 from engramctl.store.retention import Retention
 from engramctl.store.snapshots import Snapshots
 
 KIND = "prefix"
+STATE_KEYS = ("dtype", "state_format")  # besides the model: what a state of the same ids must share to be it
 
 
 class Prefixes:
-    def __init__(self, core: StoreCore, snapshots: Snapshots, retention: Retention):
-        self._core, self._snapshots, self._retention = core, snapshots, retention
+    def __init__(self, core: StoreCore, snapshots: Snapshots, retention: Retention, candidates: Candidates):
+        self._core, self._snapshots, self._retention, self._candidates = core, snapshots, retention, candidates
 
     def put(self, tensors: dict, meta: dict[str, str], token_ids: Sequence[int]) -> str:
         """Store the state after `token_ids` (tensors and metadata as state/codec.to_payload makes them; a
-        "token_ids" tensor, if there, must hold the same ids) and return its id. The same ids of the same model
-        (meta["fingerprint"]) stored again is a no-op that returns the existing id (and marks it used).
+        "token_ids" tensor, if there, must hold the same ids) and return its id. The same ids of the same model, dtype
+        and state format (meta's "fingerprint", "dtype", "state_format") stored again is a no-op that returns
+        the existing id (and marks it used).
         The store keeps the tensors as given (no copy): do not mutate them afterwards. Like Snapshots.commit,
         it returns at once: the payload is held in memory and written by the writer thread (`wait_durable`);
-        one that cannot be written (disk full) is dropped, and `longest` stops finding it.
+        one that cannot be written (disk full) is dropped, and no lookup finds it any more.
         Raises UsageError for a malformed payload or ids that disagree with it, DiskFull when the file system
         has no room."""
         ids = [int(t) for t in token_ids]
@@ -57,37 +59,16 @@ class Prefixes:
             tensors[TOKEN_IDS] = arrays.int64_like(like, ids)
         meta = {**meta, "n_tokens": str(len(ids))}
         check_payload((tensors, meta))
-        fingerprint = meta.get("fingerprint")
         c = self._core
         with c.lock:  # one lookup and insert: two puts of the same ids store it once
             c.check_open()
-            existing = self._same(ids, fingerprint)
+            existing = self._same(ids, meta)
             if existing is not None:
                 c.touched[existing] = c.clock()
                 return existing
             pid = self._snapshots.index_prefix((tensors, meta), ids)
         self._snapshots.queue_write(pid)  # outside the lock: it waits while the writer's queue is full
         return pid
-
-    def longest(self, ids: Sequence[int], *, fingerprint: str | None = None) -> tuple[str, int] | None:
-        """(prefix id, its token count) of the longest stored prefix state whose token ids are an exact prefix
-        of `ids` (compared id by id, not only hashed), or None. Pass the loaded model's fingerprint: without
-        one, a prefix state of any model may be returned (state/codec.from_payload then refuses it). A state
-        of all of `ids` counts too. Does not mark it used: `load` does."""
-        ids = [int(t) for t in ids]
-        c = self._core
-        with c.lock:
-            c.check_open()
-            lengths = c.index.prefix_lengths(fingerprint, len(ids), None, kind=KIND)
-        hashes = prefix_hashes(ids, lengths)
-        with c.lock:
-            candidates = c.index.prefix_candidates(fingerprint, hashes, None, kind=KIND) if hashes else []
-        for rec in candidates:
-            if c.token_ids(rec.id) == ids[: rec.n_tokens]:
-                with c.lock:
-                    if c.index.snapshot(rec.id) is not None:
-                        return rec.id, rec.n_tokens
-        return None
 
     def load(self, prefix_id: str, *, copy: bool = False) -> Payload:
         """The prefix state's payload (the same (tensors, metadata) as Snapshots.load, so
@@ -138,11 +119,8 @@ class Prefixes:
         """Block until its files are written (Snapshots.wait_durable)."""
         return self._snapshots.wait_durable(prefix_id, timeout)
 
-    def _same(self, ids: list[int], fingerprint: str | None) -> str | None:
-        """The stored prefix state of exactly these ids and model, if any. Under the lock."""
-        c = self._core
-        found = c.index.prefix_candidates(fingerprint, prefix_hashes(ids, [len(ids)]), None, kind=KIND)
-        for rec in found:
-            if rec.fingerprint == fingerprint and c.token_ids(rec.id) == ids:
-                return rec.id
-        return None
+    def _same(self, ids: list[int], meta: dict[str, str]) -> str | None:
+        """The stored prefix state of exactly these ids, model, dtype and state format, if any. Under the lock."""
+        state = {k: meta[k] for k in STATE_KEYS if meta.get(k)}
+        found = self._candidates.find(ids, meta.get("fingerprint"), state=state, kinds=(KIND,), min_tokens=len(ids))
+        return found[0].id if found else None

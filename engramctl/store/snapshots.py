@@ -35,7 +35,7 @@ from engramctl.store.names import (
     validate_session_name,
     validate_snapshot_id,
 )
-from engramctl.store.prefix import prefix_hashes, token_hash
+from engramctl.store.prefix import token_hash
 from engramctl.store.reader import Placer
 from engramctl.store.reconcile import checksum_of
 from engramctl.store.records import TOKEN_IDS, Payload, SnapshotRecord, check_payload, payload_nbytes
@@ -420,30 +420,6 @@ class Snapshots:
         with self._core.lock:
             found = self._core.index.ids_with_prefix(ref)
         return one_id(ref, found)
-
-    def find_prefix(
-        self, token_ids: Sequence[int], fingerprint: str, session: str | None = None
-    ) -> tuple[SnapshotRecord, int] | None:
-        """The longest stored snapshot (of `fingerprint`, optionally of one session) whose token ids
-        are an exact prefix of `token_ids`, and how many tokens it covers. Ids are compared, not
-        only hashed."""
-        c = self._core
-        ids = [int(t) for t in token_ids]
-        if session is not None:
-            validate_session_name(session)
-        with c.lock:
-            c.check_open()
-            lengths = c.index.prefix_lengths(fingerprint, len(ids), session)
-        hashes = prefix_hashes(ids, lengths)
-        with c.lock:
-            candidates = c.index.prefix_candidates(fingerprint, hashes, session) if hashes else []
-        for rec in candidates:
-            if c.token_ids(rec.id) == ids[: rec.n_tokens]:
-                with c.lock:
-                    current = c.index.snapshot(rec.id)
-                    if current is not None:
-                        return c.with_tiers(current), rec.n_tokens
-        return None
 
     # -- change --------------------------------------------------------------------------------------
     def delete(self, snapshot_id: str, *, force: bool = False) -> None:

@@ -8,12 +8,13 @@
 
 Parts (all over one StoreCore, core.py):
   store.snapshots    snapshots.py   commit (and the write that makes it durable), load, info, list, delete,
-                                    pin, label, find_prefix, wait_durable
+                                    pin, label, wait_durable
   store.sessions     sessions.py    create, get, has, list, touch, head, history, branch, set_head, reset
   store.transcripts  transcript.py  a session's or a snapshot's transcript: append, replace, truncate
   store.names        name_table.py  the Engram API's names: turns, branch names, custom ids, the latest save
   store.retention    retention.py   keep-last-N, TTL, the disk and prefix budgets, gc; follows the tier plan
-  store.prefixes     prefixes.py    prefix states: put, longest, load (shared prompt beginnings, no session)
+  store.prefixes     prefixes.py    prefix states: put, load (shared prompt beginnings, no session)
+  store.candidates   candidates.py  the snapshots and prefix states a prompt's token ids could start from
 Storage: a snapshot's attention KV is kept in content-addressed blocks shared by every snapshot and prefix
 state holding the same tokens (blocks.py); its own file holds the rest. A load joins them (bitwise the payload
 committed); `snapshots export` still writes one self-contained file (files.read_payload).
@@ -41,6 +42,7 @@ from typing import Any, Callable
 
 from engramctl.errors import UsageError
 from engramctl.settings import Settings
+from engramctl.store.candidates import Candidates
 from engramctl.store.core import StoreCore
 from engramctl.store.files import SnapshotFiles
 from engramctl.store.index import Index
@@ -66,7 +68,8 @@ class Store:
         self.retention = Retention(core)
         self.snapshots = Snapshots(core, self.sessions, self.retention)
         self.names = NameTable(core, self.sessions)
-        self.prefixes = Prefixes(core, self.snapshots, self.retention)
+        self.candidates = Candidates(core)
+        self.prefixes = Prefixes(core, self.snapshots, self.retention, self.candidates)
 
     @classmethod
     def open(

@@ -192,3 +192,29 @@ def test_on_a_gpu_the_peer_is_the_cpu_front_end_over_our_cuda_libraries(tmp_path
     # no CPU build to take the front-end from, and none to be built: said why
     binary, why = find_or_build(tmp_path / "empty", said.append, build=False, cuda_archs=("90-real",), cuda_libs=wheel)
     assert binary is None and "not built yet" in why
+
+
+def test_other_snapshots_fill_the_store_through_its_api_before_the_daemon_starts(gguf, engram_home, tiny_engine):
+    """`bench serve --other-snapshots N`: N snapshots of other sessions, of the served model (every prompt's lookup
+    considers them), durable in the store the daemon then opens; none is ever a prompt's start."""
+    from engramctl.bench.serve.others import OTHER_PREFIX, PER_SESSION, fill
+    from engramctl.engine.gguf_header import gguf_fingerprint, read_header
+    from engramctl.settings import load_settings
+    from engramctl.store.store import Store
+    from tests.helpers.inprocess import InProcessDaemon
+
+    info = fill(engram_home, gguf, 23, seed=1)
+    assert info["snapshots"] == 23 and info["sessions"] == -(-23 // PER_SESSION)
+    with Store.open(load_settings()) as s:
+        snaps = s.snapshots.list()
+        assert len(snaps) == 23 and all(r.durable and r.session.startswith(OTHER_PREFIX) for r in snaps)
+        assert {r.fingerprint for r in snaps} == {gguf_fingerprint(read_header(gguf))}
+        assert len(s.sessions.list()) == info["sessions"]
+    with InProcessDaemon(tiny_engine("llama.cpp")) as d:
+        oai, h = d.clients()
+        r = oai.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hello?"}], max_tokens=2, temperature=0
+        )
+        assert r.usage.prompt_tokens_details.cached_tokens == 0
+        assert len(d.store.snapshots.list()) == 23 + 2  # its prompt and reply snapshots beside them
+        h.close()

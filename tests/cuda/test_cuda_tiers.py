@@ -135,8 +135,8 @@ def test_vram_tier_holds_real_cuda_tensors_and_restores_exactly(open_store, zoo)
     backend.decode(live, int(torch.argmax(got)))
     assert torch.equal(got, expected)
     assert _equal(s._placement.get(a, touch=False)[0][0], originals[0])  # inject copied, never aliased
-    found = s.snapshots.find_prefix(token_ids(N_TOKENS, seed=10) + more, backend.info.fingerprint)
-    assert found is not None and found[0].id == a and found[1] == N_TOKENS
+    found = s.candidates.find(token_ids(N_TOKENS, seed=10) + more, backend.info.fingerprint)
+    assert found and (found[0].id, found[0].n_tokens, found[0].tier) == (a, N_TOKENS, "vram")
 
 
 def test_a_store_opened_before_the_gpu_was_seen_gets_its_vram_tier_on_replan(open_store, zoo, tmp_path):

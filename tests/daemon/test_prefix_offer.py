@@ -22,5 +22,6 @@ def test_the_states_at_a_turns_stops_are_kept_as_prefix_states(tiny_engine):
         kept = sorted(store.prefixes.list(), key=lambda rec: rec.n_tokens)
         assert [rec.n_tokens for rec in kept] == [4, 9]
         for rec in kept:  # each holds exactly the prompt's first n tokens
-            assert store.prefixes.longest(ids[: rec.n_tokens]) == (rec.id, rec.n_tokens)
+            (found,) = store.candidates.find(ids[: rec.n_tokens], None, kinds=("prefix",), min_tokens=rec.n_tokens)
+            assert (found.id, found.n_tokens) == (rec.id, rec.n_tokens)
         assert r.prompt_tokens == plain.prompt_tokens and r.snapshot_id is not None  # recorded as any turn

@@ -190,17 +190,106 @@ def test_only_a_prompt_that_starts_a_conversation_stops_at_intervals(engines, en
     from engramctl.daemon.prefix_states import PrefixStates
     from engramctl.engine.boundaries import INTERVAL_TOKENS
 
-    prefixes = PrefixStates(engines("llama.cpp", "granitemoehybrid"), store=None)
-    feed = list(range(5, 5 + 2 * INTERVAL_TOKENS + 10))
-    assert prefixes.stops(None, "", feed, 0, opens=True) == [INTERVAL_TOKENS, 2 * INTERVAL_TOKENS]
-    assert prefixes.stops(None, "", feed, 0, opens=False) == []
-    tok = prefixes.engine.tokenizer  # a conversation going on: a message starting right after its state is not new
-    history = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi."}]
-    consumed = tok.render(history[:1], add_generation_prompt=True) + "Hi.<|im_end|>"
-    messages = [*history, {"role": "user", "content": "Tell me more, please."}]
-    full = tok.render(messages, add_generation_prompt=True)
-    assert full.startswith(consumed)
-    fed = tok.encode(full[len(consumed) :])
-    start = len(tok.encode(consumed))
-    assert prefixes.stops(messages, consumed, fed, start, opens=True) == [start + 1]  # the "\n" after <|im_end|>
-    assert prefixes.stops(messages, consumed, fed, start, opens=False) == []
+    engine = engines("llama.cpp", "granitemoehybrid")
+    with InProcessDaemon(engine) as d:
+        prefixes = PrefixStates(engine, d.store)
+        feed = list(range(5, 5 + 2 * INTERVAL_TOKENS + 10))
+        assert prefixes.stops(None, feed, 0, opens=True) == [INTERVAL_TOKENS, 2 * INTERVAL_TOKENS]
+        assert prefixes.stops(None, feed, 0, opens=False) == []
+        tok = engine.tokenizer  # a conversation going on: a message starting right after its state is not new
+        history = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi."}]
+        consumed = tok.render(history[:1], add_generation_prompt=True) + "Hi.<|im_end|>"
+        messages = [*history, {"role": "user", "content": "Tell me more, please."}]
+        full = tok.render(messages, add_generation_prompt=True)
+        assert full.startswith(consumed)
+        ids = tok.encode(full)
+        start = len(tok.encode(consumed))
+        assert ids[:start] == tok.encode(consumed)
+        assert prefixes.stops(messages, ids, start, opens=True, held_text=consumed) == [start + 1]  # the "\n"
+        assert prefixes.stops(messages, ids, start, opens=True) == [start + 1]  # a state that knows only its ids
+        assert prefixes.stops(messages, ids, start, opens=False, held_text=consumed) == []
+
+
+def test_a_conversation_from_a_prefix_state_keeps_its_later_message_stops(engines, engram_home):
+    """A prompt restored from the system prompt's state still keeps a state where its last user message
+    starts (the stops are the whole prompt's, from token 0, past the restored start)."""
+    engine = engines("llama.cpp", "granitemoehybrid")
+    tok = engine.tokenizer
+    n_system = _system_tokens(engine)
+    longer = [
+        SYSTEM,
+        {"role": "user", "content": "Where should I go in May?"},
+        {"role": "assistant", "content": "Somewhere warm and quiet, by the sea."},
+        {"role": "user", "content": "And in June?"},
+    ]
+    n_last = len(tok.encode(tok.render(longer[:3], add_generation_prompt=False)))
+    with InProcessDaemon(engine) as d:
+        oai, h = d.clients()
+        _ask(oai, "Something else first?")
+        r = oai.chat.completions.create(model="m", messages=longer, max_tokens=3, temperature=0)
+        assert r.model_extra["engram"]["cached_tokens"] == n_system  # from the system prompt's state
+        assert sorted(p.n_tokens for p in d.store.prefixes.list()) == [n_system, n_last]
+        again = [*longer[:3], {"role": "user", "content": "And in July, somewhere cheaper?"}]
+        r = oai.chat.completions.create(model="m", messages=again, max_tokens=3, temperature=0)
+        assert r.model_extra["engram"]["cached_tokens"] == n_last  # a regeneration lands on it
+        h.close()
+
+
+def test_no_prefix_budget_captures_nothing(engines, engram_home):
+    engine = engines("llama.cpp", "granitemoehybrid")
+    with InProcessDaemon(engine, prefix_state_bytes=0) as d:
+        oai, h = d.clients()
+        _ask(oai, "First question?")
+        second = _ask(oai, "Second question?")
+        assert second["cached_tokens"] == 0
+        assert d.daemon.service.prefixes.counts()["kept_since_start"] == 0 and d.store.prefixes.list() == []
+        h.close()
+
+
+def test_after_a_dtype_change_prefix_states_of_the_new_dtype_are_kept_and_used(engines, served_model, engram_home):
+    """Transformers' fingerprint is dtype-independent: a state of another dtype is not a candidate (the lookup
+    covers dtype and state format), so the new dtype keeps and reuses its own."""
+    from engramctl.engine.loading import load_engine
+
+    n_system = _system_tokens(engines("transformers", "granitemoehybrid"))
+    with InProcessDaemon(engines("transformers", "granitemoehybrid")) as d:
+        oai, h = d.clients()
+        _ask(oai, "In float32?")
+        d.store.flush()
+        (f32,) = d.store.prefixes.list()
+        h.close()
+    path = served_model("transformers", "granitemoehybrid")
+    bf16 = load_engine(
+        str(path), path.parent, "cpu", "bfloat16", backend="transformers", model_id="tiny-granitemoehybrid"
+    )
+    assert bf16.info.fingerprint == f32.fingerprint
+    with InProcessDaemon(bf16) as d:
+        oai, h = d.clients()
+        first = _ask(oai, "In bfloat16 now?")
+        assert first["cached_tokens"] == 0
+        second = _ask(oai, "And again in bfloat16?")
+        assert second["cached_tokens"] == n_system
+        assert len(d.store.prefixes.list()) == 2  # one per dtype; the float32 one is there for a restart in it
+        h.close()
+
+
+def test_a_refused_prefix_state_is_dropped_not_retried(engines, engram_home):
+    """A prefix state whose metadata does not say its dtype passes the lookup but is refused at load: it is
+    dropped, and the prompt computes (and keeps) a usable one."""
+    engine = engines("llama.cpp", "granitemoehybrid")
+    n_system = _system_tokens(engine)
+    with InProcessDaemon(engine) as d:
+        oai, h = d.clients()
+        _ask(oai, "Before?")
+        d.store.flush()
+        (kept,) = d.store.prefixes.list()
+        tensors, meta = d.store.prefixes.load(kept.id, copy=True)
+        d.store.prefixes.delete(kept.id)
+        unsure = {k: v for k, v in meta.items() if k != "dtype"}
+        bad = d.store.prefixes.put(tensors, unsure, tensors["token_ids"].tolist())
+        d.store.flush()
+        after = _ask(oai, "After?")
+        assert after["cached_tokens"] == 0
+        assert bad not in {p.id for p in d.store.prefixes.list()}
+        assert _ask(oai, "And then?")["cached_tokens"] == n_system  # the usable one kept in its place
+        h.close()

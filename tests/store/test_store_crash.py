@@ -177,8 +177,8 @@ def test_a_kill_at_each_step_of_a_block_commit_or_delete_leaves_no_dangling_or_l
     head = s.snapshots.info(s.sessions.get("a").head)
     assert head.n_tokens in (300, 560)  # before or after the commit, never in between
     assert same_payload(s.snapshots.load(head.id), prefix_of(full, head.n_tokens, 1 if head.n_tokens == 300 else 2))
-    hit = s.prefixes.longest(full[0]["token_ids"].tolist(), fingerprint=full[1]["fingerprint"])
-    assert hit is not None and hit[1] in (280, 600)
+    hit = s.candidates.find(full[0]["token_ids"].tolist(), full[1]["fingerprint"], kinds=("prefix",))
+    assert hit and hit[0].n_tokens in (280, 600)
     s.close()
     assert _blocks_step(engram_home, "delete" if step == "commit" else "commit", None) == 0  # it goes on
     s = open_store(ram=0, disk="64MB")

@@ -40,6 +40,12 @@ def open_prefix_store(engram_home, clock):
         s.close()
 
 
+def longest(store, ids, fingerprint, kinds=("prefix",)):
+    """(id, n_tokens) of the longest prefix state of `ids` the store's lookup finds, or None."""
+    found = store.candidates.find(ids, fingerprint, kinds=kinds)
+    return (found[0].id, found[0].n_tokens) if found else None
+
+
 def put(store, payload) -> str:
     tensors, meta = payload
     return store.prefixes.put(tensors, meta, tensors["token_ids"].tolist())
@@ -53,14 +59,14 @@ def test_put_longest_load(backend, open_prefix_store):
     s = open_prefix_store()
     a, b = put(s, p40), put(s, p300)
     assert put(s, p300) == b and len(s.prefixes.list()) == 2  # the same ids again: a no-op
-    assert s.prefixes.longest(ids[:300] + [7, 8, 9], fingerprint=fp) == (b, 300)
-    assert s.prefixes.longest(ids[:300], fingerprint=fp) == (b, 300)  # all of the prompt counts too
-    assert s.prefixes.longest(ids[:299], fingerprint=fp) == (a, 40)
-    assert s.prefixes.longest(ids[:200] + ids_of(50, seed=3), fingerprint=fp) == (a, 40)
-    assert s.prefixes.longest(ids[:39], fingerprint=fp) is None
-    assert s.prefixes.longest(ids_of(400, seed=2), fingerprint=fp) is None
-    assert s.prefixes.longest(ids, fingerprint="another model") is None
-    assert s.prefixes.longest(ids) == (b, 300)  # no fingerprint: any model's
+    assert longest(s, ids[:300] + [7, 8, 9], fp) == (b, 300)
+    assert longest(s, ids[:300], fp) == (b, 300)  # all of the prompt counts too
+    assert longest(s, ids[:299], fp) == (a, 40)
+    assert longest(s, ids[:200] + ids_of(50, seed=3), fp) == (a, 40)
+    assert longest(s, ids[:39], fp) is None
+    assert longest(s, ids_of(400, seed=2), fp) is None
+    assert longest(s, ids, "another model") is None
+    assert longest(s, ids, None) == (b, 300)  # no fingerprint: any model's
     loaded = s.prefixes.load(b)  # pending or in memory: the payload as put
     assert same(loaded, p300)
     s.flush()
@@ -69,7 +75,7 @@ def test_put_longest_load(backend, open_prefix_store):
     from_payload(*loaded, backend.spec)
     # hidden from the snapshots and sessions, and from the snapshots' own prefix lookup
     assert s.snapshots.list() == [] and s.sessions.list() == []
-    assert s.snapshots.find_prefix(ids, fp) is None
+    assert longest(s, ids, fp, kinds=("snapshot",)) is None
     with pytest.raises(NotFound):
         s.prefixes.info(s.snapshots.commit("chat", p40).id)
     s.flush()
@@ -91,7 +97,7 @@ def test_prefix_states_survive_a_restart_and_share_blocks_with_snapshots(backend
     s.close()
     s = open_prefix_store()
     assert s.reconcile_report.clean
-    assert s.prefixes.longest(ids, fingerprint=backend.spec.fingerprint) == (pid, TWO)
+    assert longest(s, ids, backend.spec.fingerprint) == (pid, TWO)
     loaded, came_from = s.prefixes.load_from(pid)
     assert came_from == "disk" and same(loaded, p_two)
     s.snapshots.delete(rec.id, force=True)  # the blocks stay: the prefix state uses them
@@ -120,7 +126,7 @@ def test_the_prefix_budget_evicts_the_least_recently_used(backend, open_prefix_s
     assert {p.id for p in s.prefixes.list()} == {a, c}
     with pytest.raises(NotFound):
         s.prefixes.load(b)
-    assert s.prefixes.longest(p2[0]["token_ids"].tolist()) is None
+    assert longest(s, p2[0]["token_ids"].tolist(), None) is None
     s.retention.gc()  # keep-last (1) does not apply to prefix states
     assert {p.id for p in s.prefixes.list()} == {a, c}
     assert_consistent(s)
@@ -139,7 +145,7 @@ def test_a_damaged_prefix_state_is_dropped_not_used(backend, open_prefix_store, 
     s = open_prefix_store()
     with pytest.raises(SnapshotCorrupt):
         s.prefixes.load(pid)
-    assert s.prefixes.longest(ids_of(300)) is None and s.prefixes.list() == []
+    assert longest(s, ids_of(300), None) is None and s.prefixes.list() == []
     assert_consistent(s)
 
 
@@ -154,3 +160,24 @@ def test_put_refuses_ids_that_disagree_with_the_state(backend, open_prefix_store
     without = {k: v for k, v in tensors.items() if k != "token_ids"}
     pid = s.prefixes.put(without, meta, ids_of(50))  # the ids given become its token_ids
     assert same(s.prefixes.load(pid), p)
+
+
+def test_a_state_of_another_dtype_is_neither_found_nor_taken_for_the_same(backend, open_prefix_store):
+    """The model fingerprint is dtype-independent: the lookup and put's "the same ids again" also compare the
+    dtype (and state format) the metadata records, from memory and from the file's header."""
+    ids = ids_of(100)
+    (p,) = states(backend, ids, [100])
+    tensors, meta = p
+    fp, dtype = meta["fingerprint"], meta["dtype"]
+    s = open_prefix_store()
+    other = s.prefixes.put(tensors, {**meta, "dtype": "bfloat16"}, ids)
+    assert s.candidates.find(ids, fp, state={"dtype": dtype}) == []
+    assert [c.id for c in s.candidates.find(ids, fp, state={"dtype": "bfloat16"})] == [other]
+    mine = put(s, p)
+    assert mine != other and len(s.prefixes.list()) == 2
+    s.close()
+    s = open_prefix_store()
+    assert [c.id for c in s.candidates.find(ids, fp, state={"dtype": dtype, "state_format": meta["state_format"]})] == [
+        mine
+    ]
+    assert put(s, p) == mine

@@ -22,7 +22,7 @@ from typing import Callable
 
 import httpx
 
-from engramctl.bench.serve import shared, workloads
+from engramctl.bench.serve import others, shared, workloads
 from engramctl.bench.serve.client import GREEDY
 from engramctl.bench.serve.stops import no_end
 from engramctl.bench.serve.servers import Server
@@ -63,6 +63,8 @@ class ServeConfig:
     agent_tokens: int = 32  # (e) tokens per reply
     long_context: int = 16384  # (f) the long conversation grows to this many tokens
     long_turn_tokens: int = 3000  # (f) tokens each turn's message adds
+    long_turns: int | None = None  # (f) turns at most (None: to long_context)
+    other_snapshots: int = 0  # other sessions' snapshots in the daemon's store before it starts (others.py)
     seed: int = 0
     llama_server: Path | None = None
     peer_on_gpu: bool = False  # llama-server built with CUDA: every layer on the GPU (-ngl 999)
@@ -100,6 +102,11 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
     daemon = Server.engramctl(cfg.gguf, threads=cfg.threads, home=work / "home")
     result: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}}
     try:
+        others_bytes = 0
+        if cfg.other_snapshots:
+            say(f"putting {cfg.other_snapshots} snapshots of other sessions in the daemon's store")
+            result["other_snapshots"] = others.fill(work / "home", cfg.gguf, cfg.other_snapshots, cfg.seed)
+            others_bytes = result["other_snapshots"]["data_dir_bytes"] = shared.dir_bytes(work / "home")
         say(f"starting engramctl serve on {cfg.gguf.name} ({cfg.threads} threads)")
         ends = no_end(cfg.gguf)  # every reply of (a) and (c) runs to its max_tokens on both servers
         with daemon, httpx.Client(timeout=600.0) as client:
@@ -131,7 +138,15 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                         f"(f) one conversation resent whole to {cfg.long_context} tokens, {cfg.long_turn_tokens} a turn"
                     )
                     result["long"] = shared.long_conversation(
-                        client, servers, work / "home", ctx_long, cfg.long_turn_tokens, cfg.agent_tokens, cfg.seed
+                        client,
+                        servers,
+                        work / "home",
+                        ctx_long,
+                        cfg.long_turn_tokens,
+                        cfg.agent_tokens,
+                        cfg.seed,
+                        max_turns=cfg.long_turns,
+                        others_bytes=others_bytes,
                     )
             finally:
                 if peer:

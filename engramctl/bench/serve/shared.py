@@ -19,6 +19,7 @@ import httpx
 
 from engramctl.bench.material import filler_text, user_message
 from engramctl.bench.serve.client import GREEDY, stream_chat
+from engramctl.bench.serve.others import OTHER_PREFIX
 from engramctl.bench.serve.servers import Server
 from engramctl.bench.serve.workloads import Meter, abba, clients_at_once, stats
 
@@ -69,7 +70,7 @@ def agents(
     return per
 
 
-def _dir_bytes(path: Path) -> int:
+def dir_bytes(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
@@ -81,9 +82,14 @@ def _dir_bytes(path: Path) -> int:
 
 
 def _snapshot_sizes(client: httpx.Client, daemon: Server) -> list[tuple[int, int]]:
-    """(tokens, whole size in bytes: its own file and every KV block it uses) of every snapshot the daemon keeps."""
+    """(tokens, whole size in bytes: its own file and every KV block it uses) of every snapshot the daemon keeps
+    but the other sessions' a --other-snapshots run put there first (others.py)."""
     body = client.get(daemon.url + "/list_snapshots", headers=daemon.headers).json()
-    return [(int(s.get("tokens") or 0), int(s.get("bytes") or 0)) for s in body.get("snapshots", [])]
+    return [
+        (int(s.get("tokens") or 0), int(s.get("bytes") or 0))
+        for s in body.get("snapshots", [])
+        if not str(s.get("session") or "").startswith(OTHER_PREFIX)
+    ]
 
 
 def state_cost(sizes: list[tuple[int, int]]) -> tuple[float, float] | None:
@@ -105,17 +111,22 @@ def long_conversation(
     turn_tokens: int,
     reply_tokens: int,
     seed: int,
+    max_turns: int | None = None,
+    others_bytes: int = 0,
 ) -> dict:
     """A stock client resending its history, each turn a ~`turn_tokens`-token message, while the next turn
-    fits `context_tokens` (with room for the message's tokens to run 20% over). Per turn: TTFT per server, the
-    daemon's bytes written and data dir size."""
+    fits `context_tokens` (with room for the message's tokens to run 20% over), `max_turns` turns at most. Per
+    turn: TTFT per server, the daemon's bytes written and data dir size (less `others_bytes`: other sessions'
+    snapshots put there before the daemon started)."""
     history: dict[str, list[dict]] = {s.name: [] for s in servers}
     daemon = next(s for s in servers if s.name == "engramctl")
     rows = []
     prompt_tokens = 0
     turn = 0
     with Meter(servers) as meter:
-        while prompt_tokens + int(1.2 * turn_tokens) + 2 * reply_tokens < context_tokens:
+        while prompt_tokens + int(1.2 * turn_tokens) + 2 * reply_tokens < context_tokens and (
+            max_turns is None or turn < max_turns
+        ):
             notes = filler_text(seed + 31 * turn, int(turn_tokens * SYSTEM_CHARS_PER_TOKEN))
             notes = notes[: int(turn_tokens * SYSTEM_CHARS_PER_TOKEN)].rsplit(" ", 1)[0]
             user = {"role": "user", "content": f"{user_message(turn)}\n\nMore notes:\n{notes}"}
@@ -133,7 +144,7 @@ def long_conversation(
                 }
                 if s is daemon:
                     row["written_bytes"] = daemon.written_bytes() - written0
-                    row["data_dir_bytes"] = _dir_bytes(daemon_data)
+                    row["data_dir_bytes"] = dir_bytes(daemon_data) - others_bytes
                     prompt_tokens = reply.prompt_tokens or prompt_tokens
                     row["new_tokens"] = (reply.prompt_tokens or 0) - (reply.cached_tokens or 0) + reply_tokens
             rows.append(row)
