@@ -364,7 +364,9 @@ class Snapshots:
                 if c.index.snapshot(sid) is None:
                     raise NotFound(f"snapshot {sid} was deleted while it was being loaded.") from None
                 if isinstance(e, BlockCorrupt) and repair.from_hot_copy(c, e.block_id, e.message):
-                    return self.load_from(snapshot_id, copy=copy)  # whole again: a hot user held its bytes
+                    # whole again (a hot user held its bytes): read again within this load, as the wrapped
+                    # load_from would wait for this very load (inflight.py)
+                    return type(self).load_from.__wrapped__(self, snapshot_id, copy=copy, into=into)
                 if isinstance(e, BlockCorrupt):  # no copy: every snapshot using the block is lost, and only those
                     if is_snapshot_id(e.block_id) and c.files.block_size(e.block_id) is not None:
                         c.files.quarantine(c.files.block_path(e.block_id), e.message)
