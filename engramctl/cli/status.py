@@ -52,7 +52,7 @@ def daemon_fields(d: dict) -> list[tuple[str, Any]]:
         fields.append(("serves", serves))
     prefetched = prefetch_line(d.get("prefetched"))
     if prefetched:
-        fields.append(("prefetched", prefetched))
+        fields.append(("preload", prefetched))  # 7 letters: the column stays as wide
     if d.get("warmup_ms") is not None:
         fields.append(("warm-up", f"{d['warmup_ms']:.0f} ms before it was ready (one tiny prompt and decode)"))
     where = d.get("url") or (f"http://{d.get('host')}:{d.get('port')}" if d.get("port") else None)

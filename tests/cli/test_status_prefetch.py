@@ -23,6 +23,6 @@ def test_the_status_fields_carry_both_lines_and_nothing_without_them():
     d = {"model": "m", "pid": 7, "ready": True, "warmup_ms": 12.4}
     d["prefetched"] = {"states": 0, "bytes": 0, "loading": 0, "skipped": 0, "failed": 0, "done": True, "ms": 1.0}
     fields = dict(daemon_fields(d))
-    assert fields["prefetched"].startswith("0 recent states in memory")
+    assert fields["preload"].startswith("0 recent states in memory")
     assert fields["warm-up"].startswith("12 ms before it was ready")
-    assert "prefetched" not in dict(daemon_fields({"model": "m"})) and "warm-up" not in dict(daemon_fields({}))
+    assert "preload" not in dict(daemon_fields({"model": "m"})) and "warm-up" not in dict(daemon_fields({}))

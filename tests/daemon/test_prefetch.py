@@ -83,7 +83,7 @@ def test_a_restarted_daemons_first_turns_come_from_ram_and_answer_what_disk_does
             status = _prefetched(h)
             monkeypatch.setenv("ENGRAM_HOME", str(d.home))  # `engramctl daemon status` of that daemon
             shown = dict(daemon_fields(daemon_status(load_settings({}))))
-            assert shown["prefetched"].startswith(f"{status['prefetched']['states']} recent states in memory (")
+            assert shown["preload"].startswith(f"{status['prefetched']['states']} recent states in memory (")
             assert "before it was ready" in shown["warm-up"]
             p = status["prefetched"]
             assert p["states"] >= 2 and p["bytes"] >= sum(head_bytes.values()) * 0.9, p  # both heads, maybe prefixes

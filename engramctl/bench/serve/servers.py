@@ -140,15 +140,18 @@ class Server:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _process(self):
+    def _processes(self) -> list:
+        """The server's process and its descendants: `engramctl serve` is the daemon's watcher (daemon/watch.py)
+        with the daemon as its child, and a user runs both, so both are measured."""
         import psutil
 
         if self.proc is None:
             raise EngramError(f"{self.name} is not running.")
-        return psutil.Process(self.proc.pid)
+        top = psutil.Process(self.proc.pid)
+        return [top, *top.children(recursive=True)]
 
     def rss_bytes(self) -> int:
-        return int(self._process().memory_info().rss)
+        return sum(int(p.memory_info().rss) for p in self._processes())
 
     def settle(self, client: httpx.Client, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
         """Wait, untimed, until the daemon has written the snapshot files it owes: its writer thread works on
@@ -163,10 +166,9 @@ class Server:
             time.sleep(0.05)
 
     def written_bytes(self) -> int:
-        """Bytes the server process has caused to be written to storage (Linux /proc/<pid>/io write_bytes)."""
-        return int(self._process().io_counters().write_bytes)
+        """Bytes the server's processes have caused to be written to storage (Linux /proc/<pid>/io write_bytes)."""
+        return sum(int(p.io_counters().write_bytes) for p in self._processes())
 
     def cpu_s(self) -> float:
-        """CPU seconds the server process has used (all its threads)."""
-        t = self._process().cpu_times()
-        return t.user + t.system
+        """CPU seconds the server's processes have used (all their threads)."""
+        return sum(t.user + t.system for t in (p.cpu_times() for p in self._processes()))
