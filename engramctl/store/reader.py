@@ -319,6 +319,11 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     with _pool_lock:
         if _pool is None:
             _pool = concurrent.futures.ThreadPoolExecutor(READERS, thread_name_prefix="engram-read")
+            # all its threads at once (each waits for the others): a daemon's thread count is then the same after
+            # its first read as after its thousandth, as the soak test holds it to
+            started = threading.Barrier(READERS)
+            for _ in range(READERS):
+                _pool.submit(started.wait)
         return _pool
 
 
