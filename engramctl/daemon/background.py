@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engramctl.daemon import exits
+from engramctl.daemon.watch import child_env
 from engramctl.daemon.rundir import log_file, pid_path, read_state, running_pid
 from engramctl.daemon.runner import check_host
 from engramctl.errors import EngramError
@@ -106,9 +107,7 @@ def _spawn(settings: Settings) -> tuple[subprocess.Popen, int]:
     logfile = log_file(settings)
     _rotate(logfile)
     exits.forget(settings.paths.run_dir)
-    env = {**os.environ, **_settings_env(settings)}
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = child_env(_settings_env(settings))
     cmd = [sys.executable, "-m", "engramctl.daemon.watch"]
     with open(logfile, "ab") as f:
         offset = f.tell()

@@ -33,7 +33,8 @@ def daemon_command() -> list[str]:
     return [sys.executable, "-m", "engramctl.daemon"]
 
 
-def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment plus `extra`, this engramctl first on the path (the daemon runs the code that started it)."""
     env = {**os.environ, **(extra or {})}
     pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -84,7 +85,7 @@ def foreground(settings: Settings) -> int:
     probe.acquire()
     probe.release()
     exits.forget(settings.paths.run_dir)
-    child = run(daemon_command(), _child_env(settings_env(settings)))
+    child = run(daemon_command(), child_env(settings_env(settings)))
     death = exits.Death.of(child.returncode)
     if death is None or death.signal in (signal.SIGTERM, signal.SIGINT):
         return child.returncode if child.returncode >= 0 else 0
@@ -103,7 +104,7 @@ def main() -> int:
         offset = log.stat().st_size
     except OSError:
         offset = 0
-    child = run(daemon_command(), _child_env())
+    child = run(daemon_command(), child_env())
     death = exits.Death.of(child.returncode)
     if death is None or death.signal in (signal.SIGTERM, signal.SIGINT):
         return child.returncode if child.returncode >= 0 else 0
