@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
 import typer
 from typer.core import TyperGroup
 
-from engramctl.cli.output import EXIT_ERROR, EXIT_USAGE, HUMAN, JSON, QUIET, Output
-from engramctl.errors import EngramError, UsageError
+from engramctl.cli import failure, flags
+from engramctl.cli.output import EXIT_USAGE, Output, output_for
+from engramctl.errors import UsageError
 
 PROG = "engramctl"
 
@@ -42,49 +42,27 @@ class EngramGroup(TyperGroup):
             code = EXIT_USAGE
         except click_exc.UsageError as e:
             cmd = e.ctx.command_path if e.ctx is not None else PROG
-            out.error(_sentence(e.format_message()), f"{cmd} --help")
+            out.error(failure.sentence(e.format_message()), f"{cmd} --help")
             code = EXIT_USAGE
         except click_exc.ClickException as e:  # BadParameter and friends are UsageErrors; the rest
-            out.error(_sentence(e.format_message()))
+            out.error(failure.sentence(e.format_message()))
             code = e.exit_code
         except typer_exc.Abort:
             out.stderr.write("\n")
             code = 130
-        except EngramError as e:
-            out.error(_sentence(e.message), e.hint)
-            code = e.exit_code
-        except KeyboardInterrupt:
-            out.stderr.write("\n")
-            code = 130
-        except BrokenPipeError:
-            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - quiet the interpreter's flush at exit
-            code = EXIT_ERROR
-        except Exception as e:
-            if os.environ.get("ENGRAM_DEBUG"):
+        except BaseException as e:  # EngramError, KeyboardInterrupt and the rest: failure.py's, as quick.py's
+            code = failure.exit_code(e, out)
+            if code is None:
                 raise
-            out.error(f"unexpected {type(e).__name__}: {e}", "rerun with ENGRAM_DEBUG=1 for a traceback, and report it")
-            code = EXIT_ERROR
         if standalone_mode:
             sys.exit(code)
         return code
 
 
-def _sentence(text: str) -> str:
-    """Capitalize a message that starts with a plain lowercase word (not a path, id or option)."""
-    text = text.strip()
-    first = text.split(" ", 1)[0]
-    return text[:1].upper() + text[1:] if first.isalpha() and first.islower() else text
-
-
 # -- output mode options ------------------------------------------------------------------------------
-JsonOpt = typer.Option(False, "--json", help="Print JSON on stdout.")
-QuietOpt = typer.Option(False, "--quiet", "-q", help="Print only ids/names, one per line.")
-
-
-def output(json_: bool = False, quiet: bool = False) -> Output:
-    if json_ and quiet:
-        raise UsageError("--json and --quiet cannot be combined.", hint="pick one")
-    return Output(JSON if json_ else QUIET if quiet else HUMAN)
+JsonOpt = typer.Option(False, *flags.JSON, help=flags.JSON_HELP)
+QuietOpt = typer.Option(False, *flags.QUIET, help=flags.QUIET_HELP)
+output = output_for  # the Output of a command's --json/--quiet
 
 
 def counts(text: str, flag: str, example: str) -> tuple[int, ...]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence, TextIO
 
+from engramctl.errors import UsageError
 from engramctl.units import human_bytes, human_duration
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -256,6 +257,13 @@ class Output:
         self.stderr.flush()
         answer = (stdin or sys.stdin).readline()
         return answer.strip().lower() in ("y", "yes")
+
+
+def output_for(json_: bool = False, quiet: bool = False) -> Output:
+    """The Output of a command's --json/--quiet flags."""
+    if json_ and quiet:
+        raise UsageError("--json and --quiet cannot be combined.", hint="pick one")
+    return Output(JSON if json_ else QUIET if quiet else HUMAN)
 
 
 def dumps_indented(obj: Any) -> str:

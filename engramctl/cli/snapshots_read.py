@@ -1,5 +1,6 @@
 """`engramctl snapshots ls | info | export | path`: the reads. They ask the daemon when it runs, else
-read the store (listing.py); nothing here changes anything."""
+read the store (listing.py); nothing here changes anything. ls is snapshots_ls.py's (quick.py runs it without
+typer); this declares its options."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any, Optional
 
 import typer
 
-from engramctl.cli import common
+from engramctl.cli import common, snapshots_ls
 from engramctl.cli.common import JsonOpt, QuietOpt
-from engramctl.cli.output import Column, ago, count, size, timestamp, yes_no
-from engramctl.cli.snapshots_common import IdArg, SessionOpt, read_listing, snapshot_columns
+from engramctl.cli.output import ago, count, size, timestamp, yes_no
+from engramctl.cli.snapshots_common import IdArg, SessionOpt, read_listing
 from engramctl.errors import UsageError
 
 
@@ -21,21 +22,7 @@ def ls(
     quiet: bool = QuietOpt,
 ) -> None:
     """List snapshots, oldest first (all sessions, or one with --session)."""
-    out = common.output(json_, quiet)
-    with read_listing(common.settings(), out, read_only=True) as listing:
-        snaps = listing.snapshots(session)
-    if not out.human:  # the columns (each id's shortest unique prefix among thousands) are the table's alone
-        out.table(snaps, [], quiet_key="id")
-        return
-    columns = snapshot_columns(snaps, with_session=session is None)
-    at = next((i + 1 for i, c in enumerate(columns) if c.header == "SIZE"), len(columns))
-    columns.insert(at, Column("SHARED", "shared_size_bytes", ">", size))  # of SIZE, the KV blocks others use too
-    out.table(
-        snaps,
-        columns,
-        quiet_key="id",
-        empty="No snapshots yet. Start one with: engramctl chat --session NAME",
-    )
+    snapshots_ls.ls(session, json_, quiet)
 
 
 def info(ref: str = IdArg, json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:

@@ -12,7 +12,8 @@ from engramctl.cli import common
 from engramctl.cli.common import JsonOpt, QuietOpt
 from engramctl.cli.complete import complete_session, complete_snapshot
 from engramctl.cli.output import size
-from engramctl.cli.snapshots_common import daemon_client, listing_over, snapshot_columns
+from engramctl.cli.snapshot_table import snapshot_columns
+from engramctl.cli.snapshots_common import daemon_client, listing_over
 from engramctl.errors import NotFound, UsageError
 from engramctl.store.names import MIN_ID_PREFIX
 

@@ -1,0 +1,29 @@
+"""`engramctl snapshots ls`: what it does, without typer, so that quick.py runs it as snapshots_read.py's Typer
+command does. It asks the daemon when one is ready, else reads the store's index alone (listing.IndexSource)."""
+
+from __future__ import annotations
+
+from engramctl.cli.output import Column, output_for, size
+from engramctl.cli.snapshot_table import snapshot_columns
+
+
+def ls(session: str | None, json_: bool, quiet: bool) -> None:
+    """List snapshots, oldest first (all sessions, or one with session)."""
+    from engramctl.cli.listing import open_listing
+    from engramctl.settings import load_settings
+
+    out = output_for(json_, quiet)
+    with open_listing(load_settings({}), out, read_only=True) as listing:
+        snaps = listing.snapshots(session)
+    if not out.human:  # the columns (each id's shortest unique prefix among thousands) are the table's alone
+        out.table(snaps, [], quiet_key="id")
+        return
+    columns = snapshot_columns(snaps, with_session=session is None)
+    at = next((i + 1 for i, c in enumerate(columns) if c.header == "SIZE"), len(columns))
+    columns.insert(at, Column("SHARED", "shared_size_bytes", ">", size))  # of SIZE, the KV blocks others use too
+    out.table(
+        snaps,
+        columns,
+        quiet_key="id",
+        empty="No snapshots yet. Start one with: engramctl chat --session NAME",
+    )
