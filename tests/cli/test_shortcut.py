@@ -1,0 +1,131 @@
+"""`snapshots ls` through main() runs without typer (cli/shortcut.py) and prints exactly what the Typer command
+prints, failures included; every other command line, --help among them, goes through Typer."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engramctl.cli import flags, shortcut
+from tests.cli.conftest import seed_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# run the command line the way the console script does (main()), or through the Typer app alone (root.run);
+# the last stderr line says whether typer was imported
+PROBE = """
+import sys
+from engramctl.cli import main
+how, sys.argv = sys.argv[1], ["engramctl", *sys.argv[2:]]
+try:
+    if how == "main":
+        main()
+    else:
+        from engramctl.cli import root
+        root.run(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+sys.stdout.flush()
+sys.stderr.write("\\nTYPER=" + str("typer" in sys.modules) + "\\n")
+sys.exit(code)
+"""
+
+
+def _run(how: str, args: list[str]) -> tuple[int, str, str, bool]:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, how, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    stderr, _, typer_line = proc.stderr.rpartition("\nTYPER=")
+    return proc.returncode, proc.stdout, stderr, typer_line.strip() == "True"
+
+
+def _same_table(text: str) -> list[str]:
+    """A human table's words, its CREATED column's ages ("just now", "3s ago") left out: the runs are seconds
+    apart."""
+    return re.sub(r"just now|\S+ ago", "", text).split()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--json"],
+        [],
+        ["-q"],
+        ["--session", "demo", "--json"],
+        ["-s", "other", "-q"],
+        ["--session=demo"],
+        ["--json", "-s", "nope"],  # an unknown session: Error/Hint, exit 1
+        ["-s", "../x", "--json"],  # not a session name
+        ["--json", "-q"],  # a usage error, exit 2
+    ],
+)
+def test_main_prints_what_the_typer_command_prints(args):
+    seed_store({"demo": 2, "other": 1}, pin=[("demo", 0)])
+    code, out, err, typer_imported = _run("main", ["snapshots", "ls", *args])
+    assert not typer_imported  # the shortcut ran it
+    t_code, t_out, t_err, t_typer = _run("typer", ["snapshots", "ls", *args])
+    assert t_typer  # the probe sees typer when the app runs
+    assert (code, err) == (t_code, t_err)
+    if "--json" in args or "-q" in args:
+        assert out == t_out
+    else:
+        assert _same_table(out) == _same_table(t_out) and out.count("\n") == t_out.count("\n")
+    if code:
+        assert err.startswith("Error: ") and out == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["-h"],
+        ["--bogus"],
+        ["--session"],  # no value
+        ["--session", "--json"],  # a dash-led value: Typer's to read
+        ["--session="],
+        ["-sdemo"],
+        ["-qs", "demo"],
+        ["--json=1"],
+        ["extra"],
+        ["-s", "a", "-s", "b"],  # repeated: Typer's rule
+        ["--", "-q"],
+    ],
+)
+def test_other_lines_are_typers(args):
+    assert shortcut.ls_options(args) is None
+    assert shortcut.run(["snapshots", "ls", *args]) is None
+
+
+def test_only_snapshots_ls_and_not_during_completion(monkeypatch):
+    assert shortcut.run(["snapshots", "info", "x"]) is None
+    assert shortcut.run(["sessions", "--json"]) is None
+    assert shortcut.run([]) is None
+    assert shortcut.ls_options(["-q", "--session", "demo"]) == {"session": "demo", "json_": False, "quiet": True}
+    monkeypatch.setenv("_ENGRAMCTL_COMPLETE", "complete_bash")
+    assert shortcut.run(["snapshots", "ls", "--json"]) is None
+
+
+def test_the_shortcut_knows_every_option_of_the_command():
+    """A new option on `snapshots ls` must be taught to shortcut.ls_options (or the shortcut dropped): a line
+    that uses it would still reach Typer, but the shortcut's names are the command's, no more and no fewer."""
+    import typer
+
+    from engramctl.cli import app
+
+    group = typer.main.get_command(app)
+    ls = group.commands["snapshots"].commands["ls"]
+    declared = {o for p in ls.params for o in (*p.opts, *p.secondary_opts)}
+    assert declared == {*flags.JSON, *flags.QUIET, *flags.SESSION}
+    assert {p.name for p in ls.params} == set(shortcut.ls_options([]))
