@@ -46,6 +46,7 @@ def _run(how: str, args: list[str]) -> tuple[int, str, str, bool]:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     stderr, _, typer_line = proc.stderr.rpartition("\nTYPER=")
     return proc.returncode, proc.stdout, stderr, typer_line.strip() == "True"
