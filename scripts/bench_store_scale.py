@@ -11,8 +11,8 @@ it, so the store keeps the K/V in shared blocks as the daemon does. Every commit
 
 Printed: the median commit+flush wall and CPU time over the first 100 snapshots, then per window of --window
 snapshots with its ratio to the first 100's; then, with the store closed, Store.open's wall/CPU time (median of 3)
-and `engramctl snapshots ls --json`
-run as a user runs it (a fresh process, ENGRAM_HOME pointing at the filled store, no daemon): wall and CPU (the
+and `engramctl snapshots ls --json` and `engramctl snapshots ls` (the table)
+run as a user runs them (a fresh process, ENGRAM_HOME pointing at the filled store, no daemon): wall and CPU (the
 child's user+sys) per run, median of 3, beside its floors (`python -c pass`, `engramctl --help`). --read-only
 --home DIR times only the open and the listing of a store filled before. Machine noise: read ratios within one
 run, not absolute figures.
@@ -141,37 +141,38 @@ def time_open(home: Path, repeat: int = 3) -> dict:
     }
 
 
-def time_ls(home: Path, repeat: int = 3) -> dict:
-    env = {**os.environ, "ENGRAM_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+def _child(args: list[str], env: dict, repeat: int) -> tuple[dict, bytes]:
+    """A command run `repeat` times in a fresh process: the median wall and CPU (the child's user+sys), in ms, and
+    the last run's stdout."""
     walls, cpus = [], []
-    n = 0
+    out = b""
     for _ in range(repeat):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         w0 = time.perf_counter()
-        out = subprocess.run(
-            [sys.executable, "-m", "engramctl", "snapshots", "ls", "--json"], env=env, capture_output=True, check=True
-        ).stdout
+        out = subprocess.run([sys.executable, *args], env=env, capture_output=True, check=True).stdout
         walls.append(time.perf_counter() - w0)
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-        n = len(json.loads(out))
-    # the floors, in the same run: Python's start alone, and the CLI's (its imports, `--help`)
+    return {"ms": round(1000 * statistics.median(walls), 1), "cpu_ms": round(1000 * statistics.median(cpus), 1)}, out
+
+
+def time_ls(home: Path, repeat: int = 3) -> dict:
+    """`snapshots ls --json` and the human table, run as a user runs them, beside the floors measured in the same
+    run: Python's start alone, and `engramctl --help` (the whole Typer app's imports)."""
+    env = {**os.environ, "ENGRAM_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    listed, out = _child(["-m", "engramctl", "snapshots", "ls", "--json"], env, repeat)
+    human, table = _child(["-m", "engramctl", "snapshots", "ls"], env, repeat)
     floors = {}
     for name, args in (("python", ["-c", "pass"]), ("help", ["-m", "engramctl", "--help"])):
-        fw, fc = [], []
-        for _ in range(repeat):
-            c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            w0 = time.perf_counter()
-            subprocess.run([sys.executable, *args], env=env, capture_output=True, check=True)
-            fw.append(time.perf_counter() - w0)
-            c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            fc.append(c1.ru_utime - c0.ru_utime + c1.ru_stime - c0.ru_stime)
-        floors[f"{name}_ms"] = round(1000 * statistics.median(fw), 1)
-        floors[f"{name}_cpu_ms"] = round(1000 * statistics.median(fc), 1)
+        floor, _ = _child(args, env, repeat)
+        floors[f"{name}_ms"], floors[f"{name}_cpu_ms"] = floor["ms"], floor["cpu_ms"]
     return {
-        "ls_json_ms": round(1000 * statistics.median(walls), 1),
-        "cpu_ms": round(1000 * statistics.median(cpus), 1),
-        "rows": n,
+        "ls_json_ms": listed["ms"],
+        "cpu_ms": listed["cpu_ms"],
+        "rows": len(json.loads(out)),
+        "ls_human_ms": human["ms"],
+        "ls_human_cpu_ms": human["cpu_ms"],
+        "table_lines": table.count(b"\n"),
         **floors,
     }
 

@@ -9,10 +9,12 @@ Changes never come here: they go through the daemon (connect.py). Torch is impor
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engramctl.cli.rows import session_rows, snapshot_rows
-from engramctl.protocol import Session, Snapshot
+
+if TYPE_CHECKING:  # the sources that make protocol objects import it themselves: IndexSource makes none
+    from engramctl.protocol import Session, Snapshot
 
 
 class DaemonSource:
@@ -25,6 +27,8 @@ class DaemonSource:
         self.client.close()
 
     def sessions(self) -> tuple[list[Session], set[str] | None]:
+        from engramctl.protocol import Session
+
         listed = self.client.sessions()
         return [Session.from_json(s) for s in listed], {s["name"] for s in listed if s.get("hot")}
 
@@ -32,6 +36,8 @@ class DaemonSource:
         return [(s.name, s.head, s.base) for s in self.sessions()[0]]
 
     def snapshots(self, session: str | None) -> list[Snapshot]:
+        from engramctl.protocol import Snapshot
+
         if session is not None:
             self.client.session(session)  # NotFound for an unknown session, like the store
         return [Snapshot.from_json(x) for x in self.client.list_snapshots(session)]
@@ -40,6 +46,8 @@ class DaemonSource:
         return [s.to_dict() for s in self.snapshots(session)]
 
     def snapshot(self, ref: str) -> Snapshot:
+        from engramctl.protocol import Snapshot
+
         return Snapshot.from_json(self.client.snapshot_info(ref))  # the daemon resolves a prefix by the store's rule
 
     def snapshot_transcript(self, sid: str) -> list[dict]:
@@ -62,18 +70,24 @@ class StoreSource:
         self.store.close()
 
     def sessions(self) -> tuple[list[Session], set[str] | None]:
+        from engramctl.protocol import Session
+
         return [Session.from_info(s) for s in self.store.sessions.list()], None  # nothing is in memory
 
     def session_refs(self) -> list[tuple[str, str | None, str | None]]:
         return [(s.name, s.head, s.base) for s in self.store.sessions.list()]
 
     def snapshots(self, session: str | None) -> list[Snapshot]:
+        from engramctl.protocol import Snapshot
+
         return [Snapshot.from_record(r) for r in self.store.snapshots.list(session)]
 
     def snapshot_dicts(self, session: str | None) -> list[dict]:
         return [s.to_dict() for s in self.snapshots(session)]
 
     def snapshot(self, ref: str) -> Snapshot:
+        from engramctl.protocol import Snapshot
+
         return Snapshot.from_record(self.store.snapshots.info(self.store.resolve(ref)))
 
     def snapshot_transcript(self, sid: str) -> list[dict]:

@@ -7,9 +7,10 @@ and a session's head tokens, tiers and stored bytes.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from engramctl.protocol import Session, Snapshot
+if TYPE_CHECKING:
+    from engramctl.protocol import Session, Snapshot
 
 
 def snapshot_rows(snaps: Iterable[dict], sessions: Iterable[tuple[str, str | None, str | None]]) -> list[dict]:
