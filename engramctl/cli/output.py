@@ -15,6 +15,7 @@ Nothing heavy is imported here: `engramctl --help` and completion load this modu
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -80,18 +81,25 @@ def short_ids(ids: Iterable[str], minimum: int = 12) -> dict[str, str]:
     """Shortest unique prefix of each id (at least `minimum` chars), like git's abbreviated hashes.
     Snapshot ids start with a millisecond timestamp, so short prefixes collide; 12 is the floor."""
     ordered = sorted(set(ids))
+    # the prefix each id shares with the next one in order: an id's neighbours are the only ones it can collide with
+    shared = [_common_prefix(a, b) for a, b in itertools.pairwise(ordered)]
     out: dict[str, str] = {}
     for i, sid in enumerate(ordered):
-        need = minimum
-        for other in (ordered[i - 1] if i else None, ordered[i + 1] if i + 1 < len(ordered) else None):
-            if other is None:
-                continue
-            common = 0
-            while common < min(len(sid), len(other)) and sid[common] == other[common]:
-                common += 1
-            need = max(need, common + 1)
+        need = max(minimum, shared[i - 1] + 1 if i else 0, shared[i] + 1 if i < len(shared) else 0)
         out[sid] = sid[: min(need, len(sid))]
     return out
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the prefix a and b share, by bisection on slices (compared in C, not a character at a time)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(frozen=True)
@@ -102,27 +110,29 @@ class Column:
     fmt: Callable[[Any], str] | None = None
 
     def cell(self, row: dict) -> str:
-        value = self.key(row) if callable(self.key) else row.get(self.key)
+        return self.cells([row])[0]
+
+    def cells(self, rows: Sequence[dict]) -> list[str]:
+        """The column's text in each row: its formatter's, else the value, "-" when None or empty."""
+        key = self.key
+        values = [key(r) for r in rows] if callable(key) else [r.get(key) for r in rows]
         if self.fmt is not None:
-            return self.fmt(value)
-        return "-" if value is None or value == "" else str(value)
+            return [self.fmt(v) for v in values]
+        return ["-" if v is None or v == "" else str(v) for v in values]
 
 
 def render_table(rows: Sequence[dict], columns: Sequence[Column], gap: int = 2) -> str:
     """A borderless table: UPPERCASE headers, columns separated by two spaces, no trailing blanks."""
-    cells = [[c.header.upper() for c in columns]] + [[c.cell(r) for c in columns] for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = []
-    for line in cells:
-        parts = []
-        for i, (text, col) in enumerate(zip(line, columns)):
-            last = i == len(columns) - 1
-            if col.align == ">":
-                parts.append(text.rjust(widths[i]))
-            else:
-                parts.append(text if last else text.ljust(widths[i]))
-        lines.append((" " * gap).join(parts).rstrip())
-    return "\n".join(lines)
+    texts = [[c.header.upper(), *c.cells(rows)] for c in columns]  # column by column: each key resolved once
+    padded = []
+    for i, (col, text) in enumerate(zip(columns, texts)):
+        width = max(map(len, text))
+        if col.align == ">":
+            padded.append([t.rjust(width) for t in text])
+        else:
+            padded.append(text if i == len(columns) - 1 else [t.ljust(width) for t in text])
+    sep = " " * gap
+    return "\n".join(sep.join(parts).rstrip() for parts in zip(*padded))
 
 
 def render_fields(fields: Sequence[tuple[str, Any]]) -> str:

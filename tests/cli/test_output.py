@@ -17,6 +17,15 @@ def test_render_table_borderless_uppercase_aligned():
     assert all(line == line.rstrip() for line in lines)
 
 
+def test_render_table_cells_and_last_column():
+    """None and "" read "-" (no formatter); a left-aligned last column is not padded; a callable key is called."""
+    rows = [{"a": None, "b": "x"}, {"a": "", "b": "longer"}, {"a": 7, "b": ""}]
+    cols = [Column("a", "a"), Column("len", lambda r: len(r["b"]), ">"), Column("b", "b")]
+    assert render_table(rows, cols).splitlines() == ["A  LEN  B", "-    1  x", "-    6  longer", "7    0  -"]
+    assert render_table([], cols) == "A  LEN  B"
+    assert cols[1].cell(rows[1]) == "6"
+
+
 def test_render_fields():
     assert render_fields([("id", "x"), ("last used", None)]) == "ID         x\nLAST USED  -"
 
@@ -27,6 +36,25 @@ def test_short_ids_unique_and_at_least_12():
     assert len(set(short.values())) == 3
     assert short[ids[2]] == "fedcba987654"
     assert short[ids[0]] == "0123456789ab0" and all(ids_.startswith(s) for ids_, s in short.items())
+
+
+def test_short_ids_are_the_shortest_unique_prefixes():
+    """Against the definition, over ids that share long prefixes (snapshot ids made in one millisecond do): each
+    id's prefix is the shortest of at least 12 characters that no other id starts with."""
+    import random
+
+    rng = random.Random(0)
+    stems = ["01a22480a4", "01a22480a5", "ffff"]
+    ids = {rng.choice(stems) + "".join(rng.choice("0123456789abcdef") for _ in range(rng.randint(2, 22)))}
+    while len(ids) < 400:
+        base = rng.choice(sorted(ids))
+        cut = rng.randint(0, len(base))
+        ids.add(base[:cut] + "".join(rng.choice("0123456789abcdef") for _ in range(rng.randint(1, 8))))
+    short = short_ids(ids)
+    for sid in ids:
+        others = [o for o in ids if o != sid]
+        n = next((n for n in range(12, len(sid) + 1) if not any(o.startswith(sid[:n]) for o in others)), len(sid))
+        assert short[sid] == sid[:n], sid
 
 
 def test_human_units():
