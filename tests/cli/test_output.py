@@ -116,3 +116,29 @@ def test_json_output_is_the_standard_librarys():
         assert dumps_indented(obj) == json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default)
     assert json.loads(dumps_indented({"ratio": float("nan")})) == {"ratio": None}  # NaN is not JSON
     assert json.loads(dumps_indented([1e16, 1e-7])) == [1e16, 1e-7]  # the same numbers, exponent spelled 1e16
+
+
+def test_emit_json_writes_the_same_text_to_any_stream():
+    """To a UTF-8 text stream over bytes emit_json writes orjson's bytes, after what was written as text before; to
+    a stream without bytes beneath (StringIO) or of another encoding, the same text."""
+    import json
+
+    obj = [{"id": "é→ü", "n": 1, "f": 1764372000.123456, "l": ["disk"]}]
+    expected = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+    raw = io.BytesIO()
+    utf8 = io.TextIOWrapper(raw, encoding="utf-8", write_through=False)
+    out = Output(JSON, stdout=utf8)
+    out.write("before\n", flush=False)  # still in the text layer's buffer
+    out.emit_json(obj)
+    assert raw.getvalue().decode() == "before\n" + expected
+    text = io.StringIO()
+    Output(JSON, stdout=text).emit_json(obj)
+    assert text.getvalue() == expected
+    raw = io.BytesIO()
+    utf16 = io.TextIOWrapper(raw, encoding="utf-16")
+    Output(JSON, stdout=utf16).emit_json(obj)
+    utf16.flush()
+    assert raw.getvalue().decode("utf-16") == expected
+    text = io.StringIO()
+    Output(JSON, stdout=text).emit_json({1: [2**70]})  # orjson refuses: the standard library's text
+    assert text.getvalue() == json.dumps({1: [2**70]}, indent=2) + "\n"
