@@ -14,11 +14,13 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple
 
 from engramctl.errors import EngramError
-from engramctl.store.records import SessionInfo, SnapshotRecord
 from engramctl.store.schema import MIGRATIONS
+
+if TYPE_CHECKING:  # imported where a record is made: `snapshots ls` reads the index and makes none
+    from engramctl.store.records import SessionInfo, SnapshotRecord
 
 
 class SnapshotState(NamedTuple):
@@ -556,6 +558,8 @@ def _statements(script: str) -> Iterator[str]:
 
 
 def _session(row: sqlite3.Row) -> SessionInfo:
+    from engramctl.store.records import SessionInfo
+
     return SessionInfo(
         name=row["name"],
         fingerprint=row["fingerprint"],
@@ -625,4 +629,6 @@ def _fields(v: tuple) -> dict[str, Any]:
 
 
 def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
+    from engramctl.store.records import SnapshotRecord
+
     return SnapshotRecord(**_fields(tuple(row[c] for c in _RECORD_COLUMNS)))
