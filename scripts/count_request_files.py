@@ -20,7 +20,8 @@ Variants of each, to find the method that gave the issue's "48 files today" at e
   no_init      less the packages' __init__.py
   no_vocab     less __init__.py and the modules below the store (errors, settings, units, protocol, pidlock)
   request      every thread but the store's writer (engram-writer), which writes snapshot files after commit
-Calls made in this script's own thread (the client, the flush) are not counted. Files are named relative to DIR. --root DIR runs another checkout's engramctl and tests (a `git worktree add` of
+Calls made in this script's own thread (the client, the flush) are not counted. Files are named relative to
+DIR. --root DIR runs another checkout's engramctl and tests (a `git worktree add` of
 an older commit) with this script, so that two commits are counted by one method.
 """
 
