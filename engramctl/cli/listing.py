@@ -202,15 +202,14 @@ def open_listing(settings: Any, out: Any, *, read_only: bool = False) -> Listing
     store yet: then the store is read, or, once the daemon holds it, the daemon is waited for.
     read_only: a listing of sessions and snapshots only, read from the index alone (IndexSource) while no
     ready daemon runs; a store whose index needs migrating is opened as usual."""
-    from engramctl.cli import connect
     from engramctl.errors import StoreLocked
 
     if read_only:
         from engramctl.daemon.rundir import running_pid
 
-        info = None if running_pid(settings) is None else connect.running(settings)  # none: no daemon's imports
+        info = None if running_pid(settings) is None else _running(settings)  # none: no daemon's imports
     else:
-        info = connect.running(settings)
+        info = _running(settings)
     if read_only and (info is None or not info.get("ready")):
         from engramctl.store.index import Index
 
@@ -224,6 +223,16 @@ def open_listing(settings: Any, out: Any, *, read_only: bool = False) -> Listing
         try:
             return Listing(StoreSource(Store.open(settings)), settings)
         except StoreLocked:
-            if connect.running(settings) is None:  # another engramctl command has it open for a moment
+            if _running(settings) is None:  # another engramctl command has it open for a moment
                 raise
+    from engramctl.cli import connect
+
     return over(connect.connect(settings, out, start=False)[0])
+
+
+def _running(settings: Any) -> dict | None:
+    """connect.running, imported only where a daemon may run: connect.py imports protocol, which a listing of the
+    index alone never needs."""
+    from engramctl.cli import connect
+
+    return connect.running(settings)
