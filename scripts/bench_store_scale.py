@@ -13,7 +13,8 @@ Printed: the median commit+flush wall and CPU time over the first 100 snapshots,
 snapshots with its ratio to the first 100's; then, with the store closed, Store.open's wall/CPU time (median of 3)
 and `engramctl snapshots ls --json` and `engramctl snapshots ls` (the table)
 run as a user runs them (a fresh process, ENGRAM_HOME pointing at the filled store, no daemon): wall and CPU (the
-child's user+sys) per run, median of 3, beside its floors (`python -c pass`, `engramctl --help`). --read-only
+child's user+sys) per run, median of 3 after one run not timed, with Python's bytecode cache on whatever the
+shell says (PYTHONDONTWRITEBYTECODE), beside its floors (`python -c pass`, `engramctl --help`). --read-only
 --home DIR times only the open and the listing of a store filled before. Machine noise: read ratios within one
 run, not absolute figures.
 """
@@ -142,8 +143,9 @@ def time_open(home: Path, repeat: int = 3) -> dict:
 
 
 def _child(args: list[str], env: dict, repeat: int) -> tuple[dict, bytes]:
-    """A command run `repeat` times in a fresh process: the median wall and CPU (the child's user+sys), in ms, and
-    the last run's stdout."""
+    """A command run `repeat` times in a fresh process, after one run not timed: the median wall and CPU (the
+    child's user+sys), in ms, and the last run's stdout."""
+    subprocess.run([sys.executable, *args], env=env, capture_output=True, check=True)  # writes the bytecode
     walls, cpus = [], []
     out = b""
     for _ in range(repeat):
@@ -160,6 +162,9 @@ def time_ls(home: Path, repeat: int = 3) -> dict:
     """`snapshots ls --json` and the human table, run as a user runs them, beside the floors measured in the same
     run: Python's start alone, and `engramctl --help` (the whole Typer app's imports)."""
     env = {**os.environ, "ENGRAM_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # as installed: with the bytecode Python caches (a shell with PYTHONDONTWRITEBYTECODE compiles every module of
+    # engramctl again at each start, a third of a small listing's time)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     listed, out = _child(["-m", "engramctl", "snapshots", "ls", "--json"], env, repeat)
     human, table = _child(["-m", "engramctl", "snapshots", "ls"], env, repeat)
     floors = {}

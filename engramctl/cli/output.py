@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence, TextIO
 
 from engramctl.errors import UsageError
@@ -62,6 +61,8 @@ def ago(ts: float | None, now: float | None = None) -> str:
 def timestamp(ts: float | None) -> str:
     if not ts:
         return "-"
+    from datetime import datetime  # here: a listing (snapshots ls) formats no timestamp
+
     return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
