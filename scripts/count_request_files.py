@@ -20,6 +20,7 @@ Variants of each, to find the method that gave the issue's "48 files today" at e
   no_init      less the packages' __init__.py
   no_vocab     less __init__.py and the modules below the store (errors, settings, units, protocol, pidlock)
   request      every thread but the store's writer (engram-writer), which writes snapshot files after commit
+  request_no_vocab  request less no_vocab's modules: of these, the one that gives 48 at efac82d (the second turn)
 Calls made in this script's own thread (the client, the flush) are not counted. Files are named relative to
 DIR. --root DIR runs another checkout's engramctl and tests (a `git worktree add` of
 an older commit) with this script, so that two commits are counted by one method.
@@ -108,11 +109,13 @@ def _counts(rec: Recorder, start: int, to_commit: int, to_durable: int) -> dict:
         no_init = {f for f in files if not f.endswith("__init__.py")}
         no_vocab = {f for f in no_init if f not in {os.path.join("engramctl", m) for m in VOCAB_MODULES}}
         request = {f for f, t in calls if t != WRITER_THREAD}
+        request_no_vocab = request & no_vocab
         out[window] = {
             "all": len(files),
             "no_init": len(no_init),
             "no_vocab": len(no_vocab),
             "request": len(request),
+            "request_no_vocab": len(request_no_vocab),
             "files": sorted(files),
             "writer_only": sorted(files - request),
         }
@@ -179,7 +182,7 @@ def main() -> int:
     for turn, r in results.items():
         for window in ("to_commit", "to_durable"):
             c = r[window]
-            summary = {k: c[k] for k in ("all", "no_init", "no_vocab", "request")}
+            summary = {k: c[k] for k in ("all", "no_init", "no_vocab", "request", "request_no_vocab")}
             print(json.dumps({"turn": turn, "window": window, **summary, "threads": r["threads"]}), flush=True)
             if args.files:
                 print("  " + "\n  ".join(c["files"]))
