@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engramctl.engine import llama_state
+from engramctl.engine import llama_place, llama_state
 from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.gguf_header import gguf_fingerprint, read_header
 from engramctl.engine.gguf_tokenizer import GgufTokenizer
@@ -399,7 +399,7 @@ class LlamaCppBackend:
 
     def place_state(self, meta: dict[str, str], entries: dict[str, tuple[str, tuple[int, ...]]]) -> dict | None:
         """store/reader.py's Placer: a snapshot this model wrote is read from disk straight into a blob laid out
-        as llama_state_seq_set_data takes it (llama_state.place); inject() then finds its tensors in place and
+        as llama_state_seq_set_data takes it (llama_place.place); inject() then finds its tensors in place and
         loads that blob (serialize copies nothing). None for any other snapshot: it is read as it is, and
         from_payload says what does not match."""
         if meta.get("backend") != BACKEND or meta.get("fingerprint") != self.spec.fingerprint:
@@ -408,7 +408,7 @@ class LlamaCppBackend:
         if not n.isdigit() or int(n) < 1:
             return None
         slack = 4 * (self._pool.n_seq - 1) if self._pool.streams else 0  # llama_streams.as_streams writes there
-        return llama_state.place(self.layout, int(n), entries, slack, take=self._buffers.take)
+        return llama_place.place(self.layout, int(n), entries, slack, take=self._buffers.take)
 
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here), beside

@@ -1,4 +1,4 @@
-"""Host buffers for the llama.cpp state blobs a restore reads from disk (llama_state.place), reused.
+"""Host buffers for the llama.cpp state blobs a restore reads from disk (llama_place.place), reused.
 
 A restore's floor is a read into memory already in place; a fresh buffer first has every page faulted in and
 zeroed by the kernel, and numpy's huge pages may compact memory for it: 50 ms of a 130 ms restore of 47 MB of

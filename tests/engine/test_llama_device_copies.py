@@ -10,7 +10,7 @@ import torch
 
 from engramctl.engine.llama_backend import LlamaCppBackend
 from engramctl.engine.llama_context import ContextSize, with_device_copies
-from engramctl.engine.llama_state import BlobLayout, LayerLayout
+from engramctl.engine.llama_format import BlobLayout, LayerLayout
 from engramctl.store import arrays
 
 
