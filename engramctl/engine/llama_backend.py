@@ -412,16 +412,22 @@ class LlamaCppBackend:
 
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here), beside
-        the resident ones (SequencePool.admit): from the blob it was captured from where the pool still has
-        it (SequencePool.original), else serialized from its tensors."""
+        the resident ones (SequencePool.admit): from the blob its tensors are views of (captured into, or read
+        into by store/reader.py), known by their identity once found (SequencePool.original), else serialized
+        from its tensors."""
         if state.layout != self.spec.layout:
             raise SnapshotMismatch(
                 f"state layout {list(state.layout)} does not fit this model's {list(self.spec.layout)}."
             )
-        blob, serial = self._pool.original(state) or (
-            llama_state.serialize(state.layers, self.layout, state.n_tokens),
-            None,
-        )
+        found = self._pool.original(state)
+        if found is not None:
+            blob, serial = found
+        else:
+            blob = llama_state.in_place(state.layers, self.layout, state.n_tokens)
+            if blob is not None:  # read into place: found there once, known by its arrays from now on
+                serial = self._pool.remember_blob(state, blob)
+            else:
+                blob, serial = llama_state.serialize(state.layers, self.layout, state.n_tokens, reuse=False), None
         live = Live(
             cache=ParkedState(blob, kept=serial),
             token_ids=list(state.token_ids),

@@ -63,7 +63,7 @@ class ParkedState:
     the blob of the last capture while it is still its state and its device copy while that is its state
     (the last three None once it has moved on)."""
 
-    __slots__ = ("blob", "captured", "device", "kept", "loaded", "seq", "__weakref__")
+    __slots__ = ("__weakref__", "blob", "captured", "device", "kept", "loaded", "seq")
 
     def __init__(self, blob: bytearray | None = None, kept: int | None = None):
         self.seq: int | None = None
@@ -318,26 +318,39 @@ class SequencePool:
         Granite-4.0-H-350M, ~60 ms in fresh pages on this VM)."""
         resident = self.holds(live)
         _cache(live).captured = blob
-        tensors = _tensors(state)
-        if not tensors:
-            return
-        serial = next(self._serials)
-        # keyed by the first tensor's id, dropped with the array (a WeakKeyDictionary would compare arrays with ==)
-        self._origins[id(tensors[0])] = (blob, state.n_tokens, [_where(t) for t in tensors], serial)
-        weakref.finalize(tensors[0], _forget, self._origins, id(tensors[0]), self.collected, serial)
-        if resident:
+        serial = self.remember_blob(state, blob)
+        if resident and serial is not None:
             self.keep(live, serial, blob, state.n_tokens)
 
+    def remember_blob(self, state: SessionState, blob) -> int | None:
+        """`state`'s tensors are views of `blob` laid out as set_data takes it (a capture's, or a restore read into
+        place and found there once): remember it until they are collected, so that `original` finds it without
+        looking at where each tensor lies again. The serial it is known by (None: a state without tensors)."""
+        tensors = _tensors(state)
+        if not tensors or not all(arrays.is_numpy(t) for t in tensors):
+            return None
+        serial = next(self._serials)
+        # keyed by the first tensor's id, dropped with the array (a WeakKeyDictionary would compare arrays with ==)
+        self._origins[id(tensors[0])] = (blob, state.n_tokens, _identity(tensors), serial)
+        weakref.finalize(tensors[0], _forget, self._origins, id(tensors[0]), self.collected, serial)
+        return serial
+
     def original(self, state: SessionState) -> tuple[bytearray, int] | None:
-        """The blob `state` was parsed from and its capture serial (what its kept state is known by), when its
-        tensors are still exactly those views (a state captured here and kept in RAM); None otherwise."""
+        """The blob `state`'s tensors are views of and its serial (what a kept state is known by), when they are
+        still exactly the views remembered (a state captured here, or read into place, and kept in RAM); else None.
+        Identity is enough: the arrays are the very objects remembered (held weakly), a numpy array's memory
+        cannot be rebound, and shape and dtype are compared again; the bytes are the blob's, which nothing
+        modifies (remember)."""
         tensors = _tensors(state)
         found = self._origins.get(id(tensors[0])) if tensors else None
         if found is None:
             return None
-        blob, n_tokens, where, serial = found
-        if n_tokens != state.n_tokens or [_where(t) for t in tensors] != where:
+        blob, n_tokens, identity, serial = found
+        if n_tokens != state.n_tokens or len(identity) != len(tensors):
             return None
+        for (ref, shape, dtype), t in zip(identity, tensors):
+            if ref() is not t or t.shape != shape or t.dtype != dtype:
+                return None
         return blob, serial
 
     def _park(self, live: Live) -> None:
@@ -350,10 +363,14 @@ class SequencePool:
         else:  # a Live that has consumed nothing has nothing to keep
             parked.blob = self.get_blob(parked.seq) if live.token_ids else None
         device = self.device
-        if device is not None and parked.blob is not None and not device.valid(parked.device):
-            # only cells that run from cell 0 without gaps can be copied (llama.cpp aborts on several ranges)
-            if self._is_packed(live) or not self.has_kv:
-                parked.device = device.save(parked.seq, len(parked.blob), parked)
+        # only cells that run from cell 0 without gaps can be copied (llama.cpp aborts on several ranges)
+        if (
+            device is not None
+            and parked.blob is not None
+            and not device.valid(parked.device)
+            and (self._is_packed(live) or not self.has_kv)
+        ):
+            parked.device = device.save(parked.seq, len(parked.blob), parked)
         self._clear(parked.seq)
 
     def _load_parked(self, live: Live, seq: int) -> None:
@@ -470,6 +487,6 @@ def _tensors(state: SessionState) -> list:
     return [t for layer in state.layers for t in layer.tensors().values()]
 
 
-def _where(t) -> tuple:
-    # same memory, shape and type as a view parse() made: the bytes are the blob's, which nothing modifies
-    return (arrays.kind(t), *arrays.where(t))
+def _identity(tensors: list) -> list[tuple]:
+    """What `original` compares: each array itself (weakly), its shape and its dtype."""
+    return [(weakref.ref(t), t.shape, t.dtype) for t in tensors]

@@ -210,8 +210,7 @@ def serialize(
     layers: list[LayerState] | tuple[LayerState, ...], layout: BlobLayout, n_tokens: int, *, reuse: bool = True
 ) -> bytearray:
     """The blob llama_state_seq_set_data takes for these layers: parse()'s exact inverse. When every tensor
-    already lies where the blob keeps it, in one buffer whose headers are already this blob's (a restore read
-    into place(), or a capture's views of its blob), that buffer is the blob, nothing copied (reuse=False: a new
+    already lies where the blob keeps it (`in_place`), that buffer is the blob, nothing copied (reuse=False: a new
     blob all the same)."""
     tensors = _layer_tensors(layers, layout)
     size, heads, spans = plan(layout, n_tokens, {key: _ggml_id(t) for key, t in tensors.items()})
@@ -227,6 +226,15 @@ def serialize(
     for at, head in heads:
         view[at : at + len(head)] = head
     return blob
+
+
+def in_place(layers: list[LayerState] | tuple[LayerState, ...], layout: BlobLayout, n_tokens: int):
+    """The one buffer in which every tensor of `layers` already lies where their blob keeps it, its headers already
+    that blob's (a restore read into llama_place.place(), or a capture's views of its blob): the blob itself, to
+    load as it lies; None when they are anywhere else."""
+    tensors = _layer_tensors(layers, layout)
+    size, heads, spans = plan(layout, n_tokens, {key: _ggml_id(t) for key, t in tensors.items()})
+    return _in_place(tensors, spans, size, layout.v_trans, heads)
 
 
 def _layer_tensors(layers, layout: BlobLayout) -> dict[tuple[int, str], object]:
