@@ -27,7 +27,7 @@ from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.gguf_header import gguf_fingerprint, read_header
 from engramctl.engine.gguf_tokenizer import GgufTokenizer
 from engramctl.engine.llama_batch import Batch
-from engramctl.engine.llama_buffers import HostBuffers
+from engramctl.engine.llama_buffers import AHEAD, HostBuffers
 from engramctl.engine.llama_build import loaded_build
 from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, SHARE_MIN_TOKENS, context_params, context_size
 from engramctl.engine.llama_layout import blob_layout
@@ -130,7 +130,7 @@ class LlamaCppBackend:
                 f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}"
             )
         self._pool = SequencePool(lib, self._ctx, size, layout.has_kv)
-        self._buffers = HostBuffers()  # restored blobs' memory, reused (llama_buffers.py)
+        self._buffers = HostBuffers()  # captured and restored blobs' memory, reused (llama_buffers.py)
         self.prompts_per_step = 1 if size.streams else None  # Engine.prompts_per_step
         self.kv_layout = (  # for `engramctl ps` (daemon/context.py serving)
             f"each in a KV stream of its own ({n_ctx} tokens)"
@@ -385,7 +385,9 @@ class LlamaCppBackend:
             raise EngramError("cannot capture a state that has consumed no tokens.")
         n = len(live.token_ids)
         with self._lock:
-            blob = self._pool.blob_of(live)
+            blob = self._pool.blob_of(live, take=self._buffers.take)  # memory faulted in already, if any
+            if not self._pool.streams:
+                self._buffers.prepare(int(len(blob) * AHEAD))  # the next capture's, beside the next step
             blob = llama_state.in_position_order(blob, self.layout, n)  # cells a batch left out of order
             layers = llama_state.parse(blob, self.layout, n)  # views of `blob`, never modified again
             state = SessionState(

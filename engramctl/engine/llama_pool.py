@@ -42,8 +42,10 @@ import ctypes
 import itertools
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from engramctl.engine import llama_state
 from engramctl.engine.backend import Live
@@ -118,10 +120,12 @@ class SequencePool:
         self._reap()
         return [ref() for ref in self._seated.values()]
 
-    def get_blob(self, seq: int = SEQ_ID) -> bytearray:
-        """A copy of what sequence `seq` holds, as llama.cpp serializes one sequence, renumbered to SEQ_ID."""
+    def get_blob(self, seq: int = SEQ_ID, take: Callable[[int], np.ndarray] | None = None) -> bytearray:
+        """A copy of what sequence `seq` holds, as llama.cpp serializes one sequence, renumbered to SEQ_ID: into
+        `take(size)`'s memory (llama_buffers.HostBuffers: reused, already faulted in) where given and the context
+        has one KV stream (one_stream cuts a bytearray), else into a new bytearray."""
         size = self._lib.llama_state_seq_get_size(self._ctx, seq)
-        blob = bytearray(size)
+        blob = take(size)[:size] if take is not None and not self.streams else bytearray(size)
         written = self._lib.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(blob), size, seq)
         if written != size:
             raise EngramError(f"llama.cpp wrote {written} of {size} state bytes: {take_errors()}")
@@ -305,9 +309,10 @@ class SequencePool:
         raise EngramError(f"a step of {len(keep)} conversations needs more than the context's {self.sequences}.")
 
     # -- captured states: where a restore's blob comes from ------------------------------------------
-    def blob_of(self, live: Live) -> bytearray:
-        """What `live` holds now, as one blob: copied out of its sequence while resident, else its parked blob."""
-        return self.get_blob(live.cache.seq) if self.holds(live) else live.cache.blob
+    def blob_of(self, live: Live, take: Callable[[int], np.ndarray] | None = None) -> bytearray:
+        """What `live` holds now, as one blob: copied out of its sequence while resident (into `take`'s memory:
+        get_blob), else its parked blob."""
+        return self.get_blob(live.cache.seq, take) if self.holds(live) else live.cache.blob
 
     def remember(self, live: Live, state: SessionState, blob: bytearray) -> None:
         """`state` was captured from `live` as views of `blob` (never modified again). Remember where it came
