@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import itertools
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -52,11 +51,11 @@ from engramctl.engine.backend import Live
 from engramctl.engine.llama_context import ContextSize
 from engramctl.engine.llama_device_copies import DeviceCopies, DeviceCopy
 from engramctl.engine.llama_lib import take_errors
+from engramctl.engine.llama_origins import Origins
 from engramctl.engine.llama_state import SEQ_ID, renumber
 from engramctl.engine.llama_streams import as_streams, of_streams, one_stream, one_stream_again
 from engramctl.errors import EngramError, SnapshotMismatch
 from engramctl.state import SessionState
-from engramctl.store import arrays
 
 
 class ParkedState:
@@ -103,9 +102,7 @@ class SequencePool:
             DeviceCopies(lib, ctx, first_slot, size.device_slots, size.device_bytes) if size.device_slots else None
         )
         self.collected: collections.deque[int] = collections.deque()  # serials to drop (finalizers append)
-        # a captured state's first tensor -> (its blob, tokens, where each tensor lives, capture serial): remember
-        self._origins: dict[int, tuple] = {}
-        self._serials = itertools.count(1)  # capture serials: what a kept state is known by
+        self.origins = Origins(self.collected)  # the blobs captured and placed states are views of (remember)
         self.restores: collections.Counter = collections.Counter()  # "kept" | "blob": how a state was loaded
         self.shares = 0  # prompts that started from another conversation's cells (share)
         # with streams, a restore's blob is rewritten for set_data (of_streams) into this buffer, kept: it holds the
@@ -328,35 +325,12 @@ class SequencePool:
             self.keep(live, serial, blob, state.n_tokens)
 
     def remember_blob(self, state: SessionState, blob) -> int | None:
-        """`state`'s tensors are views of `blob` laid out as set_data takes it (a capture's, or a restore read into
-        place and found there once): remember it until they are collected, so that `original` finds it without
-        looking at where each tensor lies again. The serial it is known by (None: a state without tensors)."""
-        tensors = _tensors(state)
-        if not tensors or not all(arrays.is_numpy(t) for t in tensors):
-            return None
-        serial = next(self._serials)
-        # keyed by the first tensor's id, dropped with the array (a WeakKeyDictionary would compare arrays with ==)
-        self._origins[id(tensors[0])] = (blob, state.n_tokens, _identity(tensors), serial)
-        weakref.finalize(tensors[0], _forget, self._origins, id(tensors[0]), self.collected, serial)
-        return serial
+        """`state`'s tensors are views of `blob` (llama_origins.Origins.remember); the serial it is known by."""
+        return self.origins.remember(state, blob)
 
     def original(self, state: SessionState) -> tuple[bytearray, int] | None:
-        """The blob `state`'s tensors are views of and its serial (what a kept state is known by), when they are
-        still exactly the views remembered (a state captured here, or read into place, and kept in RAM); else None.
-        Identity is enough: the arrays are the very objects remembered (held weakly), a numpy array's memory
-        cannot be rebound, and shape and dtype are compared again; the bytes are the blob's, which nothing
-        modifies (remember)."""
-        tensors = _tensors(state)
-        found = self._origins.get(id(tensors[0])) if tensors else None
-        if found is None:
-            return None
-        blob, n_tokens, identity, serial = found
-        if n_tokens != state.n_tokens or len(identity) != len(tensors):
-            return None
-        for (ref, shape, dtype), t in zip(identity, tensors):
-            if ref() is not t or t.shape != shape or t.dtype != dtype:
-                return None
-        return blob, serial
+        """The blob `state`'s tensors are views of and its serial, while they still are (Origins.find)."""
+        return self.origins.find(state)
 
     def _park(self, live: Live) -> None:
         parked = live.cache
@@ -479,19 +453,3 @@ def _cache(live: Live) -> ParkedState:
     if not isinstance(live.cache, ParkedState):
         raise EngramError("this conversation state was released or belongs to another backend.")
     return live.cache
-
-
-def _forget(origins: dict, key: int, collected, serial: int) -> None:
-    """A captured state's tensors were collected: forget its blob, and drop its kept sequence (queued:
-    a finalizer runs on whatever thread the collector does, without the backend's lock)."""
-    origins.pop(key, None)
-    collected.append(serial)
-
-
-def _tensors(state: SessionState) -> list:
-    return [t for layer in state.layers for t in layer.tensors().values()]
-
-
-def _identity(tensors: list) -> list[tuple]:
-    """What `original` compares: each array itself (weakly), its shape and its dtype."""
-    return [(weakref.ref(t), t.shape, t.dtype) for t in tensors]
