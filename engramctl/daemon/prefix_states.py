@@ -154,10 +154,6 @@ class PrefixStates:
             for key in [k for k, c in self._claims.items() if c.owner == owner]:
                 del self._claims[key]
 
-    def settle(self) -> None:
-        """Wait until every state offered so far is kept (or refused)."""
-        _keeper().submit(lambda: None).result()
-
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {"claimed": len(self._claims), "kept_since_start": self.offered, "restored": self.restored}
@@ -168,7 +164,7 @@ _keeper_lock = threading.Lock()
 
 
 def _keeper() -> concurrent.futures.ThreadPoolExecutor:
-    """The one keeper thread of this process (its jobs in order: `settle` waits behind those before it)."""
+    """The one keeper thread of this process (its jobs run in the order offered)."""
     global _keeper_pool
     with _keeper_lock:
         if _keeper_pool is None:
