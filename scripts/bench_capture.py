@@ -7,8 +7,9 @@ One engine, two stores: one with the default prefix-state budget (the prompt kee
 engine/boundaries.py) and one with `prefix_state_bytes` 0 (nothing captured). Per repeat, the same new prompt
 (random token ids, a raw completion of 1 token: ConversationService.complete, run as the worker runs a turn) on
 each store in turn, capture on first, then off (the next repeat's prompt is new, so nothing it kept is restored):
-- TTFT: from the turn's start to its first token's Piece event (the prefill, the prefix states' captures and
-  whatever runs on the turn loop before the next step);
+- TTFT: from the turn's start to its Started event (the prompt is in the state: the stream's first chunk goes
+  out and the first token is sampled from its logits at once; a random preset's first token may have no text):
+  the prefill, the prefix states' captures and whatever runs on the turn loop between the steps;
 - capture on the critical path: the time the turn loop spends on each prefix state before it steps again, from
   the start of Engine.capture to the end of the service's handling of the PrefixState event (the copy out of the
   context, and what else runs there);
@@ -53,7 +54,7 @@ def one_turn(service, ids: list[int], text: str) -> dict:
     """Run one 1-token completion of `ids` as the worker runs a turn; its timings."""
     from engramctl.daemon.service import CompletionRequest
     from engramctl.engine.sampling import SamplingParams
-    from engramctl.engine.turn import Piece, PrefixState
+    from engramctl.engine.turn import PrefixState, Started
 
     engine = service.engine
     marks: dict = {"capture_ms": [], "critical_ms": [], "first": None}
@@ -61,7 +62,7 @@ def one_turn(service, ids: list[int], text: str) -> dict:
     at = {"capture": None}
 
     def timed_capture(live):
-        if marks["first"] is not None:  # the prompt and reply states, after the first token
+        if marks["first"] is not None:  # the prompt and reply states, after the prompt is in
             return capture(live)
         at["capture"] = time.perf_counter()
         state = capture(live)
@@ -69,11 +70,11 @@ def one_turn(service, ids: list[int], text: str) -> dict:
         return state
 
     def timed_handle(seq, event):
+        if isinstance(event, Started) and marks["first"] is None:
+            marks["first"] = (time.perf_counter(), time.process_time())
         out = handle(seq, event)
         if isinstance(event, PrefixState) and at["capture"] is not None:
             marks["critical_ms"].append((time.perf_counter() - at["capture"]) * 1e3)
-        if isinstance(event, Piece) and marks["first"] is None:
-            marks["first"] = (time.perf_counter(), time.process_time())
         return out
 
     engine.capture, service.handle = timed_capture, timed_handle
