@@ -118,9 +118,11 @@ class PrefixStates:
         keeper thread, beside the turn's next step, its claim released then. The future's result is the prefix
         state's id (None when it could not be kept: the prompt goes on, later prompts compute it)."""
         ids = tuple(ids)
+        key = token_hash(ids)  # before the keeper starts: nothing after the submit competes with it for the GIL
+        with self._lock:
+            claim = self._claims.get(key)
         job = _keeper().submit(self._keep, ids, state)
         with self._lock:
-            claim = self._claims.get(token_hash(ids))
             if claim is not None:  # the turn's end waits for it (`ended`)
                 jobs = self._keeping.setdefault(claim.owner, [])
                 jobs[:] = [j for j in jobs if not j.done()] + [job]
