@@ -98,16 +98,19 @@ def run_case(name: str, n_tokens: int, repeat: int, home: Path) -> dict:
     files = [Path(p) for p in store.snapshots.files(sid)]
     file_bytes = sum(p.stat().st_size for p in files)
 
+    cache = None
+
     def reopen():
-        nonlocal store
+        nonlocal store, cache
         store.close()
-        store = None
+        store = cache = None
         gc.collect()  # the closed store's cycles go now, with the payload its RAM tier held (a restart frees them)
         store = Store.open(settings)
         TierPlanner.start(settings, store.retention)
+        cache = StateCache(engine, store)  # the daemon's one StateCache over its store
 
     def restore():
-        live, origin = StateCache(engine, store).load(sid)
+        live, origin = cache.load(sid)
         engine.release(live)
         return origin.tier
 
@@ -140,7 +143,7 @@ def run_case(name: str, n_tokens: int, repeat: int, home: Path) -> dict:
         w, c, _ = timed(lambda: np.copyto(dst, src))
         rows["floor_ram"].append((w, c))
     # bitwise: the restored state is the captured one
-    live, _origin = StateCache(engine, store).load(sid)
+    live, _origin = cache.load(sid)
     again = engine.capture(live)
     engine.release(live)
     same = {f"{i}.{k}": t.tobytes() for i, layer in enumerate(again.layers) for k, t in layer.tensors().items()} == want

@@ -17,15 +17,22 @@ one's turn claims its stops; a prompt whose ids begin with a claimed, longer pre
 (the scheduler keeps it queued) until that state is offered, then restores it. A claim ends with its turn
 (finished, failed or cancelled before the stop), and whoever waited for it goes on without it.
 
+Keeping a state is off the turn loop: the turn has copied it out of the context (Engine.capture, between two
+steps); `offer` hands it to one keeper thread, which flattens it (to_payload, its NaN/Inf scan a pass over every
+byte) and commits it to the store (which writes it on its writer thread), beside the prompt's next chunk. Its
+claim is released once it is in the store, so a prompt waiting for it finds it there; the turn's end
+(`ended`) waits for the states it offered, so a turn that has ended has kept them.
+
 Worker thread only (the scheduler's admission, the service's event handlers), except `counts`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 from engramctl.engine.boundaries import INTERVAL_TOKENS, MIN_STOP_TOKENS, prompt_stops
 from engramctl.engine.engine import Engine
@@ -54,6 +61,9 @@ class PrefixStates:
         self._lock = threading.Lock()  # counts() reads from the event loop
         self.restored = 0  # prompts that started from a prefix state (the service counts them)
         self.offered = 0  # states kept
+        self._keeping: dict[Hashable, list[concurrent.futures.Future]] = {}  # a turn -> its offers in flight
+        if enabled:
+            _keeper()  # its thread starts with the service, not inside a turn
 
     # -- where a prompt keeps states ------------------------------------------------------------------------
     @property
@@ -98,27 +108,50 @@ class PrefixStates:
         with self._lock:
             claims = list(self._claims.values())
         for c in claims:
-            if c.n_tokens > start and c.n_tokens < len(ids) and (best is None or c.n_tokens > best.n_tokens):
-                if tuple(ids[: c.n_tokens]) == c.ids:
-                    best = c
+            longer = start < c.n_tokens < len(ids) and (best is None or c.n_tokens > best.n_tokens)
+            if longer and tuple(ids[: c.n_tokens]) == c.ids:
+                best = c
         return best
 
-    def offer(self, ids: Sequence[int], state: SessionState) -> str | None:
-        """A turn's state after ids (a stop of its prompt): kept in the store, its claim released. Returns the
-        prefix state's id (None when it could not be kept: the prompt goes on, later prompts compute it)."""
+    def offer(self, ids: Sequence[int], state: SessionState) -> concurrent.futures.Future:
+        """A turn's state after ids (a stop of its prompt), copied out of the context: kept in the store by the
+        keeper thread, beside the turn's next step, its claim released then. The future's result is the prefix
+        state's id (None when it could not be kept: the prompt goes on, later prompts compute it)."""
+        ids = tuple(ids)
+        key = token_hash(ids)  # before the keeper starts: nothing after the submit competes with it for the GIL
         with self._lock:
-            self._claims.pop(token_hash(ids), None)
+            claim = self._claims.get(key)
+        job = _keeper().submit(self._keep, ids, state)
+        with self._lock:
+            if claim is not None:  # the turn's end waits for it (`ended`)
+                jobs = self._keeping.setdefault(claim.owner, [])
+                jobs[:] = [j for j in jobs if not j.done()] + [job]
+        return job
+
+    def _keep(self, ids: tuple[int, ...], state: SessionState) -> str | None:
         try:
             tensors, meta = to_payload(state, self.engine.spec, {})
             pid = self.store.prefixes.put(tensors, meta, list(ids))
         except (EngramError, OSError) as e:  # the prompt goes on without it: a later one computes it again
             log.warning("could not keep the prefix state at %d tokens (%s)", len(ids), e)
-            return None
-        self.offered += 1
+            pid = None
+        except Exception:  # a keeper thread's failure is logged, never lost
+            log.exception("could not keep the prefix state at %d tokens", len(ids))
+            pid = None
+        finally:
+            with self._lock:
+                self._claims.pop(token_hash(ids), None)
+        if pid is not None:
+            with self._lock:
+                self.offered += 1
         return pid
 
     def ended(self, owner: Hashable) -> None:
-        """`owner`'s turn ended: the states it had not reached yet will not come."""
+        """`owner`'s turn ended: the states it offered are kept (waited for), those it had not reached yet will
+        not come."""
+        with self._lock:
+            jobs = self._keeping.pop(owner, [])
+        concurrent.futures.wait(jobs)
         with self._lock:
             for key in [k for k, c in self._claims.items() if c.owner == owner]:
                 del self._claims[key]
@@ -126,3 +159,17 @@ class PrefixStates:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {"claimed": len(self._claims), "kept_since_start": self.offered, "restored": self.restored}
+
+
+_keeper_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_keeper_lock = threading.Lock()
+
+
+def _keeper() -> concurrent.futures.ThreadPoolExecutor:
+    """The one keeper thread of this process (its jobs run in the order offered)."""
+    global _keeper_pool
+    with _keeper_lock:
+        if _keeper_pool is None:
+            _keeper_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engram-keep")
+            _keeper_pool.submit(lambda: None)  # its thread starts now: a daemon's thread count stays flat after
+        return _keeper_pool

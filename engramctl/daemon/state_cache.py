@@ -40,14 +40,15 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from engramctl.engine.backend import Live
 from engramctl.engine.engine import Engine
 from engramctl.errors import NotFound, SnapshotCorrupt, SnapshotError
 from engramctl.protocol import Restored
-from engramctl.state.codec import from_payload
+from engramctl.state.codec import Checked, from_payload
 from engramctl.store.candidates import Candidate
 from engramctl.store.records import SessionInfo
 from engramctl.store.store import Store
@@ -120,6 +121,7 @@ class StateCache:
         self._retired: list[Live] = []
         self.cost = RestoreCost()
         self._refused: set[str] = set()  # snapshots found for a prompt but refused by this model (another dtype)
+        self.checked = Checked()  # memory-tier payloads accepted once: restored again without their checks
 
     # -- the hot states ---------------------------------------------------------------------------------
     @property
@@ -226,7 +228,7 @@ class StateCache:
         # read now gets a second look, piece by piece as it is read (store/reader.py), not a pass of its own
         loaded = self.store.snapshots.load_from(snapshot_id, into=self.engine.place)
         (tensors, meta), came_from = loaded
-        state = from_payload(tensors, meta, self.engine.spec, check_values=False)
+        state = from_payload(tensors, meta, self.engine.spec, check_values=False, checked=self.checked)
         live = self.engine.inject(state)
         ms = round((time.perf_counter() - t0) * 1000, 2)
         self.cost.loaded(came_from, size_bytes, ms)

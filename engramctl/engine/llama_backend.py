@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from engramctl.engine import llama_state
+from engramctl.engine import llama_place, llama_state
 from engramctl.engine.backend import Live, ModelInfo
 from engramctl.engine.gguf_header import gguf_fingerprint, read_header
 from engramctl.engine.gguf_tokenizer import GgufTokenizer
 from engramctl.engine.llama_batch import Batch
-from engramctl.engine.llama_buffers import HostBuffers
+from engramctl.engine.llama_buffers import AHEAD, HostBuffers
 from engramctl.engine.llama_build import loaded_build
 from engramctl.engine.llama_context import DEFAULT_CHUNK_TOKENS, SHARE_MIN_TOKENS, context_params, context_size
 from engramctl.engine.llama_layout import blob_layout
@@ -130,7 +130,7 @@ class LlamaCppBackend:
                 f"llama.cpp could not create a context for {path.name}: {take_errors() or 'see the log'}"
             )
         self._pool = SequencePool(lib, self._ctx, size, layout.has_kv)
-        self._buffers = HostBuffers()  # restored blobs' memory, reused (llama_buffers.py)
+        self._buffers = HostBuffers()  # captured and restored blobs' memory, reused (llama_buffers.py)
         self.prompts_per_step = 1 if size.streams else None  # Engine.prompts_per_step
         self.kv_layout = (  # for `engramctl ps` (daemon/context.py serving)
             f"each in a KV stream of its own ({n_ctx} tokens)"
@@ -385,7 +385,9 @@ class LlamaCppBackend:
             raise EngramError("cannot capture a state that has consumed no tokens.")
         n = len(live.token_ids)
         with self._lock:
-            blob = self._pool.blob_of(live)
+            blob = self._pool.blob_of(live, take=self._buffers.take)  # memory faulted in already, if any
+            if not self._pool.streams:
+                self._buffers.prepare(int(len(blob) * AHEAD))  # the next capture's, beside the next step
             blob = llama_state.in_position_order(blob, self.layout, n)  # cells a batch left out of order
             layers = llama_state.parse(blob, self.layout, n)  # views of `blob`, never modified again
             state = SessionState(
@@ -399,7 +401,7 @@ class LlamaCppBackend:
 
     def place_state(self, meta: dict[str, str], entries: dict[str, tuple[str, tuple[int, ...]]]) -> dict | None:
         """store/reader.py's Placer: a snapshot this model wrote is read from disk straight into a blob laid out
-        as llama_state_seq_set_data takes it (llama_state.place); inject() then finds its tensors in place and
+        as llama_state_seq_set_data takes it (llama_place.place); inject() then finds its tensors in place and
         loads that blob (serialize copies nothing). None for any other snapshot: it is read as it is, and
         from_payload says what does not match."""
         if meta.get("backend") != BACKEND or meta.get("fingerprint") != self.spec.fingerprint:
@@ -408,20 +410,26 @@ class LlamaCppBackend:
         if not n.isdigit() or int(n) < 1:
             return None
         slack = 4 * (self._pool.n_seq - 1) if self._pool.streams else 0  # llama_streams.as_streams writes there
-        return llama_state.place(self.layout, int(n), entries, slack, take=self._buffers.take)
+        return llama_place.place(self.layout, int(n), entries, slack, take=self._buffers.take)
 
     def inject(self, state: SessionState) -> Live:
         """A Live holding `state`, loaded into the context now (so a restore's cost is paid here), beside
-        the resident ones (SequencePool.admit): from the blob it was captured from where the pool still has
-        it (SequencePool.original), else serialized from its tensors."""
+        the resident ones (SequencePool.admit): from the blob its tensors are views of (captured into, or read
+        into by store/reader.py), known by their identity once found (SequencePool.original), else serialized
+        from its tensors."""
         if state.layout != self.spec.layout:
             raise SnapshotMismatch(
                 f"state layout {list(state.layout)} does not fit this model's {list(self.spec.layout)}."
             )
-        blob, serial = self._pool.original(state) or (
-            llama_state.serialize(state.layers, self.layout, state.n_tokens),
-            None,
-        )
+        found = self._pool.original(state)
+        if found is not None:
+            blob, serial = found
+        else:
+            blob = llama_state.in_place(state.layers, self.layout, state.n_tokens)
+            if blob is not None:  # read into place: found there once, known by its arrays from now on
+                serial = self._pool.remember_blob(state, blob)
+            else:
+                blob, serial = llama_state.serialize(state.layers, self.layout, state.n_tokens, reuse=False), None
         live = Live(
             cache=ParkedState(blob, kept=serial),
             token_ids=list(state.token_ids),

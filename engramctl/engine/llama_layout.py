@@ -9,7 +9,7 @@ round-trips a real state blob through this layout when it loads a model and refu
 from __future__ import annotations
 
 from engramctl.engine.gguf_header import GgufHeader
-from engramctl.engine.llama_state import BlobLayout, LayerLayout
+from engramctl.engine.llama_format import BlobLayout, LayerLayout
 from engramctl.errors import UnsupportedModel
 
 MAMBA1 = {"mamba", "jamba"}  # SSM state (d_inner, d_state)

@@ -39,22 +39,23 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import itertools
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from engramctl.engine import llama_state
 from engramctl.engine.backend import Live
 from engramctl.engine.llama_context import ContextSize
 from engramctl.engine.llama_device_copies import DeviceCopies, DeviceCopy
 from engramctl.engine.llama_lib import take_errors
+from engramctl.engine.llama_origins import Origins
 from engramctl.engine.llama_state import SEQ_ID, renumber
 from engramctl.engine.llama_streams import as_streams, of_streams, one_stream, one_stream_again
 from engramctl.errors import EngramError, SnapshotMismatch
 from engramctl.state import SessionState
-from engramctl.store import arrays
 
 
 class ParkedState:
@@ -63,7 +64,7 @@ class ParkedState:
     the blob of the last capture while it is still its state and its device copy while that is its state
     (the last three None once it has moved on)."""
 
-    __slots__ = ("blob", "captured", "device", "kept", "loaded", "seq", "__weakref__")
+    __slots__ = ("__weakref__", "blob", "captured", "device", "kept", "loaded", "seq")
 
     def __init__(self, blob: bytearray | None = None, kept: int | None = None):
         self.seq: int | None = None
@@ -101,9 +102,7 @@ class SequencePool:
             DeviceCopies(lib, ctx, first_slot, size.device_slots, size.device_bytes) if size.device_slots else None
         )
         self.collected: collections.deque[int] = collections.deque()  # serials to drop (finalizers append)
-        # a captured state's first tensor -> (its blob, tokens, where each tensor lives, capture serial): remember
-        self._origins: dict[int, tuple] = {}
-        self._serials = itertools.count(1)  # capture serials: what a kept state is known by
+        self.origins = Origins(self.collected)  # the blobs captured and placed states are views of (remember)
         self.restores: collections.Counter = collections.Counter()  # "kept" | "blob": how a state was loaded
         self.shares = 0  # prompts that started from another conversation's cells (share)
         # with streams, a restore's blob is rewritten for set_data (of_streams) into this buffer, kept: it holds the
@@ -118,10 +117,12 @@ class SequencePool:
         self._reap()
         return [ref() for ref in self._seated.values()]
 
-    def get_blob(self, seq: int = SEQ_ID) -> bytearray:
-        """A copy of what sequence `seq` holds, as llama.cpp serializes one sequence, renumbered to SEQ_ID."""
+    def get_blob(self, seq: int = SEQ_ID, take: Callable[[int], np.ndarray] | None = None) -> bytearray:
+        """A copy of what sequence `seq` holds, as llama.cpp serializes one sequence, renumbered to SEQ_ID: into
+        `take(size)`'s memory (llama_buffers.HostBuffers: reused, already faulted in) where given and the context
+        has one KV stream (one_stream cuts a bytearray), else into a new bytearray."""
         size = self._lib.llama_state_seq_get_size(self._ctx, seq)
-        blob = bytearray(size)
+        blob = take(size)[:size] if take is not None and not self.streams else bytearray(size)
         written = self._lib.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(blob), size, seq)
         if written != size:
             raise EngramError(f"llama.cpp wrote {written} of {size} state bytes: {take_errors()}")
@@ -305,9 +306,10 @@ class SequencePool:
         raise EngramError(f"a step of {len(keep)} conversations needs more than the context's {self.sequences}.")
 
     # -- captured states: where a restore's blob comes from ------------------------------------------
-    def blob_of(self, live: Live) -> bytearray:
-        """What `live` holds now, as one blob: copied out of its sequence while resident, else its parked blob."""
-        return self.get_blob(live.cache.seq) if self.holds(live) else live.cache.blob
+    def blob_of(self, live: Live, take: Callable[[int], np.ndarray] | None = None) -> bytearray:
+        """What `live` holds now, as one blob: copied out of its sequence while resident (into `take`'s memory:
+        get_blob), else its parked blob."""
+        return self.get_blob(live.cache.seq, take) if self.holds(live) else live.cache.blob
 
     def remember(self, live: Live, state: SessionState, blob: bytearray) -> None:
         """`state` was captured from `live` as views of `blob` (never modified again). Remember where it came
@@ -318,27 +320,17 @@ class SequencePool:
         Granite-4.0-H-350M, ~60 ms in fresh pages on this VM)."""
         resident = self.holds(live)
         _cache(live).captured = blob
-        tensors = _tensors(state)
-        if not tensors:
-            return
-        serial = next(self._serials)
-        # keyed by the first tensor's id, dropped with the array (a WeakKeyDictionary would compare arrays with ==)
-        self._origins[id(tensors[0])] = (blob, state.n_tokens, [_where(t) for t in tensors], serial)
-        weakref.finalize(tensors[0], _forget, self._origins, id(tensors[0]), self.collected, serial)
-        if resident:
+        serial = self.remember_blob(state, blob)
+        if resident and serial is not None:
             self.keep(live, serial, blob, state.n_tokens)
 
+    def remember_blob(self, state: SessionState, blob) -> int | None:
+        """`state`'s tensors are views of `blob` (llama_origins.Origins.remember); the serial it is known by."""
+        return self.origins.remember(state, blob)
+
     def original(self, state: SessionState) -> tuple[bytearray, int] | None:
-        """The blob `state` was parsed from and its capture serial (what its kept state is known by), when its
-        tensors are still exactly those views (a state captured here and kept in RAM); None otherwise."""
-        tensors = _tensors(state)
-        found = self._origins.get(id(tensors[0])) if tensors else None
-        if found is None:
-            return None
-        blob, n_tokens, where, serial = found
-        if n_tokens != state.n_tokens or [_where(t) for t in tensors] != where:
-            return None
-        return blob, serial
+        """The blob `state`'s tensors are views of and its serial, while they still are (Origins.find)."""
+        return self.origins.find(state)
 
     def _park(self, live: Live) -> None:
         parked = live.cache
@@ -350,10 +342,14 @@ class SequencePool:
         else:  # a Live that has consumed nothing has nothing to keep
             parked.blob = self.get_blob(parked.seq) if live.token_ids else None
         device = self.device
-        if device is not None and parked.blob is not None and not device.valid(parked.device):
-            # only cells that run from cell 0 without gaps can be copied (llama.cpp aborts on several ranges)
-            if self._is_packed(live) or not self.has_kv:
-                parked.device = device.save(parked.seq, len(parked.blob), parked)
+        # only cells that run from cell 0 without gaps can be copied (llama.cpp aborts on several ranges)
+        if (
+            device is not None
+            and parked.blob is not None
+            and not device.valid(parked.device)
+            and (self._is_packed(live) or not self.has_kv)
+        ):
+            parked.device = device.save(parked.seq, len(parked.blob), parked)
         self._clear(parked.seq)
 
     def _load_parked(self, live: Live, seq: int) -> None:
@@ -457,19 +453,3 @@ def _cache(live: Live) -> ParkedState:
     if not isinstance(live.cache, ParkedState):
         raise EngramError("this conversation state was released or belongs to another backend.")
     return live.cache
-
-
-def _forget(origins: dict, key: int, collected, serial: int) -> None:
-    """A captured state's tensors were collected: forget its blob, and drop its kept sequence (queued:
-    a finalizer runs on whatever thread the collector does, without the backend's lock)."""
-    origins.pop(key, None)
-    collected.append(serial)
-
-
-def _tensors(state: SessionState) -> list:
-    return [t for layer in state.layers for t in layer.tensors().values()]
-
-
-def _where(t) -> tuple:
-    # same memory, shape and type as a view parse() made: the bytes are the blob's, which nothing modifies
-    return (arrays.kind(t), *arrays.where(t))

@@ -78,7 +78,7 @@ def of_streams(blob: bytearray, n_stream: int, into: bytearray | None = None) ->
 
 def as_streams(blob, n_stream: int):
     """`blob` as set_data takes it into `n_stream` streams without copying it, when it is a uint8 array with room
-    after it in its buffer (a restore read into place: llama_state.place's slack_bytes): (that buffer, the length
+    after it in its buffer (a restore read into place: llama_place.place's slack_bytes): (that buffer, the length
     to load) with its stream count and the empty entries written in place; None otherwise (of_streams copies).
     Call one_stream_again(blob) after the load: nothing else may see the blob as several streams."""
     import numpy as np

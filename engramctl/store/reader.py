@@ -4,7 +4,7 @@ read in parallel.
 
 Where the bytes land is the caller's to say (`into`, a Placer): given the snapshot's metadata and its tensors'
 dtypes and full shapes, it returns, for the tensors it lays out, a writable, contiguous uint8 array of exactly
-each tensor's bytes: views of one buffer laid out as the backend's own state blob (engine/llama_restore.py), so
+each tensor's bytes: views of one buffer laid out as the backend's own state blob (engine/llama_place.py), so
 that a restore reads the disk into the blob the backend loads, no copy between. A tensor it does not place gets
 an array of its own. Reading into the final place means no intermediate file buffer, no join of the blocks
 into fresh arrays, no second serialization: a cold restore of SmolLM2 at 4,379 tokens (~100 MB) went from

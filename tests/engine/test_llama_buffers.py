@@ -35,3 +35,17 @@ def test_free_buffers_beyond_keep_are_let_go():
     big = pool.take(10**6)  # fits none: the free ones beyond `keep` go first
     assert pool.free_count() == 1
     assert pool.held_bytes() == big.nbytes + 4096  # the largest free ones went
+
+
+def test_a_buffer_prepared_ahead_serves_the_next_take():
+    pool = HostBuffers(keep=2)
+    job = pool.prepare(10_000)
+    assert job is not None
+    job.result(30)
+    assert (pool.prepared, pool.free_count()) == (1, 1)
+    assert pool.prepare(9_000) is None  # a free one fits it already
+    address = pool._owned[0].ctypes.data
+    taken = pool.take(8_000)
+    assert taken.ctypes.data == address and (pool.reused, pool.fresh) == (1, 0)
+    pool.prepare(8_000).result(30)  # the one taken is not free: another is made
+    assert pool.prepared == 2 and pool.free_count() == 1 and taken.nbytes == 10_000

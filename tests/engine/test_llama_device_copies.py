@@ -10,7 +10,7 @@ import torch
 
 from engramctl.engine.llama_backend import LlamaCppBackend
 from engramctl.engine.llama_context import ContextSize, with_device_copies
-from engramctl.engine.llama_state import BlobLayout, LayerLayout
+from engramctl.engine.llama_format import BlobLayout, LayerLayout
 from engramctl.store import arrays
 
 
@@ -96,7 +96,6 @@ def test_a_copy_evicted_by_the_budget_falls_back_to_the_blob(gguf_zoo, reference
 
 def test_a_conversation_that_ran_in_a_batch_parks_without_a_copy(granite, reference):
     """Its KV cells are interleaved with the other's: llama.cpp cannot copy several cell ranges (it aborts)."""
-    pool = granite._pool
     a, b = granite.new_live(), granite.new_live()
     a_ids, b_ids = _ids(20, 8), _ids(20, 9)
     granite.prefill(a, a_ids[:10])
@@ -185,7 +184,9 @@ def test_a_copy_that_finds_no_room_is_refused_without_harm(gguf_zoo):
     import sys
 
     path = gguf_zoo.path("granitemoehybrid")
-    out = subprocess.run([sys.executable, "-c", _NO_ROOM, str(path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_ROOM, str(path)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "loaded False still valid True"
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engramctl.engine import llama_state
+from engramctl.engine import llama_format, llama_place, llama_state
 from engramctl.errors import StateFormatError
 from engramctl.state import AttentionState, HybridState, RecurrentState
 from engramctl.store import arrays
@@ -58,10 +58,10 @@ def _copied(layer):
 
 _HYBRID = llama_state.BlobLayout(
     (
-        llama_state.LayerLayout("recurrent", conv_shape=(6, 3), ssm_shape=(2, 4, 5)),
-        llama_state.LayerLayout("attention", k_elems=8, v_elems=8),
-        llama_state.LayerLayout("hybrid", k_elems=4, v_elems=6, conv_shape=(6, 3), ssm_shape=(2, 4, 5)),
-        llama_state.LayerLayout("recurrent", conv_shape=(0,), ssm_shape=(2, 4, 5)),
+        llama_format.LayerLayout("recurrent", conv_shape=(6, 3), ssm_shape=(2, 4, 5)),
+        llama_format.LayerLayout("attention", k_elems=8, v_elems=8),
+        llama_format.LayerLayout("hybrid", k_elems=4, v_elems=6, conv_shape=(6, 3), ssm_shape=(2, 4, 5)),
+        llama_format.LayerLayout("recurrent", conv_shape=(0,), ssm_shape=(2, 4, 5)),
     )
 )
 
@@ -84,7 +84,7 @@ def _layers(layout, n, seed=0):
 
 
 def test_a_state_read_into_place_is_its_blob_with_nothing_copied():
-    """llama_state.place lays a stored state's tensors out as the blob set_data takes; filled with their bytes
+    """llama_place.place lays a stored state's tensors out as the blob set_data takes; filled with their bytes
     (what store/reader.py does from disk), serialize() finds them in place and returns that buffer, byte for byte
     the blob of the same layers serialized by copying. Anything else is not placed."""
     n = 19
@@ -93,7 +93,7 @@ def test_a_state_read_into_place_is_its_blob_with_nothing_copied():
     names = {f"layers.{i}.{k}": t for i, layer in enumerate(layers) for k, t in layer.tensors().items()}
     code = {"float16": "F16", "float32": "F32"}
     entries = {k: (code[t.dtype.name], t.shape) for k, t in names.items()}
-    views = llama_state.place(_HYBRID, n, {**entries, "token_ids": ("I64", (n,)), "last_logits": ("F32", (7,))})
+    views = llama_place.place(_HYBRID, n, {**entries, "token_ids": ("I64", (n,)), "last_logits": ("F32", (7,))})
     assert views is not None and views.keys() == names.keys()  # the rest is not the blob's
     for k, v in views.items():
         v[:] = np.frombuffer(names[k].tobytes(), np.uint8)
@@ -107,10 +107,10 @@ def test_a_state_read_into_place_is_its_blob_with_nothing_copied():
     base = next(iter(views.values())).base
     assert np.frombuffer(blob, np.uint8).ctypes.data == base.ctypes.data and bytes(blob) == want
     wrong = dict(entries, **{"layers.1.keys": ("F16", (1, n + 1, 8))})
-    assert llama_state.place(_HYBRID, n, wrong) is None
-    assert llama_state.place(_HYBRID, n, {**entries, "layers.9.keys": ("F16", (1, n, 8))}) is None
+    assert llama_place.place(_HYBRID, n, wrong) is None
+    assert llama_place.place(_HYBRID, n, {**entries, "layers.9.keys": ("F16", (1, n, 8))}) is None
     transposed = llama_state.BlobLayout(_HYBRID.layers, v_trans=True)
-    views = llama_state.place(transposed, n, entries)
+    views = llama_place.place(transposed, n, entries)
     assert views is not None and not any(k.endswith("values") for k in views)
 
 
