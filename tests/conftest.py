@@ -82,6 +82,7 @@ def smol_converted(tmp_path_factory):
 _USES_GGUF_ZOO = pytest.StashKey[bool]()
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselect: only the tests that will run count
 def pytest_collection_modifyitems(config, items):
     # A converter process costs ~5 s of imports before its first model: a session that will need every family
     # (gguf_zoo) converts them all at its first GGUF, not the served family alone and the rest later.
