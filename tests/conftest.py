@@ -79,12 +79,23 @@ def smol_converted(tmp_path_factory):
     return resolve_model(str(gguf), cache, progress=said.append), cache, said
 
 
-@pytest.fixture(scope="session")
-def _gguf_files(zoo, tmp_path_factory):
-    """The one directory of GGUF conversions every test of the session shares (converted on first use)."""
-    from tests.gguf_factory import GgufZoo
+_USES_GGUF_ZOO = pytest.StashKey[bool]()
 
-    return GgufZoo(zoo, tmp_path_factory.mktemp("gguf-zoo"))
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselect: only the tests that will run count
+def pytest_collection_modifyitems(config, items):
+    # A converter process costs ~5 s of imports before its first model: a session that will need every family
+    # (gguf_zoo) converts them all at its first GGUF, not the served family alone and the rest later.
+    config.stash[_USES_GGUF_ZOO] = any("gguf_zoo" in getattr(item, "fixturenames", ()) for item in items)
+
+
+@pytest.fixture(scope="session")
+def _gguf_files(zoo, tmp_path_factory, pytestconfig):
+    """The one directory of GGUF conversions every test of the session shares (converted on first use)."""
+    from tests.gguf_factory import LLAMA_FAMILIES, GgufZoo
+
+    eager = LLAMA_FAMILIES if pytestconfig.stash.get(_USES_GGUF_ZOO, False) else ()
+    return GgufZoo(zoo, tmp_path_factory.mktemp("gguf-zoo"), eager=eager)
 
 
 @pytest.fixture(scope="session")

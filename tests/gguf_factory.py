@@ -45,8 +45,9 @@ def needs_llama_cpp() -> str | None:
 class GgufZoo:
     """GGUF files of ModelZoo's model directories (tests/conftest.py), converted on first use."""
 
-    def __init__(self, zoo, root: Path):
-        self.zoo, self.root = zoo, root
+    def __init__(self, zoo, root: Path, eager=()):
+        """`eager`: families converted along with the first one asked for (one converter process for all)."""
+        self.zoo, self.root, self.eager = zoo, root, tuple(eager)
         root.mkdir(parents=True, exist_ok=True)
 
     def _out(self, family: str, seed: int, outtype: str) -> Path:
@@ -65,5 +66,6 @@ class GgufZoo:
             export_many(jobs, pretokenizer_fallback=PRETOKENIZER)
 
     def path(self, family: str, seed: int = 0, outtype: str = "f32") -> Path:
-        self.ensure([family], seed, outtype)
+        together = self.eager if (seed, outtype) == (0, "f32") and family in self.eager else ()
+        self.ensure([family, *(f for f in together if f != family)], seed, outtype)
         return self._out(family, seed, outtype)

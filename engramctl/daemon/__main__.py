@@ -33,4 +33,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Everything is closed and written by now. Without this the interpreter's last collection walks every object
+    # torch and transformers made (1.3-1.7 s of CPU, 5 s of wall on a busy 2-core machine) before the process ends.
+    import gc
+
+    gc.freeze()
+    sys.exit(status)
