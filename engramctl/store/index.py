@@ -74,8 +74,9 @@ _FIELD_SQL = (
     ("kind", "s.kind"),
 )
 _FIELDS = tuple(name for name, _ in _FIELD_SQL)
-# a snapshot row as _fields() takes it, and its token hash (a prefix lookup compares it)
-_SNAPSHOT_SELECT = f"SELECT {', '.join(sql for _, sql in _FIELD_SQL)}, s.token_hash AS token_hash FROM snapshots s"
+_RECORD_SQL = ", ".join(sql for _, sql in _FIELD_SQL)
+# a snapshot row as _fields() takes it, and its token hash (a prefix lookup compares it; a listing needs none)
+_SNAPSHOT_SELECT = f"SELECT {_RECORD_SQL}, s.token_hash AS token_hash FROM snapshots s"
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
 # stored_bytes: the session's snapshot files and each KV block they use, a block counted once however many
 # of them share it (summing the snapshots' sizes would count a conversation's early blocks once per turn)
@@ -260,7 +261,7 @@ class Index:
             where, params = where + ["s.session = ?"], [session]
         if durable_only:
             where.append("+s.durable = 1")
-        sql = f"{_SNAPSHOT_SELECT} WHERE {' AND '.join(where)} ORDER BY s.id"
+        sql = f"SELECT {_RECORD_SQL} FROM snapshots s WHERE {' AND '.join(where)} ORDER BY s.id"
         with self.lock:
             cur = self._db.cursor()
             cur.row_factory = None

@@ -163,3 +163,27 @@ def test_a_store_of_schema_4_is_migrated_to_the_same_sums(tmp_path):
     assert idx.one(both)[0]  # the migration found shared and own bytes
     assert_sums_match(idx)
     idx.close()
+
+
+def test_the_listing_fields_are_the_records_fields(tmp_path):
+    """snapshot_fields (the listing: no record made) and snapshots() (records) read the same row the same way, for
+    every session's snapshots or one's, durable or all, prefix states left out."""
+    idx = Index(tmp_path / "index.db")
+    world = World(idx, random.Random(3))
+    for _ in range(60):
+        world.add() if world.rng.random() < 0.8 else world.remove()
+    _snapshot(idx, "writing", "snapshot", durable=0)  # a row being written: its blocks not counted yet
+    idx.use_blocks("writing", ["w0"], "fp", 16)
+    idx.update_block("w0", nbytes=777)
+    sessions = sorted({r["session"] for r in idx.rows("SELECT session FROM snapshots WHERE kind = 'snapshot'")})
+    assert len(sessions) > 2
+    for session in (None, *sessions):
+        for durable_only in (False, True):
+            records = [r.to_json() for r in idx.snapshots(session, durable_only=durable_only)]
+            fields = idx.snapshot_fields(session, durable_only=durable_only)
+            assert fields == records
+            assert [list(d) for d in fields] == [list(d) for d in records]  # the keys' order: the JSON printed
+    writing = idx.snapshot("writing")
+    assert (writing.nbytes, writing.own_size_bytes, writing.shared_size_bytes, writing.tiers) == (100, 100, 0, ())
+    assert any(r.shared_size_bytes and r.own_size_bytes > r.file_bytes for r in idx.snapshots(None))
+    idx.close()
