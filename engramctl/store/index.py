@@ -365,19 +365,17 @@ class Index:
 
     def freed_along(self, snapshot_id: str, claimed: dict[str, int]) -> int:
         """The bytes of this snapshot's blocks that deleting it frees, when the snapshots already counted in
-        `claimed` ({block id: how many of them use it}) go too; counts it in `claimed`. Reads its blocks and, for
-        each, at most claimed + 2 of its users (indexed), so a block that thousands of snapshots share costs
-        what the victims do, not what its users number."""
+        `claimed` ({block id: how many of them use it}) go too; counts it in `claimed`. Reads its blocks with their
+        users (blocks.users, schema 5), so a block that thousands of snapshots share costs what the victims do,
+        not what its users number."""
         freed = 0
         for r in self.rows(
-            "SELECT b.id, b.nbytes FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block WHERE sb.snapshot = ?",
+            "SELECT b.id, b.nbytes, b.users FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block "
+            "WHERE sb.snapshot = ?",
             (snapshot_id,),
         ):
             bid, mine = r["id"], claimed.get(r["id"], 0) + 1
-            users = self.one(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM snapshot_blocks WHERE block = ? LIMIT ?)", (bid, mine + 1)
-            )
-            if users[0] <= mine:
+            if r["users"] <= mine:
                 freed += int(r["nbytes"])
             claimed[bid] = mine
         return freed
