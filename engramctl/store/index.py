@@ -51,8 +51,8 @@ SNAPSHOT_COLUMNS = (
 BLOCK_COLUMNS = ("id", "fingerprint", "n_tokens", "nbytes", "checksum", "durable")
 # a SnapshotRecord's fields, in its order, each as SQL over a snapshots row `s`: the one place a row's bytes become a
 # record's (its own file, plus its KV blocks once durable: the sums schema migration 5's triggers keep on the row, so
-# no record reads snapshot_blocks). tiers: made by _fields.
-_FIELD_SQL = (
+# no record reads snapshot_blocks). None: made by _fields.
+_FIELD_SQL: tuple[tuple[str, str | None], ...] = (
     ("id", "s.id"),
     ("session", "s.session"),
     ("parent", "s.parent"),
@@ -67,16 +67,28 @@ _FIELD_SQL = (
     ("pinned", "s.pinned"),
     ("label", "s.label"),
     ("durable", "s.durable"),
-    ("tiers", "NULL"),
+    ("tiers", None),
     ("file_bytes", "s.nbytes"),
     ("own_size_bytes", "s.nbytes + (CASE WHEN s.durable <> 0 THEN s.block_bytes - s.shared_block_bytes ELSE 0 END)"),
     ("shared_size_bytes", "(CASE WHEN s.durable <> 0 THEN s.shared_block_bytes ELSE 0 END)"),
     ("kind", "s.kind"),
 )
-_FIELDS = tuple(name for name, _ in _FIELD_SQL)
-_RECORD_SQL = ", ".join(sql for _, sql in _FIELD_SQL)
+_BLANK = dict.fromkeys(name for name, _ in _FIELD_SQL)  # copied for each row: the record's keys in its order
+
+
+def _select(constants: Iterable[str] = ()) -> tuple[str, tuple[str, ...]]:
+    """The SQL of a record's fields, less those a query knows without reading them (`constants`), and their names:
+    a listing of thousands fetches no column whose value it knows."""
+    chosen = [(name, sql) for name, sql in _FIELD_SQL if sql is not None and name not in constants]
+    return ", ".join(sql for _, sql in chosen), tuple(name for name, _ in chosen)
+
+
+_RECORD_SQL, _RECORD_NAMES = _select()
 # a snapshot row as _fields() takes it, and its token hash (a prefix lookup compares it; a listing needs none)
 _SNAPSHOT_SELECT = f"SELECT {_RECORD_SQL}, s.token_hash AS token_hash FROM snapshots s"
+# the listing of durable snapshots (snapshot_fields): its rows' kind and durable are known
+_LISTED = {"kind": "snapshot", "durable": True}
+_LISTED_SQL, _LISTED_NAMES = _select(_LISTED)
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
 # stored_bytes: the session's snapshot files and each KV block they use, a block counted once however many
 # of them share it (summing the snapshots' sizes would count a conversation's early blocks once per turn)
@@ -259,13 +271,15 @@ class Index:
         where, params = ["+s.kind = 'snapshot'"], []  # the unary +: the planner walks an index in id order, no sort
         if session is not None:
             where, params = where + ["s.session = ?"], [session]
+        columns, names, blank = _RECORD_SQL, _RECORD_NAMES, _BLANK
         if durable_only:
             where.append("+s.durable = 1")
-        sql = f"SELECT {_RECORD_SQL} FROM snapshots s WHERE {' AND '.join(where)} ORDER BY s.id"
+            columns, names, blank = _LISTED_SQL, _LISTED_NAMES, _BLANK | _LISTED
+        sql = f"SELECT {columns} FROM snapshots s WHERE {' AND '.join(where)} ORDER BY s.id"
         with self.lock:
             cur = self._db.cursor()
             cur.row_factory = None
-            return [_fields(v) for v in cur.execute(sql, params).fetchall()]
+            return [_fields(v, names, blank) for v in cur.execute(sql, params).fetchall()]
 
     def snapshot_states(self) -> dict[str, SnapshotState]:
         """{id: (durable, own file bytes)} of every row: what reconcile checks against the files, without the
@@ -557,10 +571,12 @@ def _session(row: sqlite3.Row) -> SessionInfo:
     )
 
 
-def _fields(v: tuple) -> dict[str, Any]:
-    """A SnapshotRecord's fields (tiers a list) from a row of _SNAPSHOT_SELECT: what _FIELD_SQL cannot make (SQLite
-    has no booleans), at the least Python a row: a listing makes thousands."""
-    d = dict(zip(_FIELDS, v))
+def _fields(v: tuple, names: tuple[str, ...] = _RECORD_NAMES, blank: dict[str, Any] = _BLANK) -> dict[str, Any]:
+    """A SnapshotRecord's fields (tiers a list) from a row of _SNAPSHOT_SELECT (or of the columns `names`, the rest
+    in `blank`): what _FIELD_SQL cannot make (SQLite has no booleans), at the least Python a row: a listing makes
+    thousands."""
+    d = blank.copy()
+    d.update(zip(names, v))
     durable = d["durable"] = d["durable"] != 0
     d["pinned"] = d["pinned"] != 0
     d["tiers"] = ["disk"] if durable else []
