@@ -11,12 +11,12 @@ it, so the store keeps the K/V in shared blocks as the daemon does. Every commit
 
 Printed: the median commit+flush wall and CPU time over the first 100 snapshots, then per window of --window
 snapshots with its ratio to the first 100's; then, with the store closed, Store.open's wall/CPU time (median of 3)
-and `engramctl snapshots ls --json` and `engramctl snapshots ls` (the table)
-run as a user runs them (a fresh process, ENGRAM_HOME pointing at the filled store, no daemon): wall and CPU (the
-child's user+sys) per run, median of 3 after one run not timed, with Python's bytecode cache on whatever the
-shell says (PYTHONDONTWRITEBYTECODE), beside its floors (`python -c pass`, `engramctl --help`). --read-only
---home DIR times only the open and the listing of a store filled before. Machine noise: read ratios within one
-run, not absolute figures.
+and `engramctl snapshots ls --json` and `engramctl snapshots ls` (the table) run as a user runs them (a fresh
+process, ENGRAM_HOME pointing at the filled store, no daemon): wall and CPU (the child's user+sys) per run, median
+of 3 after one run not timed, with Python's bytecode cache on as installed (PYTHONDONTWRITEBYTECODE dropped for the
+child), beside its floors (`python -c pass`; `ls --json` of an empty home: Python, the listing's imports and
+settings; `engramctl --help`) and the load average. --read-only --home DIR times only the open and the listing of a
+store filled before. Machine noise: read ratios within one run, not absolute figures.
 """
 
 from __future__ import annotations
@@ -168,6 +168,10 @@ def time_ls(home: Path, repeat: int = 3) -> dict:
     listed, out = _child(["-m", "engramctl", "snapshots", "ls", "--json"], env, repeat)
     human, table = _child(["-m", "engramctl", "snapshots", "ls"], env, repeat)
     floors = {}
+    with tempfile.TemporaryDirectory(prefix="engram-empty-") as empty:  # `ls --json` with no store: what it costs
+        # before it lists (Python, its imports, the settings), the floor a listing of 10,000 adds its rows to
+        floor, _ = _child(["-m", "engramctl", "snapshots", "ls", "--json"], {**env, "ENGRAM_HOME": empty}, repeat)
+        floors["ls_empty_ms"], floors["ls_empty_cpu_ms"] = floor["ms"], floor["cpu_ms"]
     for name, args in (("python", ["-c", "pass"]), ("help", ["-m", "engramctl", "--help"])):
         floor, _ = _child(args, env, repeat)
         floors[f"{name}_ms"], floors[f"{name}_cpu_ms"] = floor["ms"], floor["cpu_ms"]
@@ -179,6 +183,7 @@ def time_ls(home: Path, repeat: int = 3) -> dict:
         "ls_human_cpu_ms": human["cpu_ms"],
         "table_lines": table.count(b"\n"),
         **floors,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 

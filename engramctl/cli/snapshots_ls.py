@@ -3,12 +3,26 @@ command does. It asks the daemon when one is ready, else reads the store's index
 
 from __future__ import annotations
 
+import gc
+
 from engramctl.cli.output import Column, output_for, size
 from engramctl.cli.snapshot_table import snapshot_columns
 
 
 def ls(session: str | None, json_: bool, quiet: bool) -> None:
     """List snapshots, oldest first (all sessions, or one with session)."""
+    # a listing of 10,000 makes tens of thousands of dicts and lists, none in a cycle: without the cyclic collector
+    # running dozens of times over them it takes ~15% less CPU (issue 46: `ls --json` <= 200 ms)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        _ls(session, json_, quiet)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _ls(session: str | None, json_: bool, quiet: bool) -> None:
     from engramctl.cli.listing import open_listing
     from engramctl.settings import load_settings
 

@@ -13,8 +13,9 @@ import json
 import os
 import sqlite3
 import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from engramctl.errors import EngramError
 from engramctl.store.schema import MIGRATIONS
@@ -48,41 +49,46 @@ SNAPSHOT_COLUMNS = (
     "kind",
 )
 BLOCK_COLUMNS = ("id", "fingerprint", "n_tokens", "nbytes", "checksum", "durable")
-# a snapshot row with the bytes of its KV blocks: all of them, and those no other snapshot uses
-_SNAPSHOT_SELECT = """
-    SELECT s.*,
-        (SELECT COALESCE(SUM(b.nbytes), 0) FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block
-         WHERE sb.snapshot = s.id) AS block_bytes,
-        (SELECT COALESCE(SUM(b.nbytes), 0) FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block
-         WHERE sb.snapshot = s.id
-           AND NOT EXISTS (SELECT 1 FROM snapshot_blocks o WHERE o.block = sb.block AND o.snapshot <> s.id))
-         AS own_block_bytes
-    FROM snapshots s
-"""
-# _SNAPSHOT_SELECT for a listing of every row: the block sums in one pass over snapshot_blocks (each block's users
-# counted once) rather than two correlated subqueries a row
-_SNAPSHOT_LIST_OF = """
-    WITH users AS (SELECT block, COUNT(*) AS n FROM snapshot_blocks GROUP BY block),
-    sums AS (
-        SELECT sb.snapshot AS snapshot, SUM(b.nbytes) AS block_bytes,
-               SUM(CASE WHEN u.n = 1 THEN b.nbytes ELSE 0 END) AS own_block_bytes
-        FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block JOIN users u ON u.block = sb.block
-        GROUP BY sb.snapshot)
-    SELECT {columns}, COALESCE(k.block_bytes, 0) AS block_bytes, COALESCE(k.own_block_bytes, 0) AS own_block_bytes
-    FROM snapshots s LEFT JOIN sums k ON k.snapshot = s.id
-"""
-_SNAPSHOT_LIST = _SNAPSHOT_LIST_OF.format(columns="s.*")
-# every snapshot's _RECORD_COLUMNS for a listing, in id order: each block's bytes and user count once (a few
-# thousand rows), then the snapshots walked along the id index with their blocks' rows, without a sort or a
-# temporary index over all of them (what _SNAPSHOT_LIST's join on its sums costs at 10,000 snapshots)
-_LISTING = """
-    WITH per_block AS MATERIALIZED (
-        SELECT sb.block AS block, b.nbytes AS nbytes, COUNT(*) = 1 AS own
-        FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block GROUP BY sb.block)
-    SELECT {columns}, COALESCE(SUM(p.nbytes), 0), COALESCE(SUM(p.nbytes * p.own), 0)
-    FROM snapshots s LEFT JOIN snapshot_blocks sb ON sb.snapshot = s.id LEFT JOIN per_block p ON p.block = sb.block
-    WHERE {where} GROUP BY s.id ORDER BY s.id
-"""
+# a SnapshotRecord's fields, in its order, each as SQL over a snapshots row `s`: the one place a row's bytes become a
+# record's (its own file, plus its KV blocks once durable: the sums schema migration 5's triggers keep on the row, so
+# no record reads snapshot_blocks). None: made by _fields.
+_FIELD_SQL: tuple[tuple[str, str | None], ...] = (
+    ("id", "s.id"),
+    ("session", "s.session"),
+    ("parent", "s.parent"),
+    ("n_tokens", "s.n_tokens"),
+    ("nbytes", "s.nbytes + (CASE WHEN s.durable <> 0 THEN s.block_bytes ELSE 0 END)"),
+    ("checksum", "s.checksum"),
+    ("fingerprint", "s.fingerprint"),
+    ("model_id", "s.model_id"),
+    ("n_messages", "s.n_messages"),
+    ("created", "s.created"),
+    ("last_access", "s.last_access"),
+    ("pinned", "s.pinned"),
+    ("label", "s.label"),
+    ("durable", "s.durable"),
+    ("tiers", None),
+    ("file_bytes", "s.nbytes"),
+    ("own_size_bytes", "s.nbytes + (CASE WHEN s.durable <> 0 THEN s.block_bytes - s.shared_block_bytes ELSE 0 END)"),
+    ("shared_size_bytes", "(CASE WHEN s.durable <> 0 THEN s.shared_block_bytes ELSE 0 END)"),
+    ("kind", "s.kind"),
+)
+_BLANK = dict.fromkeys(name for name, _ in _FIELD_SQL)  # copied for each row: the record's keys in its order
+
+
+def _select(constants: Iterable[str] = ()) -> tuple[str, tuple[str, ...]]:
+    """The SQL of a record's fields, less those a query knows without reading them (`constants`), and their names:
+    a listing of thousands fetches no column whose value it knows."""
+    chosen = [(name, sql) for name, sql in _FIELD_SQL if sql is not None and name not in constants]
+    return ", ".join(sql for _, sql in chosen), tuple(name for name, _ in chosen)
+
+
+_RECORD_SQL, _RECORD_NAMES = _select()
+# a snapshot row as _fields() takes it, and its token hash (a prefix lookup compares it; a listing needs none)
+_SNAPSHOT_SELECT = f"SELECT {_RECORD_SQL}, s.token_hash AS token_hash FROM snapshots s"
+# the listing of durable snapshots (snapshot_fields): its rows' kind and durable are known
+_LISTED = {"kind": "snapshot", "durable": True}
+_LISTED_SQL, _LISTED_NAMES = _select(_LISTED)
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
 # stored_bytes: the session's snapshot files and each KV block they use, a block counted once however many
 # of them share it (summing the snapshots' sizes would count a conversation's early blocks once per turn)
@@ -110,6 +116,8 @@ class Index:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=OFF")  # references are kept by the store (see schema.py)
+        # an INSERT OR REPLACE that replaces a snapshot_blocks row fires its delete trigger: the block sums stay exact
+        self._db.execute("PRAGMA recursive_triggers=ON")
         self._migrate()
 
     @classmethod
@@ -253,34 +261,25 @@ class Index:
             where, params = where + ["s.session = ?"], params + [session]
         if durable_only:
             where.append("s.durable = 1")
-        select = _SNAPSHOT_SELECT if session is not None else _SNAPSHOT_LIST  # one session: its rows' blocks only
-        sql = select + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
+        sql = _SNAPSHOT_SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
         return [_snapshot(r) for r in self.rows(sql, params)]
 
     def snapshot_fields(self, session: str | None = None, *, durable_only: bool = False) -> list[dict[str, Any]]:
         """snapshots(session, durable_only=...) as each record's fields (tiers a list): a listing of thousands
-        makes no record of each. Every session's: one pass over the snapshots in id order (_LISTING)."""
-        where, params = ["s.kind = 'snapshot'"], []
+        makes no record of each. One pass over the snapshots rows in id order (along the id index, or a session's
+        along snapshots_by_session), each row's sums read from it."""
+        where, params = ["+s.kind = 'snapshot'"], []  # the unary +: the planner walks an index in id order, no sort
         if session is not None:
             where, params = where + ["s.session = ?"], [session]
+        columns, names, blank = _RECORD_SQL, _RECORD_NAMES, _BLANK
         if durable_only:
-            where.append("s.durable = 1")
-        if session is None:  # the unary + keeps the planner on the id index: rows come in order, no sort
-            sql = _LISTING.format(columns=_RECORD_SELECT, where=" AND ".join("+" + w for w in where))
-        else:
-            sql = f"{_SNAPSHOT_SELECT} WHERE {' AND '.join(where)} ORDER BY s.id"
+            where.append("+s.durable = 1")
+            columns, names, blank = _LISTED_SQL, _LISTED_NAMES, _BLANK | _LISTED
+        sql = f"SELECT {columns} FROM snapshots s WHERE {' AND '.join(where)} ORDER BY s.id"
         with self.lock:
             cur = self._db.cursor()
-            cur.row_factory = None if session is None else sqlite3.Row
-            found = cur.execute(sql, params).fetchall()
-        if session is not None:
-            found = [tuple(r[c] for c in _RECORD_COLUMNS) for r in found]
-        out = []
-        for v in found:
-            d = _fields(v)
-            d["tiers"] = list(d["tiers"])
-            out.append(d)
-        return out
+            cur.row_factory = None
+            return [_fields(v, names, blank) for v in cur.execute(sql, params).fetchall()]
 
     def snapshot_states(self) -> dict[str, SnapshotState]:
         """{id: (durable, own file bytes)} of every row: what reconcile checks against the files, without the
@@ -380,19 +379,17 @@ class Index:
 
     def freed_along(self, snapshot_id: str, claimed: dict[str, int]) -> int:
         """The bytes of this snapshot's blocks that deleting it frees, when the snapshots already counted in
-        `claimed` ({block id: how many of them use it}) go too; counts it in `claimed`. Reads its blocks and, for
-        each, at most claimed + 2 of its users (indexed), so a block that thousands of snapshots share costs
-        what the victims do, not what its users number."""
+        `claimed` ({block id: how many of them use it}) go too; counts it in `claimed`. Reads its blocks with their
+        users (blocks.users, schema 5), so a block that thousands of snapshots share costs what the victims do,
+        not what its users number."""
         freed = 0
         for r in self.rows(
-            "SELECT b.id, b.nbytes FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block WHERE sb.snapshot = ?",
+            "SELECT b.id, b.nbytes, b.users FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block "
+            "WHERE sb.snapshot = ?",
             (snapshot_id,),
         ):
             bid, mine = r["id"], claimed.get(r["id"], 0) + 1
-            users = self.one(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM snapshot_blocks WHERE block = ? LIMIT ?)", (bid, mine + 1)
-            )
-            if users[0] <= mine:
+            if r["users"] <= mine:
                 freed += int(r["nbytes"])
             claimed[bid] = mine
         return freed
@@ -574,61 +571,21 @@ def _session(row: sqlite3.Row) -> SessionInfo:
     )
 
 
-# a snapshot row's columns as _fields() takes them, then its blocks' sums (_SNAPSHOT_SELECT, _SNAPSHOT_LIST)
-_RECORD_COLUMNS = (
-    "id",
-    "session",
-    "parent",
-    "n_tokens",
-    "nbytes",
-    "checksum",
-    "fingerprint",
-    "model_id",
-    "n_messages",
-    "created",
-    "last_access",
-    "pinned",
-    "label",
-    "durable",
-    "kind",
-    "block_bytes",
-    "own_block_bytes",
-)
-_RECORD_SELECT = ", ".join(f"s.{c}" for c in _RECORD_COLUMNS[:-2])
-
-
-def _fields(v: tuple) -> dict[str, Any]:
-    """A SnapshotRecord's fields from a row's _RECORD_COLUMNS, in the record's order: the one place a row's
-    bytes become a record's (its own file, plus its KV blocks once durable)."""
-    sid, session, parent, n_tokens, own, checksum, fingerprint, model_id, n_messages = v[:9]
-    created, last_access, pinned, label, durable, kind, blocks, own_blocks = v[9:]
-    durable = bool(durable)
-    own = int(own)
-    blocks, own_blocks = (int(blocks), int(own_blocks)) if durable else (0, 0)
-    return {
-        "id": sid,
-        "session": session,
-        "parent": parent,
-        "n_tokens": int(n_tokens),
-        "nbytes": own + blocks,
-        "checksum": checksum,
-        "fingerprint": fingerprint,
-        "model_id": model_id,
-        "n_messages": int(n_messages),
-        "created": created,
-        "last_access": last_access,
-        "pinned": bool(pinned),
-        "label": label,
-        "durable": durable,
-        "tiers": ("disk",) if durable else (),
-        "file_bytes": own,
-        "own_size_bytes": own + own_blocks,
-        "shared_size_bytes": blocks - own_blocks,
-        "kind": kind,
-    }
+def _fields(v: tuple, names: tuple[str, ...] = _RECORD_NAMES, blank: dict[str, Any] = _BLANK) -> dict[str, Any]:
+    """A SnapshotRecord's fields (tiers a list) from a row of _SNAPSHOT_SELECT (or of the columns `names`, the rest
+    in `blank`): what _FIELD_SQL cannot make (SQLite has no booleans), at the least Python a row: a listing makes
+    thousands."""
+    d = blank.copy()
+    d.update(zip(names, v))
+    durable = d["durable"] = d["durable"] != 0
+    d["pinned"] = d["pinned"] != 0
+    d["tiers"] = ["disk"] if durable else []
+    return d
 
 
 def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
     from engramctl.store.records import SnapshotRecord
 
-    return SnapshotRecord(**_fields(tuple(row[c] for c in _RECORD_COLUMNS)))
+    fields = _fields(tuple(row))
+    fields["tiers"] = tuple(fields["tiers"])
+    return SnapshotRecord(**fields)

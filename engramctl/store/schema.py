@@ -30,6 +30,12 @@ Invariants the store keeps (and reconcile restores after a crash):
 - totals (4) holds the durable rows' bytes and count, of snapshots and of blocks, kept by triggers in the
   transaction that changes the rows: a write asks whether it fits without summing the store. The eviction
   order (store/retention.py) has its index, so the least recently used victim is found without a listing.
+- block sums (5): blocks.users is the block's number of snapshot_blocks rows; snapshots.block_bytes is the sum of
+  its blocks' nbytes, snapshots.shared_block_bytes that of those with users > 1 (another snapshot or prefix state,
+  durable or not, uses them too). Triggers keep them in the transaction that changes snapshot_blocks or a block's
+  nbytes, each O(the rows changed): a listing reads them instead of grouping every snapshot_blocks row. A
+  snapshot's blocks are distinct (their ids chain: store/blocks.py), and its row is inserted before its
+  snapshot_blocks rows. INSERT OR REPLACE into snapshot_blocks needs PRAGMA recursive_triggers (index.py sets it).
 """
 
 from __future__ import annotations
@@ -151,5 +157,56 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE name = 'blocks';
     END;
     CREATE INDEX snapshots_by_eviction ON snapshots (durable, pinned, (label IS NOT NULL), last_access, id);
+    """,
+    # 5: each snapshot's KV block bytes, all and shared, and each block's users, kept by triggers: a listing of
+    # every snapshot reads its row, not a grouping of every snapshot_blocks row (issue 46: `ls` at 10,000)
+    """
+    ALTER TABLE blocks ADD COLUMN users INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE snapshots ADD COLUMN block_bytes INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE snapshots ADD COLUMN shared_block_bytes INTEGER NOT NULL DEFAULT 0;
+    UPDATE blocks SET users = (SELECT COUNT(*) FROM snapshot_blocks sb WHERE sb.block = blocks.id);
+    UPDATE snapshots SET
+        block_bytes = (SELECT COALESCE(SUM(b.nbytes), 0) FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block
+                       WHERE sb.snapshot = snapshots.id),
+        shared_block_bytes = (SELECT COALESCE(SUM(b.nbytes), 0) FROM snapshot_blocks sb JOIN blocks b ON b.id = sb.block
+                              WHERE sb.snapshot = snapshots.id AND b.users > 1);
+    -- a new reference: the block's bytes join its snapshot's sums, shared if it has another user, and its second user
+    -- makes it shared for the first too (found along snapshot_blocks_by_block only then)
+    CREATE TRIGGER snapshot_blocks_sums_insert AFTER INSERT ON snapshot_blocks BEGIN
+        UPDATE blocks SET users = users + 1 WHERE id = NEW.block;
+        UPDATE snapshots SET
+            block_bytes = block_bytes + IFNULL((SELECT nbytes FROM blocks WHERE id = NEW.block), 0),
+            shared_block_bytes = shared_block_bytes
+                + IFNULL((SELECT CASE WHEN users > 1 THEN nbytes ELSE 0 END FROM blocks WHERE id = NEW.block), 0)
+        WHERE id = NEW.snapshot;
+        UPDATE snapshots SET
+            shared_block_bytes = shared_block_bytes + (SELECT nbytes FROM blocks WHERE id = NEW.block)
+        WHERE id = (SELECT CASE WHEN users = 2 THEN (
+                        SELECT snapshot FROM snapshot_blocks
+                        WHERE block = NEW.block AND (snapshot <> NEW.snapshot OR seq <> NEW.seq) LIMIT 1) END
+                    FROM blocks WHERE id = NEW.block);
+    END;
+    -- a reference dropped: its bytes leave its snapshot's sums (a no-op once the row is deleted), and a block left
+    -- with one user is no longer shared for that one
+    CREATE TRIGGER snapshot_blocks_sums_delete AFTER DELETE ON snapshot_blocks BEGIN
+        UPDATE blocks SET users = users - 1 WHERE id = OLD.block;
+        UPDATE snapshots SET
+            block_bytes = block_bytes - IFNULL((SELECT nbytes FROM blocks WHERE id = OLD.block), 0),
+            shared_block_bytes = shared_block_bytes
+                - IFNULL((SELECT CASE WHEN users > 0 THEN nbytes ELSE 0 END FROM blocks WHERE id = OLD.block), 0)
+        WHERE id = OLD.snapshot;
+        UPDATE snapshots SET
+            shared_block_bytes = shared_block_bytes - (SELECT nbytes FROM blocks WHERE id = OLD.block)
+        WHERE id = (SELECT CASE WHEN users = 1 THEN (
+                        SELECT snapshot FROM snapshot_blocks WHERE block = OLD.block LIMIT 1) END
+                    FROM blocks WHERE id = OLD.block);
+    END;
+    -- a block's size known once its file is written: every user's sums follow (a new block: its few users)
+    CREATE TRIGGER blocks_sums_nbytes AFTER UPDATE OF nbytes ON blocks WHEN NEW.nbytes <> OLD.nbytes BEGIN
+        UPDATE snapshots SET
+            block_bytes = block_bytes + NEW.nbytes - OLD.nbytes,
+            shared_block_bytes = shared_block_bytes + (CASE WHEN NEW.users > 1 THEN NEW.nbytes - OLD.nbytes ELSE 0 END)
+        WHERE id IN (SELECT snapshot FROM snapshot_blocks WHERE block = NEW.id);
+    END;
     """,
 )

@@ -93,3 +93,25 @@ def test_another_schema_is_the_full_opens_to_handle(cli, branched):
         db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
     assert Index.read_only(path) is None
     assert "newer engramctl" in cli("snapshots", "ls", code=1).stderr
+
+
+def test_ls_leaves_the_cyclic_collector_as_it_found_it(engram_home, capsys):
+    """ls turns the collector off while it lists (snapshots_ls.py) and gives it back, on or off, also when it
+    fails: a test process or a Typer app calling it in-process keeps its own setting."""
+    import gc
+
+    from engramctl.cli import snapshots_ls
+    from engramctl.errors import NotFound
+
+    assert gc.isenabled()
+    snapshots_ls.ls(None, True, False)
+    assert gc.isenabled() and capsys.readouterr().out == "[]\n"
+    with pytest.raises(NotFound):
+        snapshots_ls.ls("nobody", True, False)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        snapshots_ls.ls(None, True, False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
