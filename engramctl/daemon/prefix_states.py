@@ -41,6 +41,7 @@ from engramctl.state import SessionState
 from engramctl.state.codec import to_payload
 from engramctl.store.prefix import token_hash
 from engramctl.store.store import Store
+from engramctl.store.threads import Workers
 
 log = logging.getLogger("engramctl.daemon")
 
@@ -161,15 +162,4 @@ class PrefixStates:
             return {"claimed": len(self._claims), "kept_since_start": self.offered, "restored": self.restored}
 
 
-_keeper_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_keeper_lock = threading.Lock()
-
-
-def _keeper() -> concurrent.futures.ThreadPoolExecutor:
-    """The one keeper thread of this process (its jobs run in the order offered)."""
-    global _keeper_pool
-    with _keeper_lock:
-        if _keeper_pool is None:
-            _keeper_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engram-keep")
-            _keeper_pool.submit(lambda: None)  # its thread starts now: a daemon's thread count stays flat after
-        return _keeper_pool
+_keeper = Workers(1, "engram-keep")  # the one keeper thread of this process: its jobs run in the order offered

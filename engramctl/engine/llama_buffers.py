@@ -27,6 +27,8 @@ import threading
 
 import numpy as np
 
+from engramctl.store.threads import Workers
+
 # sys.getrefcount of a buffer nobody else holds, as free() counts: the pool's list, the loop variable, the call
 _FREE_REFS = 3
 _FIT = 1.5  # a free buffer serves a request of at least 1/_FIT of its size: a reused one wastes at most a third
@@ -36,18 +38,7 @@ _PAGE = 4096
 AHEAD = 1.4
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _preparer() -> concurrent.futures.ThreadPoolExecutor:
-    """The one thread of this process that faults buffers in ahead of their use."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engram-buffers")
-            _pool.submit(lambda: None)  # its thread starts now: a daemon's thread count stays flat after
-        return _pool
+_preparer = Workers(1, "engram-buffers")  # the one thread of this process that faults buffers in ahead of their use
 
 
 class HostBuffers:

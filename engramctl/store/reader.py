@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from engramctl.errors import InvalidName, SnapshotCorrupt, SnapshotMismatch
 from engramctl.store import arrays, snapshot_file
 from engramctl.store.blocks import BLOCK_KIND, KV_BLOCKS, BlockCorrupt, block_list
 from engramctl.store.records import Payload
+from engramctl.store.threads import Workers
 
 Entries = dict[str, tuple[str, tuple[int, ...]]]  # tensor name -> (safetensors dtype code, full shape)
 # (the snapshot's metadata, its tensors) -> {name: writable contiguous uint8 array of the tensor's bytes} for the
@@ -40,8 +40,7 @@ READERS = 4  # block files read at once: a virtio or NVMe disk serves several re
 _FIRST_READ = 4096  # a header is read with the first page; a longer one takes a second read
 _MAX_IOV = 512  # iovecs per preadv (Linux's IOV_MAX is 1024)
 _CODE_NAME = {code: name for name, code in arrays.SAFETENSORS_DTYPE.items()}
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+_executor = Workers(READERS, "engram-read")
 
 
 def read_payload(
@@ -312,19 +311,6 @@ def _wait(jobs: list[concurrent.futures.Future]) -> BaseException | None:
         if e is not None and first is None:
             first = e
     return first
-
-
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(READERS, thread_name_prefix="engram-read")
-            # all its threads at once (each waits for the others): a daemon's thread count is then the same after
-            # its first read as after its thousandth, as the soak test holds it to
-            started = threading.Barrier(READERS)
-            for _ in range(READERS):
-                _pool.submit(started.wait)
-        return _pool
 
 
 def _arrays(dest: dict[str, Any], full: Entries, kind: str) -> dict[str, Any]:
