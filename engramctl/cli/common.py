@@ -50,7 +50,7 @@ class EngramGroup(TyperGroup):
         except typer_exc.Abort:
             out.stderr.write("\n")
             code = 130
-        except BaseException as e:  # EngramError, KeyboardInterrupt and the rest: failure.py's, as quick.py's
+        except BaseException as e:  # EngramError, KeyboardInterrupt and the rest: failure.py's, as shortcut.py's
             code = failure.exit_code(e, out)
             if code is None:
                 raise

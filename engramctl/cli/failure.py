@@ -1,4 +1,4 @@
-"""What a failed command prints and exits with, on the Typer path (common.EngramGroup) and quick.py's alike:
+"""What a failed command prints and exits with, on the Typer path (common.EngramGroup) and shortcut.py's alike:
 `Error: <sentence>` then `Hint: <next command>` on stderr, and the documented exit code."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The names and help of the options that both the Typer commands declare (common.py, snapshots_common.py) and
-quick.py parses without typer: one definition each, so a flag reads the same on either path."""
+shortcut.py parses without typer: one definition each, so a flag reads the same on either path."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The whole command line as a Typer app: the root command, its --help epilog, and each group registered
 in the order --help lists them. Importing this imports typer (and with it click and pydantic): main() comes here
-for every command line but the ones quick.py runs itself."""
+for every command line but the ones shortcut.py runs itself."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The snapshot table's columns (`snapshots ls`, the preview of `snapshots rm`). Imports nothing heavy: quick.py's
+"""The snapshot table's columns (`snapshots ls`, the preview of `snapshots rm`). Imports nothing heavy: shortcut.py's
 `snapshots ls` renders it without typer."""
 
 from __future__ import annotations

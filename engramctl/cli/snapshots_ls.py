@@ -1,4 +1,4 @@
-"""`engramctl snapshots ls`: what it does, without typer, so that quick.py runs it as snapshots_read.py's Typer
+"""`engramctl snapshots ls`: what it does, without typer, so that shortcut.py runs it as snapshots_read.py's Typer
 command does. It asks the daemon when one is ready, else reads the store's index alone (listing.IndexSource)."""
 
 from __future__ import annotations

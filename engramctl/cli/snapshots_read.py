@@ -1,5 +1,5 @@
 """`engramctl snapshots ls | info | export | path`: the reads. They ask the daemon when it runs, else
-read the store (listing.py); nothing here changes anything. ls is snapshots_ls.py's (quick.py runs it without
+read the store (listing.py); nothing here changes anything. ls is snapshots_ls.py's (shortcut.py runs it without
 typer); this declares its options."""
 
 from __future__ import annotations
