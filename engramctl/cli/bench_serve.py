@@ -46,6 +46,11 @@ def serve(
     other_snapshots: int = typer.Option(
         0, "--other-snapshots", min=0, help="Snapshots of other sessions put in the daemon's store before it starts."
     ),
+    empty_twin: bool = typer.Option(
+        False,
+        "--empty-twin",
+        help="With --other-snapshots: also run the daemon on an empty store, taking turns with it, and compare.",
+    ),
     quick: bool = typer.Option(False, "--quick", help="A short run: 1 run, 32-token replies, 3 turns, 1,2 clients."),
     peer: bool = typer.Option(True, "--llama-server/--no-llama-server", help="Measure against llama-server."),
     build: bool = typer.Option(True, "--build/--no-build", help="Build llama-server when it is not cached."),
@@ -72,6 +77,11 @@ def serve(
 
     out = Output()
     st = common.settings()
+    if empty_twin and not other_snapshots:
+        raise UsageError(
+            "--empty-twin compares a store holding --other-snapshots with an empty one; none were asked for.",
+            hint="engramctl bench serve --workloads agents,long --other-snapshots 5000 --empty-twin",
+        )
     if model and preset:
         raise UsageError("--model and --preset cannot be combined.", hint="pick one")
     gguf, name = _model_file(model, preset, gguf_type, seed, st, out)
@@ -113,6 +123,7 @@ def serve(
         long_context=long_context,
         long_turns=long_turns,
         other_snapshots=other_snapshots,
+        empty_twin=empty_twin,
         seed=seed,
         llama_server=binary,
         peer_on_gpu=bool(archs),
@@ -291,15 +302,19 @@ def _render_agents(agents: dict) -> list[str]:
 
 
 def _render_long(long: dict) -> list[str]:
+    from engramctl.bench.serve.runner import EMPTY_TWIN
+
     lines = ["\n(f) one conversation resent whole, each turn a long message; what the daemon wrote per turn"]
     rows = []
     for t in long["turns"]:
         ours, theirs = t.get("engramctl", {}), t.get("llama-server", {})
+        twin = {"empty store ttft ms": _fmt(t[EMPTY_TWIN].get("ttft_ms"))} if EMPTY_TWIN in t else {}
         rows.append(
             {
                 "turn": t["turn"],
                 "prompt": _fmt(ours.get("prompt_tokens")),
                 "ttft ms": _fmt(ours.get("ttft_ms")),
+                **twin,
                 "peer ttft ms": _fmt(theirs.get("ttft_ms")),
                 "written MiB": round(t["written_bytes"] / 2**20, 1),
                 "/ floor": _fmt(t.get("written_ratio")),

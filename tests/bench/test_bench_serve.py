@@ -218,3 +218,45 @@ def test_other_snapshots_fill_the_store_through_its_api_before_the_daemon_starts
         assert r.usage.prompt_tokens_details.cached_tokens == 0
         assert len(d.store.snapshots.list()) == 23 + 2  # its prompt and reply snapshots beside them
         h.close()
+
+
+def test_empty_twin_takes_turns_with_the_daemon_and_each_figure_is_a_ratio_to_it(gguf, engram_home):
+    """`--other-snapshots N --empty-twin`: a second daemon on an empty store serves the same waves in the same run
+    (ABBA), and the targets compare the daemon holding the others' snapshots with it."""
+    from engramctl.bench.serve.runner import EMPTY_TWIN
+
+    args = ["bench", "serve", "--model", str(gguf), "--workloads", "agents", "--agent-clients", "2"]
+    args += ["--system-tokens", "64", "--other-snapshots", "6", "--empty-twin", "--no-llama-server", "--json"]
+    r = CliRunner().invoke(app, args + ["--threads", "1"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    agents = out["agents"]["2"]
+    assert set(agents) == {"engramctl", EMPTY_TWIN}
+    for name in agents:
+        assert [len(agents[name][w]["ttft_ms"]) for w in ("wave1", "wave2", "wave3")] == [2, 2, 2]
+        assert agents[name]["wave1"]["errors"] == []
+    twin = {t["target"]: t for t in out["targets"] if "others' snapshots / empty store" in t["target"]}
+    assert sorted(twin) == [
+        "2 agents, wave1 wall_s: 6 others' snapshots / empty store",
+        "2 agents, wave2 median_ttft_ms: 6 others' snapshots / empty store",
+        "2 agents, wave3 median_ttft_ms: 6 others' snapshots / empty store",
+    ]
+    wall = agents["engramctl"]["wave1"]["wall_s"] / agents[EMPTY_TWIN]["wave1"]["wall_s"]
+    assert twin["2 agents, wave1 wall_s: 6 others' snapshots / empty store"]["value"] == round(wall, 3)
+
+
+def test_empty_twin_without_other_snapshots_is_a_usage_error(engram_home):
+    r = CliRunner().invoke(app, ["bench", "serve", "--empty-twin", "--no-llama-server"])
+    assert r.exit_code == 2 and "--empty-twin" in r.stderr and "Hint:" in r.stderr
+
+
+def test_others_targets_sum_the_long_conversations_turns():
+    from engramctl.bench.serve.runner import EMPTY_TWIN
+
+    turns = [{"engramctl": {"ttft_ms": a}, EMPTY_TWIN: {"ttft_ms": b}} for a, b in ((1200.0, 1000.0), (900.0, 1000.0))]
+    result = {"other_snapshots": {"snapshots": 5000}, "long": {"turns": turns}}
+    got = {t["target"]: (t["value"], t["met"]) for t in targets(result)}
+    assert got["long conversation, TTFT of 2 turns: 5000 others' snapshots / empty store"] == (1.05, True)
+    turns[1]["engramctl"]["ttft_ms"] = 1100.0  # 2,300 / 2,000
+    got = {t["target"]: (t["value"], t["met"]) for t in targets(result)}
+    assert got["long conversation, TTFT of 2 turns: 5000 others' snapshots / empty store"] == (1.15, False)

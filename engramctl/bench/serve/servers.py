@@ -40,7 +40,7 @@ def free_port() -> int:
 
 @dataclass
 class Server:
-    name: str  # "engramctl" | "llama-server"
+    name: str  # "engramctl" | "llama-server" | runner.EMPTY_TWIN
     command: list[str]
     env: dict[str, str]
     health: str  # the path that answers 200 once the model is loaded
@@ -50,12 +50,12 @@ class Server:
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @classmethod
-    def engramctl(cls, gguf: Path, *, threads: int, home: Path) -> "Server":
+    def engramctl(cls, gguf: Path, *, threads: int, home: Path, name: str = "engramctl") -> "Server":
         token = secrets.token_hex(16)
         env = {"ENGRAM_HOME": str(home), "ENGRAM_API_KEY": token, "ENGRAM_THREADS": str(threads)}
         env |= {"ENGRAM_MODEL": str(gguf), "ENGRAM_BACKEND": "llama.cpp", "ENGRAM_NO_AUTOSTART": "1"}
         cmd = [sys.executable, "-m", "engramctl", "serve", "--port", "{port}"]
-        return cls("engramctl", cmd, env, "/v1/status", token, home / "daemon.log")
+        return cls(name, cmd, env, "/v1/status", token, home / "daemon.log")
 
     @classmethod
     def llama_server(
