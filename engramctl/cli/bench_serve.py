@@ -27,6 +27,12 @@ def serve(
     stream_tokens: int = typer.Option(128, "--stream-tokens", min=2, help="(a) tokens per streamed reply."),
     turns: int = typer.Option(8, "--turns", min=1, help="(b) turns before the restart."),
     turn_tokens: int = typer.Option(48, "--turn-tokens", min=1, help="(b) tokens per reply."),
+    opening_tokens: Optional[int] = typer.Option(
+        None,
+        "--opening-tokens",
+        min=16,
+        help="(b) about how many tokens the first message has (default ~300): the conversation a restart resumes.",
+    ),
     clients: str = typer.Option("1,2,4", "--clients", help="(c) numbers of clients at once, comma-separated."),
     client_tokens: int = typer.Option(96, "--client-tokens", min=1, help="(c) tokens per reply."),
     client_runs: int = typer.Option(
@@ -114,6 +120,7 @@ def serve(
         stream_tokens=stream_tokens,
         turns=turns,
         turn_tokens=turn_tokens,
+        opening_tokens=opening_tokens,
         clients=counts(clients, "--clients", "1,2,4"),
         client_tokens=client_tokens,
         client_runs=client_runs,

@@ -21,8 +21,8 @@ def gguf(served_model):
 
 def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram_home):
     args = ["bench", "serve", "--model", str(gguf), "--runs", "1", "--stream-tokens", "32", "--turns", "3"]
-    args += ["--turn-tokens", "16", "--clients", "1,5", "--client-tokens", "32", "--client-runs", "2"]
-    args += ["--no-llama-server", "--json", "--threads", "1"]
+    args += ["--turn-tokens", "16", "--opening-tokens", "900", "--clients", "1,5", "--client-tokens", "32"]
+    args += ["--client-runs", "2", "--no-llama-server", "--json", "--threads", "1"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -38,6 +38,7 @@ def test_bench_serve_measures_the_daemon_alone_without_llama_server(gguf, engram
     assert [t["turn"] for t in turns] == [1, 2, 3, 4]
     assert [t["after_restart"] for t in turns] == [False, False, False, True]
     assert turns[0]["cached_tokens"] == 0
+    assert 700 < turns[0]["prompt_tokens"] < 1200  # --opening-tokens 900 (the default opening is ~300)
     # a stock client resending its history after a restart: the daemon restores its snapshot
     assert turns[-1]["cached_tokens"] > turns[0]["prompt_tokens"]
     assert set(out["concurrent"]) == {"1", "5"}

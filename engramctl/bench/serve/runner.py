@@ -58,6 +58,7 @@ class ServeConfig:
     stream_tokens: int = 128
     turns: int = 8
     turn_tokens: int = 48
+    opening_tokens: int | None = None  # (b) the first message's length (None: ~300 tokens)
     clients: tuple[int, ...] = (1, 2, 4)
     client_tokens: int = 96
     client_runs: int = 1  # (c) rounds per number of clients, ABBA
@@ -143,7 +144,9 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
                     result["memory"] = {s.name: {"rss_bytes": s.rss_bytes()} for s in servers}
                 if "multi_turn" in cfg.workloads:
                     say(f"(b) a client resending its history: {cfg.turns} turns, a restart, one more")
-                    result["multi_turn"] = workloads.multi_turn(client, servers, cfg.turns, cfg.turn_tokens, cfg.seed)
+                    result["multi_turn"] = workloads.multi_turn(
+                        client, servers, cfg.turns, cfg.turn_tokens, cfg.seed, cfg.opening_tokens
+                    )
                 if "long" in cfg.workloads:
                     say(
                         f"(f) one conversation resent whole to {cfg.long_context} tokens, {cfg.long_turn_tokens} a turn"

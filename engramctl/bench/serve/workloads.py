@@ -99,6 +99,9 @@ def one_stream(
     return out
 
 
+OPENING_CHARS_PER_TOKEN = 2.7  # the corpus filler on SmolLM2's and Granite's tokenizers (shared.py measured it)
+
+
 def first_message(seed: int, label: str, chars: int = 800) -> str:
     """A ~300-token opening message (SmolLM2's tokenizer), different per `label` and `seed` so no two
     conversations share more than the template's first tokens."""
@@ -106,14 +109,24 @@ def first_message(seed: int, label: str, chars: int = 800) -> str:
     return f"[{label}] Read these notes, then answer my questions.\n\n{notes}\n\n{user_message(0)}"
 
 
-def multi_turn(client: httpx.Client, servers: Sequence[Server], turns: int, tokens: int, seed: int) -> dict:
+def multi_turn(
+    client: httpx.Client,
+    servers: Sequence[Server],
+    turns: int,
+    tokens: int,
+    seed: int,
+    opening_tokens: int | None = None,
+) -> dict:
     """A stock client: every turn resends the whole history (its own server's replies included). After
-    `turns` turns both servers restart and the client sends turn turns+1."""
+    `turns` turns both servers restart and the client sends turn turns+1. `opening_tokens`: about how long the
+    first message is (default ~300), so the conversation a restart resumes can be long."""
     history = {s.name: [] for s in servers}
     rows = []
+    chars = 800 if opening_tokens is None else int(opening_tokens * OPENING_CHARS_PER_TOKEN)
+    opening = first_message(seed, "multi-turn", chars)
 
     def turn(i: int) -> None:
-        user = {"role": "user", "content": first_message(seed, "multi-turn") if i == 0 else user_message(i)}
+        user = {"role": "user", "content": opening if i == 0 else user_message(i)}
         for s in abba(servers, i):
             reply = stream_chat(client, s, history[s.name] + [user], GREEDY, tokens, seed)
             s.settle(client)
