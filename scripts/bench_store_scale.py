@@ -14,7 +14,8 @@ snapshots with its ratios (wall and CPU) to the first 100's. The first 100 and t
 so a machine whose load changes in between moves that ratio as much as the store does; the last window is therefore
 also paired, commit by commit, with the same payloads committed into a reference store of 100-199 snapshots (a
 copy of a store filled with 100 before the fill, a fresh copy every 100 paired commits, whole conversations in
-each): `paired` is the ratio of the two at the same moments (--no-reference: not paired). Then, with the store closed, Store.open's wall/CPU time (median of 3)
+each): `paired` is the ratio of the two at the same moments (--no-reference: not paired). Then, with the store
+closed, Store.open's wall/CPU time (median of 3)
 and `engramctl snapshots ls --json` and `engramctl snapshots ls` (the table) run as a user runs them (a fresh
 process, ENGRAM_HOME pointing at the filled store, no daemon): wall and CPU (the child's user+sys) per run, median
 of 3 after one run not timed, with Python's bytecode cache on as installed (PYTHONDONTWRITEBYTECODE dropped for the
