@@ -10,7 +10,12 @@ one attention layer's K/V, token ids, last logits) with its K/V's token axis nam
 it, so the store keeps the K/V in shared blocks as the daemon does. Every commit is flushed to disk before the next.
 
 Printed: the median commit+flush wall and CPU time over the first 100 snapshots, then per window of --window
-snapshots with its ratio to the first 100's; then, with the store closed, Store.open's wall/CPU time (median of 3)
+snapshots with its ratios (wall and CPU) to the first 100's. The first 100 and the last window are minutes apart,
+so a machine whose load changes in between moves that ratio as much as the store does; the last window is therefore
+also paired, commit by commit, with the same payloads committed into a reference store of 100-199 snapshots (a
+copy of a store filled with 100 before the fill, a fresh copy every 100 paired commits, whole conversations in
+each): `paired` is the ratio of the two at the same moments (--no-reference: not paired). Then, with the store
+closed, Store.open's wall/CPU time (median of 3)
 and `engramctl snapshots ls --json` and `engramctl snapshots ls` (the table) run as a user runs them (a fresh
 process, ENGRAM_HOME pointing at the filled store, no daemon): wall and CPU (the child's user+sys) per run, median
 of 3 after one run not timed, with Python's bytecode cache on as installed (PYTHONDONTWRITEBYTECODE dropped for the
@@ -25,6 +30,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,49 +86,131 @@ class Conversation:
         return tensors, meta
 
 
-def fill(home: Path, n_snapshots: int, n_sessions: int, window: int) -> list[dict]:
-    settings = load_settings(
-        {"keep_last": n_snapshots // n_sessions + 8, "tier_ram_bytes": 64 * 2**20}, env={"ENGRAM_HOME": str(home)}
-    )
+REFERENCE_SNAPSHOTS = 100  # the store the target compares with: "commit+flush at 10,000 within 1.2x of at 100"
+
+
+def _settings(home: Path, keep_last: int):
+    return load_settings({"keep_last": keep_last, "tier_ram_bytes": 64 * 2**20}, env={"ENGRAM_HOME": str(home)})
+
+
+def _commit(store: Store, session: str, payload: tuple[dict, dict]) -> tuple[float, float]:
+    """One commit, flushed to disk: (wall s, CPU s of this process, the writer thread's included)."""
+    c0, w0 = time.process_time(), time.perf_counter()
+    store.snapshots.commit(session, payload, messages=[{"role": "user", "content": "next"}])
+    store.flush()
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def _ms(seconds: list[float]) -> float:
+    return round(1000 * statistics.median(seconds), 2)
+
+
+class Reference:
+    """Stores of REFERENCE_SNAPSHOTS snapshots to pair the last window's commits with: one filled once (not timed)
+    and closed, then a fresh copy of it for each run of `per_copy` paired commits, so the reference holds 100 to
+    199 snapshots when it is timed; each copy's snapshots are loaded first (not timed), so that its RAM tier is
+    full as the filled store's is."""
+
+    def __init__(self, root: Path, keep_last: int, turns: int, system: tuple[np.ndarray, np.ndarray]):
+        self.root, self.keep_last, self.per_copy = root, keep_last, REFERENCE_SNAPSHOTS
+        self.template = root / "template"
+        with Store.open(_settings(self.template, keep_last)) as store:
+            TierPlanner.start(store.settings, store.retention)
+            for s in range(-(-REFERENCE_SNAPSHOTS // turns)):
+                conv = Conversation(np.random.default_rng(500_000 + s), *system)
+                for _ in range(turns):
+                    _commit(store, f"ref-{s:05d}", conv.turn())
+        self.store: Store | None = None
+        self.home: Path | None = None
+        self.copies = self.paired = 0
+
+    def next_session(self) -> Store:
+        """The store to pair the next conversation with: a fresh copy once the current one took per_copy commits."""
+        if self.store is None or self.paired >= self.per_copy:
+            self.close()
+            self.home = self.root / f"copy-{self.copies}"
+            shutil.copytree(self.template, self.home)
+            self.copies += 1
+            self.store = Store.open(_settings(self.home, self.keep_last))
+            TierPlanner.start(self.store.settings, self.store.retention)
+            # its RAM tier full, as the filled store's is: a commit then evicts a hot copy in both, not in one
+            for rec in self.store.snapshots.list():
+                self.store.snapshots.load(rec.id)
+            self.paired = 0
+        return self.store
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            shutil.rmtree(self.home)
+            self.store = None
+
+
+def fill(home: Path, n_snapshots: int, n_sessions: int, window: int, reference: bool = True) -> dict:
+    turns = n_snapshots // n_sessions
+    keep_last = turns + 8
+    settings = _settings(home, keep_last)
     rng = np.random.default_rng(0)
     system_ids = rng.integers(3, VOCAB, SYSTEM_TOKENS, dtype=np.int64)
     system_kv = rng.standard_normal((2, KV_HEADS, SYSTEM_TOKENS, HEAD_DIM), dtype=np.float32)
-    turns = n_snapshots // n_sessions
     rows, walls, cpus = [], [], []
     first_100: dict = {}
-    with Store.open(settings) as store:
+    paired = {"store_wall": [], "store_cpu": [], "ref_wall": [], "ref_cpu": []}
+    with tempfile.TemporaryDirectory(prefix="engram-scale-ref-") as ref_root, Store.open(settings) as store:
+        ref = Reference(Path(ref_root), keep_last, turns, (system_ids, system_kv)) if reference else None
         TierPlanner.start(settings, store.retention)
         done = 0
         for s in range(n_sessions):
             conv = Conversation(np.random.default_rng(1000 + s), system_ids, system_kv)
+            # the last window's conversations, whole, go to a reference store too (the same payloads, alternately
+            # first and second, so neither gets the warmer caches every time)
+            ref_store = ref.next_session() if ref is not None and done >= n_snapshots - window else None
             for _ in range(turns):
                 payload = conv.turn()
-                c0, w0 = time.process_time(), time.perf_counter()
-                store.snapshots.commit(f"agent-{s:05d}", payload, messages=[{"role": "user", "content": "next"}])
-                store.flush()
-                walls.append(time.perf_counter() - w0)
-                cpus.append(time.process_time() - c0)
+                name = f"agent-{s:05d}"
+                if ref_store is None:
+                    wall, cpu = _commit(store, name, payload)
+                else:
+                    if done % 2:
+                        ref_wall, ref_cpu = _commit(ref_store, name, payload)
+                        wall, cpu = _commit(store, name, payload)
+                    else:
+                        wall, cpu = _commit(store, name, payload)
+                        ref_wall, ref_cpu = _commit(ref_store, name, payload)
+                    for key, value in zip(paired, (wall, cpu, ref_wall, ref_cpu)):
+                        paired[key].append(value)
+                walls.append(wall)
+                cpus.append(cpu)
                 done += 1
                 if done == 100:  # the target's reference: a store of 100 snapshots
-                    first_100 = {
-                        "snapshots": 100,
-                        "commit_flush_ms": round(1000 * statistics.median(walls), 2),
-                        "cpu_ms": round(1000 * statistics.median(cpus), 2),
-                    }
+                    first_100 = {"snapshots": 100, "commit_flush_ms": _ms(walls), "cpu_ms": _ms(cpus)}
                     print(json.dumps({"first_100": first_100}), flush=True)
                 if done % window == 0:
-                    row = {
-                        "snapshots": done,
-                        "commit_flush_ms": round(1000 * statistics.median(walls), 2),
-                        "cpu_ms": round(1000 * statistics.median(cpus), 2),
-                    }
+                    row = {"snapshots": done, "commit_flush_ms": _ms(walls), "cpu_ms": _ms(cpus)}
                     row["vs_100"] = round(row["commit_flush_ms"] / first_100["commit_flush_ms"], 2)
+                    row["cpu_vs_100"] = round(row["cpu_ms"] / first_100["cpu_ms"], 2)
                     rows.append(row)
                     print(json.dumps({"window": row}), flush=True)
                     walls, cpus = [], []
+            if ref_store is not None:
+                ref.paired += turns
+        if ref is not None:
+            ref.close()
         if store.write_errors:
             raise SystemExit(f"writes failed: {list(store.write_errors)}")
-    return [first_100, *rows]
+    out = {"windows": [first_100, *rows]}
+    if paired["store_wall"]:
+        out["paired"] = {
+            "commits": len(paired["store_wall"]),
+            "store_snapshots": f"{n_snapshots - window + 1}-{n_snapshots}",
+            "reference_snapshots": f"{REFERENCE_SNAPSHOTS}-{REFERENCE_SNAPSHOTS + ref.per_copy - 1}",
+            **{f"{key}_ms": _ms(values) for key, values in paired.items()},
+        }
+        p = out["paired"]
+        p["vs_reference"] = round(p["store_wall_ms"] / p["ref_wall_ms"], 2)
+        p["cpu_vs_reference"] = round(p["store_cpu_ms"] / p["ref_cpu_ms"], 2)
+        print(json.dumps({"paired": p}), flush=True)
+    return out
 
 
 def time_open(home: Path, repeat: int = 3) -> dict:
@@ -194,6 +282,7 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=500)
     ap.add_argument("--home", type=Path, help="fill this directory (kept) instead of a temporary one")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-reference", action="store_true", help="do not pair the last window with a store of 100")
     ap.add_argument("--read-only", action="store_true", help="time open and ls of the store at --home, filled before")
     args = ap.parse_args()
     if args.read_only:
@@ -204,28 +293,39 @@ def main() -> int:
         return 0
     if args.snapshots % args.sessions:
         ap.error("--snapshots must be a multiple of --sessions")
+    load_before = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="engram-scale-") as tmp:
         home = args.home or Path(tmp)
-        windows = fill(home, args.snapshots, args.sessions, args.window)
+        filled = fill(home, args.snapshots, args.sessions, args.window, reference=not args.no_reference)
         opened = time_open(home)
         print(json.dumps({"open": opened}), flush=True)
         listed = time_ls(home)
         print(json.dumps({"ls": listed}), flush=True)
-    first, last = windows[0], windows[-1]
+    first, last = filled["windows"][0], filled["windows"][-1]
     summary = {
         "snapshots": args.snapshots,
         "sessions": args.sessions,
         "first_100_ms": first["commit_flush_ms"],
+        "first_100_cpu_ms": first["cpu_ms"],
         "last_window_ms": last["commit_flush_ms"],
+        "last_window_cpu_ms": last["cpu_ms"],
         "last_vs_first_100": round(last["commit_flush_ms"] / first["commit_flush_ms"], 2),
+        "cpu_last_vs_first_100": round(last["cpu_ms"] / first["cpu_ms"], 2),
+    }
+    if "paired" in filled:
+        summary["paired_vs_reference"] = filled["paired"]["vs_reference"]
+        summary["paired_cpu_vs_reference"] = filled["paired"]["cpu_vs_reference"]
+    summary |= {
         "open_ms": opened["open_ms"],
+        "open_cpu_ms": opened["cpu_ms"],
         "ls_json_ms": listed["ls_json_ms"],
+        "ls_json_cpu_ms": listed["cpu_ms"],
+        "load_average_before": load_before,
+        "load_average_after": listed["load_average"],
     }
     print(json.dumps({"summary": summary}), flush=True)
     if args.json:
-        args.json.write_text(
-            json.dumps({"windows": windows, "open": opened, "ls": listed, "summary": summary}, indent=1)
-        )
+        args.json.write_text(json.dumps({**filled, "open": opened, "ls": listed, "summary": summary}, indent=1))
     return 0
 
 
