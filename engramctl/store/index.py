@@ -495,36 +495,6 @@ class Index:
                 self.execute("DELETE FROM blocks WHERE id = ?", (r["id"],))
         return [(r["id"], int(r["nbytes"])) for r in rows]
 
-    # -- prefix lookup -------------------------------------------------------------------------------
-    def prefix_lengths(
-        self, fingerprint: str | None, max_tokens: int, session: str | None, kind: str = "snapshot"
-    ) -> list[int]:
-        sql = "SELECT DISTINCT n_tokens FROM snapshots WHERE kind = ? AND n_tokens BETWEEN 1 AND ?"
-        params: list[Any] = [kind, max_tokens]
-        if fingerprint is not None:
-            sql, params = sql + " AND fingerprint = ?", params + [fingerprint]
-        if session is not None:
-            sql, params = sql + " AND session = ?", params + [session]
-        return sorted(r[0] for r in self.rows(sql, params))
-
-    def prefix_candidates(
-        self, fingerprint: str | None, hashes: dict[str, int], session: str | None, kind: str = "snapshot"
-    ) -> list[SnapshotRecord]:
-        """Snapshots (or prefix states: kind) whose (token hash, length) is one of `hashes`, longest then newest
-        first."""
-        found: list[SnapshotRecord] = []
-        keys = list(hashes)
-        for i in range(0, len(keys), 500):
-            chunk = keys[i : i + 500]
-            sql = _SNAPSHOT_SELECT + f" WHERE s.kind = ? AND s.token_hash IN ({','.join('?' * len(chunk))})"
-            params: list[Any] = [kind, *chunk]
-            if fingerprint is not None:
-                sql, params = sql + " AND s.fingerprint = ?", params + [fingerprint]
-            if session is not None:
-                sql, params = sql + " AND s.session = ?", params + [session]
-            found += [_snapshot(r) for r in self.rows(sql, params) if hashes.get(r["token_hash"]) == r["n_tokens"]]
-        return sorted(found, key=lambda r: (r.n_tokens, r.id), reverse=True)
-
     # -- helpers -------------------------------------------------------------------------------------
     def _insert(self, table: str, allowed: tuple[str, ...], fields: dict[str, Any]) -> None:
         bad = set(fields) - set(allowed)
