@@ -64,19 +64,24 @@ def listed(index: Index, session: str | None = None) -> list[dict[str, Any]]:
     sql, params = _SELECT, ()
     if session is not None:
         sql, params = sql + " AND s.session = ?", (session,)
+    rows: list[dict[str, Any]] = []
     with index.lock:  # one read transaction (a savepoint opens one): the sessions and snapshots of one state
         index.execute("SAVEPOINT listing")
         try:
-            refs = _tuples(index.execute(_SESSIONS))
-            found = _tuples(index.execute(sql + " ORDER BY s.id", params))
+            for name, head, base in _tuples(index.execute(_SESSIONS)):
+                if head:
+                    heads.setdefault(head, []).append(name)
+                if base:
+                    bases.setdefault(base, []).append(name)
+            _make_rows(_tuples(index.execute(sql + " ORDER BY s.id", params)), heads, bases, rows)
         finally:
             index.execute("RELEASE listing")
-    for name, head, base in refs:
-        if head:
-            heads.setdefault(head, []).append(name)
-        if base:
-            bases.setdefault(base, []).append(name)
-    rows = []
+    return rows
+
+
+def _make_rows(found: Any, heads: dict[str, list[str]], bases: dict[str, list[str]], rows: list) -> None:
+    """Each snapshot's row appended to `rows`, as its tuple comes from the cursor (none kept: 10,000 tuples of 15
+    are memory a listing touches for nothing)."""
     add, copy, head_of, base_of = rows.append, _TEMPLATE.copy, heads.get, bases.get
     for sid, name, parent, tokens, own, blocks, shared, checksum, fp, model, msgs, created, seen, pin, label in found:
         row = copy()
@@ -100,10 +105,9 @@ def listed(index: Index, session: str | None = None) -> list[dict[str, Any]]:
         row["head_of"] = head_of(sid) or []
         row["branch_point_of"] = base_of(sid) or []
         add(row)
-    return rows
 
 
-def _tuples(cur: Any) -> list[tuple]:
-    """The cursor's rows as plain tuples (the index's connection makes sqlite3.Row objects, which cost more)."""
+def _tuples(cur: Any) -> Any:
+    """The cursor, yielding plain tuples (the index's connection makes sqlite3.Row objects, which cost more)."""
     cur.row_factory = None
-    return cur.fetchall()
+    return cur
