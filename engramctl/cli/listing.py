@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engramctl.cli.rows import session_rows, snapshot_rows
-
 if TYPE_CHECKING:  # the sources that make protocol objects import it themselves: IndexSource makes none
     from typing_extensions import Self
 
@@ -45,6 +43,8 @@ class DaemonSource:
         return [Snapshot.from_json(x) for x in self.client.list_snapshots(session)]
 
     def snapshot_rows(self, session: str | None) -> list[dict]:
+        from engramctl.cli.rows import snapshot_rows
+
         return snapshot_rows([s.to_dict() for s in self.snapshots(session)], self.session_refs())
 
     def snapshot(self, ref: str) -> Snapshot:
@@ -85,6 +85,8 @@ class StoreSource:
         return [Snapshot.from_record(r) for r in self.store.snapshots.list(session)]
 
     def snapshot_rows(self, session: str | None) -> list[dict]:
+        from engramctl.cli.rows import snapshot_rows
+
         return snapshot_rows([s.to_dict() for s in self.snapshots(session)], self.session_refs())
 
     def snapshot(self, ref: str) -> Snapshot:
@@ -161,6 +163,8 @@ class Listing:
         self.close()
 
     def sessions(self) -> list[dict]:
+        from engramctl.cli.rows import session_rows
+
         sessions, hot = self.source.sessions()
         return session_rows(sessions, self.source.snapshots(None), hot)
 
@@ -172,6 +176,8 @@ class Listing:
 
     def snapshot(self, ref: str) -> dict:
         """One snapshot by id or unique id prefix (store.names' rule), with the path of its file."""
+        from engramctl.cli.rows import snapshot_rows
+
         row = snapshot_rows([self.source.snapshot(ref).to_dict()], self.source.session_refs())[0]
         row["path"] = str(self.snapshot_path(row["id"]))
         return row
