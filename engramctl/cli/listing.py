@@ -120,8 +120,8 @@ class StoreSource:
 
 class IndexSource:
     """Reads the store's index, opened only to read it, while no daemon runs (`snapshots ls`): no lock, no
-    reconcile, nothing written, so a listing costs its one query, not an open of the store. It shows what
-    the last committed transaction holds, less the snapshots whose files are not complete (a write in
+    reconcile, nothing written, so a listing costs its one read (store/listing.py), not an open of the store. It
+    shows what the last committed transaction holds, less the snapshots whose files are not complete (a write in
     progress, or cut short by a crash: the next open of the store drops or adopts them)."""
 
     def __init__(self, index: Any):

@@ -5,12 +5,12 @@ rows.snapshot_rows make together (a record's fields in its order, then `head_of`
 sessions whose head, or branch point, the snapshot is, in the order `Index.session_refs` lists sessions), equal
 value for value and key for key, at less cost a row: a listing of 10,000 snapshots makes 10,000 of them.
 
-- One query, of the columns it does not know: a listed row is durable, so its sizes are the row's own sums
-  (schema 5's block_bytes, shared_block_bytes) without the records' `CASE WHEN durable`, and its kind, durable
-  and tiers are constants.
-- Each row a copy of one template dict (the keys in the record's order) with its values set in place: a dict
-  display of 21 keys, or a blank's update from zip(), costs about half again as much.
-- head_of and branch_point_of from one read of the sessions' heads and bases, set in the same pass.
+- One read (a savepoint): the sessions' heads and bases, then the snapshots' columns it does not know. A listed
+  row is durable, so its sizes are the row's own sums (schema 5's block_bytes, shared_block_bytes) without the
+  records' `CASE WHEN durable`, and its kind, durable and tiers are constants.
+- Each row a copy of one template dict (the keys in the record's order) with its values set in place, as its tuple
+  comes from the cursor: a dict display of 21 keys costs about half again as much, and SQLite writing the rows'
+  JSON itself (json_object, printf, ||) costs more than Python's dicts and orjson (measured at 10,000 rows).
 
 Only reads: the index may be one opened by Index.read_only (no lock, nothing written).
 """
