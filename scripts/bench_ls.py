@@ -29,10 +29,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall, cpu) in ms of one run; the command must succeed."""
+def _run(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """(wall, cpu) in ms of one run; the command must succeed. `cwd`: not a checkout's root (`python -m` puts the
+    working directory first on sys.path: run from a checkout, every variant would import that checkout's
+    engramctl, whatever PYTHONPATH says)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = 1000 * (time.perf_counter() - start)
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
@@ -71,15 +73,22 @@ def main() -> int:
         }
         if opts.against:
             commands["ls_against"] = (ls, {**base, "ENGRAM_HOME": str(opts.home), "PYTHONPATH": str(opts.against)})
-        for cmd, env in commands.values():  # the bytecode, written once, not timed
-            _run(cmd, env)
+        where = {}  # which engramctl each listing imports, as it runs (a check on PYTHONPATH and cwd)
+        for name, (cmd, env) in commands.items():  # the bytecode, written once, not timed
+            _run(cmd, env, empty)
+            if name != "python":
+                probe = [sys.executable, "-c", "import engramctl; print(engramctl.__file__)"]
+                where[name] = subprocess.run(
+                    probe, env=env, cwd=empty, capture_output=True, text=True, check=True
+                ).stdout.strip()
         load_before = os.getloadavg()
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for _ in range(opts.rounds):
             for name, (cmd, env) in commands.items():
-                samples[name].append(_run(cmd, env))
+                samples[name].append(_run(cmd, env, empty))
     report = {name: _summary(s) for name, s in samples.items()}
     report["rounds"] = opts.rounds
+    report["engramctl"] = where
     report["load_average"] = {
         "before": [round(x, 2) for x in load_before],
         "after": [round(x, 2) for x in os.getloadavg()],
