@@ -12,18 +12,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from engramctl.errors import EngramError, UsageError
 from engramctl.units import parse_bytes
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 APP = "engramctl"
 DEFAULT_PORT = 11535
@@ -36,6 +32,9 @@ _EXPECTED = {"int": "a whole number", "float": "a number", "bool": "one of 1/0, 
 
 @dataclass(frozen=True)
 class Paths:
+    """Where engramctl keeps what it keeps (from ENGRAM_HOME, else the platform's user dirs)."""
+
+    # a docstring of its own: without one, @dataclass makes one from inspect.signature, at every import
     data_dir: Path  # snapshots, index
     config_dir: Path  # config.toml, token
     log_dir: Path
@@ -43,7 +42,7 @@ class Paths:
     cache_dir: Path  # converted model weights (GGUF -> safetensors)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "Paths":
+    def from_env(cls, env: Mapping[str, str]) -> Paths:
         home = env.get(HOME_ENV)
         if home:
             root = Path(home).expanduser().resolve()
@@ -58,7 +57,7 @@ class Paths:
             Path(platformdirs.user_cache_dir(APP)),
         )
 
-    def ensure(self) -> "Paths":
+    def ensure(self) -> Paths:
         try:
             for p in dataclasses.astuple(self):
                 Path(p).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -120,13 +119,15 @@ def setting(
     "--loopback-only"; shown_default: the default as documented when the value alone says too little;
     bounds: the smallest and largest accepted number; daemon: the daemon reads it, so `serve` and
     `daemon start` take it as a flag and a background daemon inherits it."""
-    meta = dict(help=help, kind=kind, choices=tuple(choices), flag=flag, short=short, off_flag=off_flag)
-    meta.update(metavar=metavar, shown_default=shown_default, bounds=bounds, daemon=daemon)
+    meta = {"help": help, "kind": kind, "choices": tuple(choices), "flag": flag, "short": short}
+    meta.update(off_flag=off_flag, metavar=metavar, shown_default=shown_default, bounds=bounds, daemon=daemon)
     return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class Settings:
+    """Every setting (`setting(...)` fields: their help, flag and kind), built once by load_settings."""
+
     paths: Paths
     model: str | None = setting(
         None,
@@ -325,6 +326,10 @@ def load_settings(flags: Mapping[str, Any] | None = None, env: Mapping[str, str]
     cfg_file = paths.config_dir / "config.toml"
     extra: dict[str, Any] = {}
     if cfg_file.is_file():
+        try:  # imported here: most commands run without a config file, and tomllib costs an import of its own
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
         try:
             cfg = tomllib.loads(cfg_file.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

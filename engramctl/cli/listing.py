@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engramctl.cli.rows import session_rows, snapshot_rows
-
 if TYPE_CHECKING:  # the sources that make protocol objects import it themselves: IndexSource makes none
+    from typing_extensions import Self
+
     from engramctl.protocol import Session, Snapshot
 
 
@@ -42,8 +42,10 @@ class DaemonSource:
             self.client.session(session)  # NotFound for an unknown session, like the store
         return [Snapshot.from_json(x) for x in self.client.list_snapshots(session)]
 
-    def snapshot_dicts(self, session: str | None) -> list[dict]:
-        return [s.to_dict() for s in self.snapshots(session)]
+    def snapshot_rows(self, session: str | None) -> list[dict]:
+        from engramctl.cli.rows import snapshot_rows
+
+        return snapshot_rows([s.to_dict() for s in self.snapshots(session)], self.session_refs())
 
     def snapshot(self, ref: str) -> Snapshot:
         from engramctl.protocol import Snapshot
@@ -82,8 +84,10 @@ class StoreSource:
 
         return [Snapshot.from_record(r) for r in self.store.snapshots.list(session)]
 
-    def snapshot_dicts(self, session: str | None) -> list[dict]:
-        return [s.to_dict() for s in self.snapshots(session)]
+    def snapshot_rows(self, session: str | None) -> list[dict]:
+        from engramctl.cli.rows import snapshot_rows
+
+        return snapshot_rows([s.to_dict() for s in self.snapshots(session)], self.session_refs())
 
     def snapshot(self, ref: str) -> Snapshot:
         from engramctl.protocol import Snapshot
@@ -116,8 +120,8 @@ class StoreSource:
 
 class IndexSource:
     """Reads the store's index, opened only to read it, while no daemon runs (`snapshots ls`): no lock, no
-    reconcile, nothing written, so a listing costs its one query, not an open of the store. It shows what
-    the last committed transaction holds, less the snapshots whose files are not complete (a write in
+    reconcile, nothing written, so a listing costs its one read (store/listing.py), not an open of the store. It
+    shows what the last committed transaction holds, less the snapshots whose files are not complete (a write in
     progress, or cut short by a crash: the next open of the store drops or adopts them)."""
 
     def __init__(self, index: Any):
@@ -127,10 +131,8 @@ class IndexSource:
         if self.index is not None:
             self.index.close()
 
-    def session_refs(self) -> list[tuple[str, str | None, str | None]]:
-        return [] if self.index is None else self.index.session_refs()
-
-    def snapshot_dicts(self, session: str | None) -> list[dict]:
+    def snapshot_rows(self, session: str | None) -> list[dict]:
+        """The rows rows.snapshot_rows makes of Snapshot.to_dict()'s, from one query (store/listing.py)."""
         if session is not None:
             from engramctl.errors import NotFound
             from engramctl.store.names import validate_session_name
@@ -140,7 +142,9 @@ class IndexSource:
                 raise NotFound(f"no session named {session!r}.", hint="engramctl sessions")  # as Sessions.get
         if self.index is None:
             return []
-        return self.index.snapshot_fields(session, durable_only=True)  # Snapshot.to_dict()'s, without the objects
+        from engramctl.store.listing import listed
+
+        return listed(self.index, session)
 
 
 class Listing:
@@ -152,13 +156,15 @@ class Listing:
     def close(self) -> None:
         self.source.close()
 
-    def __enter__(self) -> "Listing":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def sessions(self) -> list[dict]:
+        from engramctl.cli.rows import session_rows
+
         sessions, hot = self.source.sessions()
         return session_rows(sessions, self.source.snapshots(None), hot)
 
@@ -166,10 +172,12 @@ class Listing:
         return [s.name for s in self.source.sessions()[0]]
 
     def snapshots(self, session: str | None = None) -> list[dict]:
-        return snapshot_rows(self.source.snapshot_dicts(session), self.source.session_refs())
+        return self.source.snapshot_rows(session)
 
     def snapshot(self, ref: str) -> dict:
         """One snapshot by id or unique id prefix (store.names' rule), with the path of its file."""
+        from engramctl.cli.rows import snapshot_rows
+
         row = snapshot_rows([self.source.snapshot(ref).to_dict()], self.source.session_refs())[0]
         row["path"] = str(self.snapshot_path(row["id"]))
         return row

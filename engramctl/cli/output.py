@@ -10,22 +10,26 @@ headers, notes, warnings, errors). Three modes:
 Errors print as `Error: <sentence>` then `Hint: <next command>` on stderr. Exit codes: 0 ok,
 1 error, 2 usage, 3 daemon unreachable (the EngramError subclasses carry their own).
 
-Nothing heavy is imported here: `engramctl --help` and completion load this module.
+Nothing heavy is imported here: `engramctl --help` and completion load this module. json, orjson and threading are
+imported where they are used: `snapshots ls` in a table or quiet needs none of them (orjson alone imports datetime,
+uuid and platform).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
-import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from engramctl.errors import UsageError
 from engramctl.units import human_bytes, human_duration
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 error, 2 usage error, 3 daemon unreachable, 130 interrupted."
@@ -206,6 +210,8 @@ class Output:
 
     def event(self, obj: dict) -> None:
         """One NDJSON line (streams)."""
+        import json
+
         self.line(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_json_default))
 
     def table(
@@ -274,7 +280,7 @@ class Output:
         if hint:
             self._err(f"{self._style('Hint:', '36')} {hint}")
 
-    def spinner(self, text: str) -> "Spinner":
+    def spinner(self, text: str) -> Spinner:
         return Spinner(self.stderr, text, enabled=self.stderr_tty() and not self.quiet)
 
     def confirm(self, question: str, *, stdin: TextIO | None = None) -> bool:
@@ -301,31 +307,28 @@ def dumps_indented(obj: Any) -> str:
     data = _orjson_bytes(obj)
     if data is not None:
         return data.decode()
+    import json
+
     return json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default)
 
 
 def _orjson_bytes(obj: Any) -> bytes | None:
     """dumps_indented's text in UTF-8, from orjson; None where orjson refuses it (or is missing)."""
-    if _orjson is None:
-        return None
     try:
-        return _orjson.dumps(obj, default=_json_default, option=_ORJSON_OPTIONS)
+        import orjson
+    except ImportError:  # pragma: no cover - a declared dependency
+        return None
+    # every object but dicts, lists, tuples and exact scalars goes through _json_default, as with json.dumps
+    option = (
+        orjson.OPT_INDENT_2
+        | orjson.OPT_PASSTHROUGH_DATACLASS
+        | orjson.OPT_PASSTHROUGH_DATETIME
+        | orjson.OPT_PASSTHROUGH_SUBCLASS
+    )
+    try:
+        return orjson.dumps(obj, default=_json_default, option=option)
     except TypeError:  # orjson.JSONEncodeError
         return None
-
-
-try:
-    import orjson as _orjson
-
-    # every object but dicts, lists, tuples and exact scalars goes through _json_default, as with json.dumps
-    _ORJSON_OPTIONS = (
-        _orjson.OPT_INDENT_2
-        | _orjson.OPT_PASSTHROUGH_DATACLASS
-        | _orjson.OPT_PASSTHROUGH_DATETIME
-        | _orjson.OPT_PASSTHROUGH_SUBCLASS
-    )
-except ImportError:  # pragma: no cover - a declared dependency
-    _orjson = None
 
 
 def _json_default(obj: Any) -> Any:
@@ -344,14 +347,18 @@ class Spinner:
     FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
     def __init__(self, stream: TextIO, text: str, enabled: bool = True, interval: float = 0.08):
+        import threading  # here: most commands draw no spinner
+
         self.stream, self.text, self.enabled, self.interval = stream, text, enabled, interval
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Any = None  # a threading.Thread while it draws
         self._lock = threading.Lock()
         self._shown = False
 
-    def start(self) -> "Spinner":
+    def start(self) -> Self:
         if self.enabled and self._thread is None:
+            import threading
+
             self._thread = threading.Thread(target=self._run, name="spinner", daemon=True)
             self._thread.start()
         return self
@@ -382,8 +389,8 @@ class Spinner:
                 self.stream.flush()
                 self._shown = False
 
-    def __enter__(self) -> "Spinner":
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

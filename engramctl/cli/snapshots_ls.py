@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 
 from engramctl.cli.output import Column, output_for, size
-from engramctl.cli.snapshot_table import snapshot_columns
 
 
 def ls(session: str | None, json_: bool, quiet: bool) -> None:
@@ -32,6 +31,8 @@ def _ls(session: str | None, json_: bool, quiet: bool) -> None:
     if not out.human:  # the columns (each id's shortest unique prefix among thousands) are the table's alone
         out.table(snaps, [], quiet_key="id")
         return
+    from engramctl.cli.snapshot_table import snapshot_columns
+
     columns = snapshot_columns(snaps, with_session=session is None)
     at = next((i + 1 for i, c in enumerate(columns) if c.header == "SIZE"), len(columns))
     columns.insert(at, Column("SHARED", "shared_size_bytes", ">", size))  # of SIZE, the KV blocks others use too
