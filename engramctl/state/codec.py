@@ -97,8 +97,10 @@ def from_payload(
     check_values=False skips only the scan for NaN/Inf (a pass over every byte: as long as the restore's
     own copy) for a payload this process already checked: one to_payload made, or read back earlier.
     `checked`: payloads accepted before (a memory tier's, restored again) are rebuilt without their checks."""
-    if checked is not None and not check_values and checked.accepted(tensors, meta, spec):
-        return _build(tensors, meta, spec, int(meta["n_tokens"]))
+    if checked is not None and not check_values:
+        state = checked.accepted(tensors, meta, spec)
+        if state is not None:
+            return state
     backend = written_by(meta)["backend"]
     if backend != spec.backend:
         raise SnapshotMismatch(
@@ -168,9 +170,10 @@ def from_payload(
         raise SnapshotMismatch(f"snapshot has tensors the model does not use: {sorted(extra)[:4]}.")
     if check_values:
         _check_finite(tensors, "snapshot")
+    state = _build(tensors, meta, spec, n_tokens)
     if checked is not None:
-        checked.accept(tensors, meta, spec)
-    return _build(tensors, meta, spec, n_tokens)
+        checked.accept(tensors, meta, spec, state)
+    return state
 
 
 def _build(tensors: dict[str, Array], meta: dict[str, str], spec: StateSpec, n_tokens: int) -> SessionState:
@@ -193,9 +196,12 @@ _CHECKED_META = (BACKEND, STATE_FORMAT, "dtype", "fingerprint", "layout", "n_tok
 
 class Checked:
     """Payloads from_payload accepted for a spec, known by their arrays' identity: a payload restored again from a
-    memory tier (the same dict of the same arrays) is rebuilt without checking its metadata and every tensor again
-    (~1.5 ms of dtype names and shapes for a 64-layer hybrid, against a 7 ms floor for its whole restore at 2K
-    tokens: scripts/bench_restore.py).
+    memory tier (the same dict of the same arrays) gives the SessionState built from it the first time, without
+    checking its metadata and every tensor again (~1.5 ms of dtype names and shapes for a 64-layer hybrid, against a
+    7 ms floor for its whole restore at 2K tokens: scripts/bench_restore.py) nor building it again (~1 ms more: a
+    layer object per layer, the token ids as a tuple). A SessionState is immutable (frozen, tuples), its arrays are
+    the payload's own, and it is kept only while the payload is: it is dropped when the payload's token ids array is
+    collected (the memory tier let the payload go).
 
     What is checked once cannot have changed since: the payload's arrays are the very objects accepted (held weakly:
     a payload collected is forgotten, and a new array at a reused address is a new object), their shape and dtype
@@ -207,30 +213,35 @@ class Checked:
 
     def __init__(self, keep: int = 64):
         self.keep = keep
-        # id of the payload's token ids array -> (spec, metadata read, [(name, weakref, shape, dtype)] in order)
+        # id of the payload's token ids array -> (spec, metadata read, [(name, weakref, shape, dtype)] in order, the
+        # SessionState built from it)
         self._seen: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         self.hits = 0
 
-    def accepted(self, tensors: dict[str, Array], meta: dict[str, str], spec: StateSpec) -> bool:
+    def accepted(self, tensors: dict[str, Array], meta: dict[str, str], spec: StateSpec) -> SessionState | None:
+        """The SessionState built when this very payload was accepted for `spec`; None when it was not."""
         ids = tensors.get(TOKEN_IDS)
         seen = self._seen.get(id(ids)) if ids is not None else None
         if seen is None:
-            return False
-        was_spec, was_meta, refs = seen
+            return None
+        was_spec, was_meta, refs, state = seen
         if was_spec is not spec or len(refs) != len(tensors) or was_meta != tuple(map(meta.get, _CHECKED_META)):
-            return False
+            return None
         for (name, ref, shape, dtype), (now_name, t) in zip(refs, tensors.items()):
             if ref() is not t or name != now_name or t.shape != shape or t.dtype != dtype:
-                return False
+                return None
         self._seen.move_to_end(id(ids))
         self.hits += 1
-        return True
+        return state
 
-    def accept(self, tensors: dict[str, Array], meta: dict[str, str], spec: StateSpec) -> None:
+    def accept(self, tensors: dict[str, Array], meta: dict[str, str], spec: StateSpec, state: SessionState) -> None:
         if not all(arrays.is_numpy(t) for t in tensors.values()):
             return
+        ids = tensors[TOKEN_IDS]
         refs = [(name, weakref.ref(t), t.shape, t.dtype) for name, t in tensors.items()]
-        self._seen[id(tensors[TOKEN_IDS])] = (spec, tuple(map(meta.get, _CHECKED_META)), refs)
-        self._seen.move_to_end(id(tensors[TOKEN_IDS]))
+        self._seen[id(ids)] = (spec, tuple(map(meta.get, _CHECKED_META)), refs, state)
+        self._seen.move_to_end(id(ids))
+        # the state holds the payload's arrays: it goes with the payload, not when `keep` newer ones push it out
+        weakref.finalize(ids, self._seen.pop, id(ids), None)
         while len(self._seen) > self.keep:
             self._seen.popitem(last=False)

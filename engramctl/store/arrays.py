@@ -14,7 +14,6 @@ so that is the kind the engine in use wants; the file's bytes are the same eithe
 from __future__ import annotations
 
 import sys
-import threading
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
@@ -106,41 +105,51 @@ def all_finite(a: Array) -> bool:
 
 
 # safetensors dtype code -> (unsigned type of its width, its exponent bits): a float is NaN or Inf exactly when its
-# exponent bits are all ones, i.e. when its bits without the sign are at least the exponent mask
+# exponent bits are all ones
 FLOAT_BITS = {
     "F16": ("uint16", 0x7C00),
     "BF16": ("uint16", 0x7F80),
     "F32": ("uint32", 0x7F800000),
     "F64": ("uint64", 0x7FF0000000000000),
 }
-_local = threading.local()
-_SCRATCH_BYTES = 1 << 17  # a piece and its mask stay in the L2 cache
+_PIECE_BYTES = 1 << 19  # both reductions read a piece while it is in the L2 cache (1 MiB a core here)
 
 
 def bytes_finite(data: memoryview, code: str) -> bool:
     """No NaN or Inf among the floats of dtype `code` whose bytes (native order) are `data`; True for a dtype
-    that is not a float. In pieces through one small buffer per thread: a mask of the whole array would be a
-    fresh array as large as the state (~20 ms of page faults for 47 MB of SmolLM2 KV). What a restore from
-    disk runs on each piece as it is read (store/reader.py), while it is still in the cache."""
+    that is not a float. Two reductions over the bits, nothing written: read as signed integers, a positive NaN or
+    Inf is one at least the exponent mask (sign 0, exponent all ones), and read as unsigned, a negative one is at
+    least sign | mask, the largest values of either view. Measured on 512 KiB of f32 or f16 in the cache (one core,
+    loaded machine): 35-50 us, where a mask of the bits then its max took 80-100 us (a copy of the bytes: ~35 us).
+    What a restore from disk runs on each chunk as it is read (store/reader.py), and all_finite on float16."""
     if code not in FLOAT_BITS or not data.nbytes:
         return True
+    frombuffer, unsigned_type, signed_type, exponent, negative, step = _FINITE.get(code) or _finite_how(code)
+    unsigned = frombuffer(data, unsigned_type)
+    signed = unsigned.view(signed_type)
+    if unsigned.size <= step:  # a reader's chunk: one piece (called per tensor piece, ~700 times a 10K-token read)
+        return int(signed.max()) < exponent and int(unsigned.max()) < negative
+    for at in range(0, unsigned.size, step):
+        if int(signed[at : at + step].max()) >= exponent or int(unsigned[at : at + step].max()) >= negative:
+            return False
+    return True
+
+
+_FINITE: dict[str, tuple] = {}  # code -> what bytes_finite needs for it, made once (numpy imported then)
+
+
+def _finite_how(code: str) -> tuple:
+    """(numpy's frombuffer, unsigned dtype, signed dtype, exponent mask, sign | mask, values per piece) for a
+    FLOAT_BITS code."""
     import numpy as np
 
     kind, exponent = FLOAT_BITS[code]
-    bits = np.frombuffer(data, np.dtype(kind))
-    magnitude = np.array((1 << (8 * bits.itemsize - 1)) - 1, bits.dtype)  # all but the sign bit
-    limit = np.array(exponent, bits.dtype)
-    scratch = getattr(_local, "scratch", None)
-    if scratch is None:
-        scratch = _local.scratch = np.empty(_SCRATCH_BYTES, np.uint8)
-    step = _SCRATCH_BYTES // bits.itemsize
-    for at in range(0, bits.size, step):
-        piece = bits[at : at + step]
-        out = scratch[: piece.nbytes].view(bits.dtype)
-        np.bitwise_and(piece, magnitude, out=out)
-        if out.max() >= limit:
-            return False
-    return True
+    unsigned = np.dtype(kind)
+    negative = exponent | (1 << (8 * unsigned.itemsize - 1))
+    signed = np.dtype(kind[1:])  # "uint16" -> "int16"
+    how = (np.frombuffer, unsigned, signed, exponent, negative, _PIECE_BYTES // unsigned.itemsize)
+    _FINITE[code] = how
+    return how
 
 
 def equal(a: Array, b: Array) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ Placer = Callable[[dict[str, str], Entries], "dict[str, Any] | None"]
 READERS = 4  # block files read at once: a virtio or NVMe disk serves several requests faster than one
 _FIRST_READ = 4096  # a header is read with the first page; a longer one takes a second read
 _MAX_IOV = 512  # iovecs per preadv (Linux's IOV_MAX is 1024)
+# bytes read per preadv, then hashed and checked while still in the cache (an L2 is 1-2 MiB); a cold read of a file in
+# such chunks is as fast as one read of the whole file (measured: 64 MiB in 0.5, 2 and 8 MiB chunks within 10%)
+_CHUNK_BYTES = 1 << 19
 _CODE_NAME = {code: name for name, code in arrays.SAFETENSORS_DTYPE.items()}
 _executor = Workers(READERS, "engram-read")
 
@@ -72,10 +75,9 @@ def read_payload(
         try:
             h = snapshot_file.hasher(header)
             pieces = _own_pieces(header, plan, dest)
-            _read_into(fd, data_at, pieces, h, size - data_at, source)
+            bad = _read_into(fd, data_at, pieces, h, size - data_at, source, check_values)
             snapshot_file.check_sum(header, h, source)
-            if check_values:
-                _check_values(pieces, source)
+            _refuse_values(bad, source)
         except BaseException as e:  # noqa: BLE001 - raised once the block reads have stopped writing
             own_error = e
         block_error = _wait(jobs)
@@ -236,10 +238,9 @@ def _read_block(
             r = rows[name]
             pieces += [(_flat(r[p, lo:hi, :]), want[name][0], name) for p in range(r.shape[0])]
         h = snapshot_file.hasher(header)
-        _read_into(fd, data_at, pieces, h, size - data_at, what)
+        bad = _read_into(fd, data_at, pieces, h, size - data_at, what, check_values)
         snapshot_file.check_sum(header, h, what)
-        if check_values:
-            _check_values(pieces, what)
+        _refuse_values(bad, what)
     except (SnapshotCorrupt, SnapshotMismatch) as e:  # a mismatch: not a block this engramctl wrote
         if isinstance(e, BlockCorrupt):
             raise
@@ -264,24 +265,55 @@ def _head(fd: int, source: str) -> tuple[dict, int, int]:
     return snapshot_file.parse_header(raw, size - 8 - n, source), 8 + n, size
 
 
-def _read_into(fd: int, at: int, pieces: Sequence[Piece], h, n_data: int, source: str) -> None:
-    """Fill `pieces` (the data section, in order) from the file at `at`, hashing each (h: snapshot_file.hasher's)."""
+def _read_into(
+    fd: int, at: int, pieces: Sequence[Piece], h, n_data: int, source: str, check_values: bool = False
+) -> str | None:
+    """Fill `pieces` (the data section, in order) from the file at `at`, `_CHUNK_BYTES` at a time, each chunk hashed
+    (h: snapshot_file.hasher's) and, with check_values, checked for NaN/Inf right after it is read, while it is still
+    in the core's cache: one pass over memory instead of three (read, hash, check). Returns the first tensor holding
+    a NaN or Inf (None: none does), for the caller to refuse once the checksum holds: damage is reported as damage."""
     total = sum(p.nbytes for p, _, _ in pieces)
     if total != n_data:  # parse_header checked the tensors tile the data section: this is the file's own size
         raise SnapshotCorrupt(f"{source} is truncated: its tensors need {total} data bytes, it holds {n_data}.")
-    todo = [p for p, _, _ in pieces if p.nbytes]
-    k = 0
-    while k < len(todo):
-        batch = todo[k : k + _MAX_IOV]
-        got = os.preadv(fd, batch, at)
-        want = sum(p.nbytes for p in batch)
+    bad: str | None = None
+    for batch in _chunks(pieces):
+        views = [v for v, _, _ in batch]
+        got = os.preadv(fd, views, at)
+        want = sum(v.nbytes for v in views)
         if got < want:  # a short read (a signal, the 2 GiB per call limit): finish this batch piece by piece
-            got = _finish(fd, batch, at, got, source)
+            got = _finish(fd, views, at, got, source)
         at += got
-        k += len(batch)
-    if h is not None:
-        for p in todo:
-            h.update(p)
+        if h is not None:
+            for v in views:
+                h.update(v)
+        if check_values and bad is None:
+            bad = _non_finite(batch)
+    return bad
+
+
+def _chunks(pieces: Sequence[Piece]) -> Iterator[list[Piece]]:
+    """`pieces` (empty ones left out) as consecutive batches of at most `_CHUNK_BYTES` and `_MAX_IOV` views, a piece
+    longer than a chunk cut in slices of whole values (bytes_finite reads them by their width)."""
+    batch: list[Piece] = []
+    size = 0
+    for view, code, name in pieces:
+        item = snapshot_file.dtype_bytes(code)
+        at = 0
+        while at < view.nbytes:
+            room = _CHUNK_BYTES - size
+            n = min(view.nbytes - at, room - room % item)
+            if n == 0:  # not one value's room left in this chunk
+                yield batch
+                batch, size = [], 0
+                continue
+            batch.append((view[at : at + n], code, name))
+            at += n
+            size += n
+            if size == _CHUNK_BYTES or len(batch) == _MAX_IOV:
+                yield batch
+                batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def _finish(fd: int, batch: list[memoryview], at: int, done: int, source: str) -> int:
@@ -297,10 +329,17 @@ def _finish(fd: int, batch: list[memoryview], at: int, done: int, source: str) -
     return done
 
 
-def _check_values(pieces: Sequence[Piece], source: str) -> None:
+def _refuse_values(bad: str | None, source: str) -> None:
+    if bad is not None:
+        raise SnapshotCorrupt(f"{source} holds NaN or Inf values in {bad}; refusing it.")
+
+
+def _non_finite(pieces: Sequence[Piece]) -> str | None:
+    """The name of the first tensor among `pieces` holding a NaN or Inf, None when every value is finite."""
     for view, code, name in pieces:
         if not arrays.bytes_finite(view, code):
-            raise SnapshotCorrupt(f"{source} holds NaN or Inf values in {name}; refusing it.")
+            return name
+    return None
 
 
 def _wait(jobs: list[concurrent.futures.Future]) -> BaseException | None:

@@ -5,6 +5,9 @@ since is checked and laid out again. Restored bits are the captured ones."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -61,6 +64,24 @@ def test_a_payload_read_into_place_restores_from_its_blob_found_once(granite, tm
         live = granite.inject(again)
         assert _bytes(granite.capture(live)) == want  # bitwise
         granite.release(live)
+
+
+def test_a_payload_restored_again_gives_the_state_built_once_while_the_payload_lives(granite, tmp_path):
+    want, (tensors, meta) = _read(granite, tmp_path)
+    checked = Checked()
+    first = from_payload(tensors, meta, granite.spec, check_values=False, checked=checked)
+    again = from_payload(tensors, meta, granite.spec, check_values=False, checked=checked)
+    assert again is first and checked.hits == 1  # not built again
+    live = granite.inject(again)
+    assert _bytes(granite.capture(live)) == want  # bitwise
+    granite.release(live)
+    state = weakref.ref(first)
+    del first, again, live
+    gc.collect()
+    assert state() is not None  # kept while the payload is (a memory tier holds it)
+    del tensors
+    gc.collect()
+    assert state() is None and not checked._seen  # the payload went: the state built from it too
 
 
 def test_a_payload_whose_arrays_changed_is_checked_and_laid_out_again(granite, tmp_path):
