@@ -71,3 +71,17 @@ def nbytes(payload) -> int:
 def same_payload(a, b) -> bool:
     ta, tb = a[0], b[0]
     return ta.keys() == tb.keys() and all(torch.equal(ta[k].cpu(), tb[k].cpu()) for k in ta)
+
+
+def write_split(tmp_path, tensors, meta, ids, block_tokens=16):
+    """The payload as the store writes it: its own file and a file per block, in tmp_path."""
+    from engramctl.store import snapshot_file
+    from engramctl.store.blocks import split
+
+    constant, own_meta, blocks = split(tensors, meta, ids, block_tokens)
+    (tmp_path / "blocks").mkdir(exist_ok=True)
+    for b in blocks:
+        snapshot_file.write_atomic(tmp_path / "blocks" / b.id, b.parts("fp"))
+    own = tmp_path / "own.safetensors"
+    snapshot_file.write_atomic(own, snapshot_file.encode_parts(constant, own_meta))
+    return own, blocks

@@ -14,6 +14,7 @@ from engramctl.errors import SnapshotCorrupt
 from engramctl.store import arrays, snapshot_file
 from engramctl.store.blocks import KV_BLOCKS, BlockCorrupt, split
 from engramctl.store.reader import read_payload
+from tests.store.payloads import write_split
 
 
 def _payload(n: int, kind: str, dtype: str, seed: int = 0):
@@ -46,23 +47,12 @@ def _payload(n: int, kind: str, dtype: str, seed: int = 0):
     return {**kv, **rest}, meta, ids
 
 
-def _write(tmp_path, tensors, meta, ids, block_tokens=16):
-    """The payload as the store writes it: its own file and a file per block, in tmp_path."""
-    constant, own_meta, blocks = split(tensors, meta, ids, block_tokens)
-    (tmp_path / "blocks").mkdir(exist_ok=True)
-    for b in blocks:
-        snapshot_file.write_atomic(tmp_path / "blocks" / b.id, b.parts("fp"))
-    own = tmp_path / "own.safetensors"
-    snapshot_file.write_atomic(own, snapshot_file.encode_parts(constant, own_meta))
-    return own, blocks
-
-
 def _read(tmp_path, own, into=None):
     return read_payload(own, lambda bid: tmp_path / "blocks" / bid, into=into)
 
 
 def _roundtrip(tmp_path, tensors, meta, ids, block_tokens=16):
-    own, blocks = _write(tmp_path, tensors, meta, ids, block_tokens)
+    own, blocks = write_split(tmp_path, tensors, meta, ids, block_tokens)
     return _read(tmp_path, own), blocks, own
 
 
@@ -101,7 +91,7 @@ def test_a_payload_without_token_axes_or_with_wrong_ones_is_kept_whole():
 
 def test_a_payload_is_read_into_the_buffers_a_placer_gives(tmp_path):
     tensors, meta, ids = _payload(40, "numpy", "float16")
-    own, _ = _write(tmp_path, tensors, meta, ids)
+    own, _ = write_split(tmp_path, tensors, meta, ids)
     arena = np.zeros(1 << 16, np.uint8)
     seen = {}
 

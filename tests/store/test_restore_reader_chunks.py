@@ -12,8 +12,9 @@ import pytest
 
 from engramctl.errors import SnapshotCorrupt
 from engramctl.store import reader, snapshot_file
-from engramctl.store.blocks import BlockCorrupt, split
+from engramctl.store.blocks import BlockCorrupt
 from engramctl.store.reader import read_payload
+from tests.store.payloads import write_split
 
 
 def _payload(n: int = 50, seed: int = 0):
@@ -35,16 +36,6 @@ def _payload(n: int = 50, seed: int = 0):
     return tensors, meta, ids
 
 
-def _write(tmp_path, tensors, meta, ids, block_tokens=16):
-    constant, own_meta, blocks = split(tensors, meta, ids, block_tokens)
-    (tmp_path / "blocks").mkdir(exist_ok=True)
-    for b in blocks:
-        snapshot_file.write_atomic(tmp_path / "blocks" / b.id, b.parts("fp"))
-    own = tmp_path / "own.safetensors"
-    snapshot_file.write_atomic(own, snapshot_file.encode_parts(constant, own_meta))
-    return own, blocks
-
-
 def _read(tmp_path, own):
     return read_payload(own, lambda bid: tmp_path / "blocks" / bid, check_values=True)
 
@@ -53,7 +44,7 @@ def _read(tmp_path, own):
 def test_chunks_anywhere_read_every_tensor_bitwise(chunk, tmp_path, monkeypatch):
     monkeypatch.setattr(reader, "_CHUNK_BYTES", chunk)
     tensors, meta, ids = _payload()
-    own, blocks = _write(tmp_path, tensors, meta, ids)
+    own, blocks = write_split(tmp_path, tensors, meta, ids)
     assert len(blocks) == 3
     got, _ = _read(tmp_path, own)
     assert got.keys() == tensors.keys()
@@ -85,7 +76,7 @@ def test_a_non_finite_value_in_any_chunk_is_refused(where, value, tmp_path, monk
     else:  # a value in the second block's rows of the values
         tensors["layers.0.values"][0, 20, 30] = value
         name = "layers.0.values"
-    own, _ = _write(tmp_path, tensors, meta, ids)  # written with a valid checksum over the NaN
+    own, _ = write_split(tmp_path, tensors, meta, ids)  # written with a valid checksum over the NaN
     with pytest.raises(SnapshotCorrupt, match=f"NaN or Inf values in {name}") as e:
         _read(tmp_path, own)
     assert isinstance(e.value, BlockCorrupt) == (where == "block")
@@ -95,7 +86,7 @@ def test_damage_is_reported_as_damage_before_a_nan(tmp_path, monkeypatch):
     monkeypatch.setattr(reader, "_CHUNK_BYTES", 1000)
     tensors, meta, ids = _payload()
     tensors["layers.1.recurrent"][0, 0, 0] = np.nan
-    own, _ = _write(tmp_path, tensors, meta, ids)
+    own, _ = write_split(tmp_path, tensors, meta, ids)
     raw = bytearray(own.read_bytes())
     raw[-3] ^= 0x40  # a byte in the last chunk, after the NaN's chunk
     own.write_bytes(bytes(raw))
