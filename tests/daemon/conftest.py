@@ -96,9 +96,12 @@ def wait_ready(
         try:
             state = json.loads(state_file.read_text())
             # `nice` execs the daemon, so the pid is the daemon's either way
-            if state.get("pid") == proc.pid and state.get("state") == "ready":
-                if httpx.get(state["url"] + "/health", timeout=2).status_code == 200:
-                    break
+            if (
+                state.get("pid") == proc.pid
+                and state.get("state") == "ready"
+                and httpx.get(state["url"] + "/health", timeout=2).status_code == 200
+            ):
+                break
         except (OSError, ValueError, httpx.HTTPError):
             pass
         if time.monotonic() > deadline:
@@ -108,8 +111,10 @@ def wait_ready(
     return state["url"], token or (home / "config" / "token").read_text().strip()
 
 
-def start_daemon(model_dir: Path, home: Path, *args: str, timeout: float = 60.0, **env: str) -> Daemon:
-    """Start the daemon in float32 on port 0 and wait until daemon.json says where and /health answers."""
+def start_daemon(model_dir: Path, home: Path, *args: str, timeout: float = 120.0, **env: str) -> Daemon:
+    """Start the daemon in float32 on port 0 and wait until daemon.json says where and /health answers (a
+    transformers daemon takes ~9 s of CPU to get there: far longer on a machine the other pytest worker and
+    its daemons load too)."""
     proc, log = launch(model_dir, home, "--dtype", "float32", *args, env=env)
     url, token = wait_ready(proc, log, home, timeout, env.get("ENGRAM_API_KEY"))
     return Daemon(proc, home, url, token, log)

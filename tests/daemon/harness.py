@@ -234,11 +234,15 @@ class Workload:
         self.n += 1
         return f"{prefix}{self.n}"
 
-    def run(self, d: Proc, max_ops: int = 10_000) -> None:
-        """Random operations until the daemon dies (or max_ops)."""
+    def turns(self) -> int:
+        """How many answered turns the workload still checks."""
+        return sum(len(t) for t in self.answered.values())
+
+    def run(self, d: Proc, max_ops: int = 10_000, until_turns: int | None = None) -> None:
+        """Random operations until the daemon dies (or max_ops, or until `until_turns` turns are answered)."""
         with d.http(timeout=60) as h:
             for _ in range(max_ops):
-                if d.proc.poll() is not None:
+                if d.proc.poll() is not None or (until_turns is not None and self.turns() >= until_turns):
                     return
                 try:
                     self.step(h)
@@ -369,9 +373,13 @@ class Workload:
         return problems
 
 
-def crash_cycle(model: Path, work: Workload, rng, point: str | None, args=CRASH_ARGS, nice: int = 0) -> dict:
+def crash_cycle(
+    model: Path, work: Workload, rng, point: str | None, args=CRASH_ARGS, nice: int = 0, turns_first: int = 0
+) -> dict:
     """Start the daemon (armed at `point`, or to be killed at a random moment), check what the last kill
-    left, run the workload until the daemon dies. Returns what happened."""
+    left, run the workload until the daemon dies. Returns what happened. A random kill's clock starts once the
+    workload holds `turns_first` answered turns: what a cycle has done before it dies is counted, not timed (a
+    loaded machine answers fewer turns in the same seconds)."""
     import threading
 
     env = {"ENGRAM_TEST_CRASH_AT": f"{point}:0.25"} if point else {}
@@ -380,6 +388,7 @@ def crash_cycle(model: Path, work: Workload, rng, point: str | None, args=CRASH_
     delay = None
     if point is None:
         delay = rng.uniform(0.02, 1.5)
+        work.run(d, until_turns=turns_first)
         threading.Timer(delay, lambda: d.proc.poll() is None and os.kill(d.pid, signal.SIGKILL)).start()
     t0 = time.perf_counter()
     work.run(d, max_ops=60 if point else 10_000)
