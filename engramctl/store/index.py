@@ -73,7 +73,8 @@ _FIELD_SQL: tuple[tuple[str, str | None], ...] = (
     ("shared_size_bytes", "(CASE WHEN s.durable <> 0 THEN s.shared_block_bytes ELSE 0 END)"),
     ("kind", "s.kind"),
 )
-_BLANK = dict.fromkeys(name for name, _ in _FIELD_SQL)  # copied for each row: the record's keys in its order
+RECORD_FIELDS = tuple(name for name, _ in _FIELD_SQL)  # a record's keys in its order (store/listing.py's rows too)
+_BLANK = dict.fromkeys(RECORD_FIELDS)  # copied for each row
 
 
 def _select(constants: Iterable[str] = ()) -> tuple[str, tuple[str, ...]]:

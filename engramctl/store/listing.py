@@ -17,37 +17,12 @@ Only reads: the index may be one opened by Index.read_only (no lock, nothing wri
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from engramctl.store.index import Index
+from engramctl.store.index import RECORD_FIELDS, Index
 
-# a listed row's keys, in the order of a SnapshotRecord's fields (index._FIELD_SQL) and then the CLI's two
-_TEMPLATE: dict[str, Any] = dict.fromkeys(
-    (
-        "id",
-        "session",
-        "parent",
-        "n_tokens",
-        "nbytes",
-        "checksum",
-        "fingerprint",
-        "model_id",
-        "n_messages",
-        "created",
-        "last_access",
-        "pinned",
-        "label",
-        "durable",
-        "tiers",
-        "file_bytes",
-        "own_size_bytes",
-        "shared_size_bytes",
-        "kind",
-        "head_of",
-        "branch_point_of",
-    )
-)
+# a listed row's keys: a SnapshotRecord's fields in its order, then the CLI's two
+_TEMPLATE: dict[str, Any] = dict.fromkeys((*RECORD_FIELDS, "head_of", "branch_point_of"))
 _TEMPLATE |= {"durable": True, "kind": "snapshot"}
 # the unary +: the planner walks the id index (or snapshots_by_session for one session) in id order, no sort
 _SELECT = """
