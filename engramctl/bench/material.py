@@ -37,6 +37,14 @@ def user_message(turn: int) -> str:
     return base if turn < len(USER_MESSAGES) else f"{base} ({turn + 1})"
 
 
+FILLER_CHARS_PER_TOKEN = 2.7  # filler_text on SmolLM2's and Granite's tokenizers, measured
+
+
+def filler_words(seed: int, chars: int) -> str:
+    """filler_text cut to at most `chars` characters, at the end of a word."""
+    return filler_text(seed, chars)[:chars].rsplit(" ", 1)[0]
+
+
 def filler_text(seed: int, min_chars: int) -> str:
     lines = [ln for ln in CORPUS.splitlines() if ln.strip()]
     rng = random.Random(seed)

@@ -107,9 +107,9 @@ def run_serve(cfg: ServeConfig, say: Callable[[str], None], data_dir: Path) -> d
     load_before = machine_load()
     started = time.time()
     daemon = Server.engramctl(cfg.gguf, threads=cfg.threads, home=work / "home")
-    # in the same run, turn by turn: the machine's drift over minutes is larger than what the store's size costs
-    twin = Server.engramctl(cfg.gguf, threads=cfg.threads, home=work / "home-empty", name=EMPTY_TWIN)
-    daemons = [daemon, twin] if cfg.empty_twin else [daemon]
+    daemons = [daemon]
+    if cfg.empty_twin:  # in the same run, turn by turn: the machine drifts over minutes more than the store costs
+        daemons.append(Server.engramctl(cfg.gguf, threads=cfg.threads, home=work / "home-empty", name=EMPTY_TWIN))
     result: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}}
     try:
         others_bytes = 0

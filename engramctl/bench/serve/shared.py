@@ -17,19 +17,16 @@ from typing import Sequence
 
 import httpx
 
-from engramctl.bench.material import filler_text, user_message
+from engramctl.bench.material import FILLER_CHARS_PER_TOKEN, filler_words, user_message
 from engramctl.bench.serve.client import GREEDY, stream_chat
 from engramctl.bench.serve.others import OTHER_PREFIX
 from engramctl.bench.serve.servers import Server
 from engramctl.bench.serve.workloads import Meter, abba, clients_at_once, stats
 
-SYSTEM_CHARS_PER_TOKEN = 2.7  # the corpus filler on SmolLM2's and Granite's tokenizers, measured
-
 
 def system_prompt(seed: int, tokens: int) -> str:
     """An agent's long system prompt: instructions, then ~`tokens` tokens of reference notes."""
-    notes = filler_text(seed + 7919, int(tokens * SYSTEM_CHARS_PER_TOKEN))
-    notes = notes[: int(tokens * SYSTEM_CHARS_PER_TOKEN)].rsplit(" ", 1)[0]
+    notes = filler_words(seed + 7919, int(tokens * FILLER_CHARS_PER_TOKEN))
     return (
         "You are a travel-planning assistant for a small agency. Answer in at most three sentences, "
         "using the agency's notes below when they help.\n\nNotes:\n" + notes
@@ -127,8 +124,7 @@ def long_conversation(
         while prompt_tokens + int(1.2 * turn_tokens) + 2 * reply_tokens < context_tokens and (
             max_turns is None or turn < max_turns
         ):
-            notes = filler_text(seed + 31 * turn, int(turn_tokens * SYSTEM_CHARS_PER_TOKEN))
-            notes = notes[: int(turn_tokens * SYSTEM_CHARS_PER_TOKEN)].rsplit(" ", 1)[0]
+            notes = filler_words(seed + 31 * turn, int(turn_tokens * FILLER_CHARS_PER_TOKEN))
             user = {"role": "user", "content": f"{user_message(turn)}\n\nMore notes:\n{notes}"}
             row: dict = {"turn": turn + 1}
             for s in abba(servers, turn):

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import httpx
 
-from engramctl.bench.material import filler_text, user_message
+from engramctl.bench.material import FILLER_CHARS_PER_TOKEN, filler_words, user_message
 from engramctl.bench.serve.client import CHAT_SAMPLING, GREEDY, Reply, stream_chat
 from engramctl.bench.serve.servers import Server
 from engramctl.bench.timing import IDLE_OTHER_CORES, busy_cpu_s, median, spread
@@ -99,13 +99,10 @@ def one_stream(
     return out
 
 
-OPENING_CHARS_PER_TOKEN = 2.7  # the corpus filler on SmolLM2's and Granite's tokenizers (shared.py measured it)
-
-
 def first_message(seed: int, label: str, chars: int = 800) -> str:
     """A ~300-token opening message (SmolLM2's tokenizer), different per `label` and `seed` so no two
     conversations share more than the template's first tokens."""
-    notes = filler_text(seed, chars)[:chars].rsplit(" ", 1)[0]
+    notes = filler_words(seed, chars)
     return f"[{label}] Read these notes, then answer my questions.\n\n{notes}\n\n{user_message(0)}"
 
 
@@ -122,7 +119,7 @@ def multi_turn(
     first message is (default ~300), so the conversation a restart resumes can be long."""
     history = {s.name: [] for s in servers}
     rows = []
-    chars = 800 if opening_tokens is None else int(opening_tokens * OPENING_CHARS_PER_TOKEN)
+    chars = 800 if opening_tokens is None else int(opening_tokens * FILLER_CHARS_PER_TOKEN)
     opening = first_message(seed, "multi-turn", chars)
 
     def turn(i: int) -> None:
