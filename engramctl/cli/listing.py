@@ -43,9 +43,7 @@ class DaemonSource:
         return [Snapshot.from_json(x) for x in self.client.list_snapshots(session)]
 
     def snapshot_rows(self, session: str | None) -> list[dict]:
-        from engramctl.cli.rows import snapshot_rows
-
-        return snapshot_rows([s.to_dict() for s in self.snapshots(session)], self.session_refs())
+        return _rows_of_snapshots(self, session)
 
     def snapshot(self, ref: str) -> Snapshot:
         from engramctl.protocol import Snapshot
@@ -85,9 +83,7 @@ class StoreSource:
         return [Snapshot.from_record(r) for r in self.store.snapshots.list(session)]
 
     def snapshot_rows(self, session: str | None) -> list[dict]:
-        from engramctl.cli.rows import snapshot_rows
-
-        return snapshot_rows([s.to_dict() for s in self.snapshots(session)], self.session_refs())
+        return _rows_of_snapshots(self, session)
 
     def snapshot(self, ref: str) -> Snapshot:
         from engramctl.protocol import Snapshot
@@ -116,6 +112,13 @@ class StoreSource:
         # shown on the plan, not claimed on the store: a listing shrinks no budget the store keeps within
         claims = [(str(path.relative_to(root)), meta.spec.size_bytes) for path, meta in tables]
         return plan_json(claim_tables(planner.plan, claims), self.store.retention.usage()) | prefixes
+
+
+def _rows_of_snapshots(source: DaemonSource | StoreSource, session: str | None) -> list[dict]:
+    """rows.snapshot_rows of a source's Snapshot objects (IndexSource makes the same rows without them)."""
+    from engramctl.cli.rows import snapshot_rows
+
+    return snapshot_rows([s.to_dict() for s in source.snapshots(session)], source.session_refs())
 
 
 class IndexSource:
