@@ -28,7 +28,7 @@ def main() -> None:
     args = sys.argv[1:]
     code = shortcut.run(args)
     if code is not None:
-        sys.exit(code)
+        shortcut.end(code)
     from engramctl.cli.root import run
 
     run(args)

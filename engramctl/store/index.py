@@ -77,19 +77,15 @@ RECORD_FIELDS = tuple(name for name, _ in _FIELD_SQL)  # a record's keys in its 
 _BLANK = dict.fromkeys(RECORD_FIELDS)  # copied for each row
 
 
-def _select(constants: Iterable[str] = ()) -> tuple[str, tuple[str, ...]]:
-    """The SQL of a record's fields, less those a query knows without reading them (`constants`), and their names:
-    a listing of thousands fetches no column whose value it knows."""
-    chosen = [(name, sql) for name, sql in _FIELD_SQL if sql is not None and name not in constants]
+def _select() -> tuple[str, tuple[str, ...]]:
+    """The SQL of a record's fields read from its row, and their names."""
+    chosen = [(name, sql) for name, sql in _FIELD_SQL if sql is not None]
     return ", ".join(sql for _, sql in chosen), tuple(name for name, _ in chosen)
 
 
 _RECORD_SQL, _RECORD_NAMES = _select()
 # a snapshot row as _fields() takes it, and its token hash (a prefix lookup compares it; a listing needs none)
 _SNAPSHOT_SELECT = f"SELECT {_RECORD_SQL}, s.token_hash AS token_hash FROM snapshots s"
-# the listing of durable snapshots (snapshot_fields): its rows' kind and durable are known
-_LISTED = {"kind": "snapshot", "durable": True}
-_LISTED_SQL, _LISTED_NAMES = _select(_LISTED)
 SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "created", "last_used")
 # stored_bytes: the session's snapshot files and each KV block they use, a block counted once however many
 # of them share it (summing the snapshots' sizes would count a conversation's early blocks once per turn)
@@ -264,23 +260,6 @@ class Index:
             where.append("s.durable = 1")
         sql = _SNAPSHOT_SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id"
         return [_snapshot(r) for r in self.rows(sql, params)]
-
-    def snapshot_fields(self, session: str | None = None, *, durable_only: bool = False) -> list[dict[str, Any]]:
-        """snapshots(session, durable_only=...) as each record's fields (tiers a list): a listing of thousands
-        makes no record of each. One pass over the snapshots rows in id order (along the id index, or a session's
-        along snapshots_by_session), each row's sums read from it."""
-        where, params = ["+s.kind = 'snapshot'"], []  # the unary +: the planner walks an index in id order, no sort
-        if session is not None:
-            where, params = where + ["s.session = ?"], [session]
-        columns, names, blank = _RECORD_SQL, _RECORD_NAMES, _BLANK
-        if durable_only:
-            where.append("+s.durable = 1")
-            columns, names, blank = _LISTED_SQL, _LISTED_NAMES, _BLANK | _LISTED
-        sql = f"SELECT {columns} FROM snapshots s WHERE {' AND '.join(where)} ORDER BY s.id"
-        with self.lock:
-            cur = self._db.cursor()
-            cur.row_factory = None
-            return [_fields(v, names, blank) for v in cur.execute(sql, params).fetchall()]
 
     def snapshot_states(self) -> dict[str, SnapshotState]:
         """{id: (durable, own file bytes)} of every row: what reconcile checks against the files, without the

@@ -1,6 +1,6 @@
 """The listing of a store's complete snapshots as `snapshots ls` prints them, read from the index alone.
 
-`listed(index)` returns the rows that `Index.snapshot_fields(session, durable_only=True)` and the CLI's
+`listed(index)` returns the rows that the records of `Index.snapshots(session, durable_only=True)` and the CLI's
 rows.snapshot_rows make together (a record's fields in its order, then `head_of` and `branch_point_of`: the
 sessions whose head, or branch point, the snapshot is, in the order `Index.session_refs` lists sessions), equal
 value for value and key for key, at less cost a row: a listing of 10,000 snapshots makes 10,000 of them.

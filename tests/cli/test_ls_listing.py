@@ -1,6 +1,6 @@
 """`snapshots ls` from the index alone makes its rows in one query (store/listing.py `listed`): they must be, value
-for value and key for key (the JSON's text), the rows the record path makes (Index.snapshot_fields of the durable
-snapshots, then rows.snapshot_rows with Index.session_refs), on stores with several sessions, branches, pins,
+for value and key for key (the JSON's text), the rows the record path makes (the records of the durable snapshots,
+then rows.snapshot_rows with Index.session_refs), on stores with several sessions, branches, pins,
 labels that JSON escapes, shared KV blocks, prefix states (never listed) and snapshots being written (not listed)."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ ODD_LABELS = ('say "hi"', "back\\slash", "two\nlines\ttab", "bell \x07 and \x1f"
 
 def _regular(idx: Index, session: str | None) -> list[dict]:
     """The rows as the record path makes them."""
-    return snapshot_rows(idx.snapshot_fields(session, durable_only=True), idx.session_refs())
+    records = idx.snapshots(session, durable_only=True)
+    return snapshot_rows([r.to_json() for r in records], idx.session_refs())
 
 
 def _assert_same(idx: Index, session: str | None) -> list[dict]:

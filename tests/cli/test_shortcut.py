@@ -19,25 +19,19 @@ ROOT = Path(__file__).resolve().parents[2]
 # what a listing of the index needs none of: each costs `snapshots ls` its import, typer most (click, pydantic)
 LEAN = ("typer", "click", "pydantic", "engramctl.protocol", "engramctl.store.records", "torch", "numpy", "httpx")
 # run the command line the way the console script does (main()), or through the Typer app alone (root.run);
-# the last stderr line names those of LEAN that were imported
+# the last stderr line names those of LEAN that were imported by the exit
 PROBE = f"""
-import sys
+import atexit, sys
 LEAN = {LEAN!r}
+# at the exit, whichever way it comes (shortcut.end runs atexit's functions, then exits without a teardown)
+atexit.register(lambda: sys.stderr.write("\\nIMPORTED=" + ",".join(m for m in LEAN if m in sys.modules) + "\\n"))
 from engramctl.cli import main
 how, sys.argv = sys.argv[1], ["engramctl", *sys.argv[2:]]
-try:
-    if how == "main":
-        main()
-    else:
-        from engramctl.cli import root
-        root.run(sys.argv[1:])
-except SystemExit as e:
-    code = e.code
+if how == "main":
+    main()
 else:
-    code = 0
-sys.stdout.flush()
-sys.stderr.write("\\nIMPORTED=" + ",".join(m for m in LEAN if m in sys.modules) + "\\n")
-sys.exit(code)
+    from engramctl.cli import root
+    root.run(sys.argv[1:])
 """
 
 
@@ -51,6 +45,7 @@ def _run(how: str, args: list[str]) -> tuple[int, str, str, list[str]]:
         timeout=120,
         check=False,
     )
+    assert "\nIMPORTED=" in proc.stderr, proc.stderr  # atexit's functions ran, whichever way the process ended
     stderr, _, imported = proc.stderr.rpartition("\nIMPORTED=")
     return proc.returncode, proc.stdout, stderr, [m for m in imported.strip().split(",") if m]
 
