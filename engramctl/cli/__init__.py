@@ -8,7 +8,10 @@ One module per command group, in the Typer app root.py builds; every module impo
 from __future__ import annotations
 
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # typing's, without importing typing: `snapshots ls` imports none of it (~4% of its time)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,7 @@ reported as the Typer path reports them (failure.py)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -40,12 +41,15 @@ def ls_options(args: list[str]) -> dict | None:
 
 def run(args: list[str]) -> int | None:
     """Run `args` (the command line without the program's name) when it is one this module runs, and return its
-    exit code; None: it is not, Typer runs it."""
+    exit code, the cyclic collector left off for the exit that follows (end()); None: it is not, Typer runs it."""
     if args[:2] != ["snapshots", "ls"] or any(k.endswith("_COMPLETE") for k in os.environ):
         return None
     options = ls_options(args[2:])
     if options is None:
         return None
+    # from here to the exit the collector would only walk what the imports and the listing make (at 10,000 rows
+    # some 250,000 objects, none in a cycle worth freeing first): ~11% of `snapshots ls --json`'s time (py-spy)
+    gc.disable()
     from engramctl.cli import failure, snapshots_ls
     from engramctl.cli.output import Output
 

@@ -13,11 +13,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+
 
 from engramctl.errors import EngramError
 from engramctl.pidlock import try_lock
 from engramctl.settings import Settings
+
+TYPE_CHECKING = False  # typing's, without importing typing: `snapshots ls` imports none of it (~4% of its time)
+if TYPE_CHECKING:
+    from typing import Any
 
 PID_FILE = "daemon.pid"
 STATE_FILE = "daemon.json"

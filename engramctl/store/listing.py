@@ -17,9 +17,12 @@ Only reads: the index may be one opened by Index.read_only (no lock, nothing wri
 
 from __future__ import annotations
 
-from typing import Any
 
 from engramctl.store.index import RECORD_FIELDS, Index
+
+TYPE_CHECKING = False  # typing's, without importing typing: `snapshots ls` imports none of it (~4% of its time)
+if TYPE_CHECKING:
+    from typing import Any
 
 # a listed row's keys: a SnapshotRecord's fields in its order, then the CLI's two
 _TEMPLATE: dict[str, Any] = dict.fromkeys((*RECORD_FIELDS, "head_of", "branch_point_of"))
