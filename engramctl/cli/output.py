@@ -228,9 +228,9 @@ class Output:
         """A list: a table (human), a JSON array (json), or one `quiet_key` per line (quiet)."""
         if self.json:
             self.emit_json(list(rows) if json_rows is None else json_rows)
-        elif self.quiet:
-            for r in rows:
-                self.line(str(quiet_key(r) if callable(quiet_key) else r[quiet_key]))
+        elif self.quiet:  # one write: a line each would be a write(2) each (10,000 for `snapshots ls -q`)
+            key = quiet_key if callable(quiet_key) else (lambda r: r[quiet_key])
+            self.write("".join(f"{key(r)}\n" for r in rows))
         elif rows:
             self.line(render_table(rows, columns))
         elif empty:
