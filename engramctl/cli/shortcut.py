@@ -69,14 +69,16 @@ _KEPT: list = []  # what run() listed, left for the process's exit to free (end(
 def end(code: int) -> None:
     """Exit with `code` after what run() printed, without the interpreter's teardown: the listing's objects (at
     10,000 snapshots some 250,000 dicts, strings and lists, kept in _KEPT) go with the process's memory, not one
-    by one and then again in a last collection (~7% of `snapshots ls --json`'s instructions at 10,000 rows,
+    by one and then again in a last collection (~5% of `snapshots ls --json`'s instructions at 10,000 rows,
     issue 46). What an exit does for others still happens: atexit's functions run and the streams are flushed."""
     import atexit
+
+    from engramctl.cli.output import EXIT_ERROR
 
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: what could be written was
-            pass
+        except (OSError, ValueError):  # a closed pipe or a full disk: not all was written, as the interpreter says
+            code = code or EXIT_ERROR
     os._exit(code)
