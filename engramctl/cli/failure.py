@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -31,5 +32,9 @@ def exit_code(exc: BaseException, out: Output) -> int | None:
         return EXIT_ERROR
     if not isinstance(exc, Exception) or os.environ.get("ENGRAM_DEBUG"):
         return None
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # the machine's state, not a bug to report
+        where = f" ({exc.filename})" if exc.filename else ""
+        out.error(f"No space left on the device{where}.", "free some space (df -h shows where), then run it again")
+        return EXIT_ERROR
     out.error(f"unexpected {type(exc).__name__}: {exc}", "rerun with ENGRAM_DEBUG=1 for a traceback, and report it")
     return EXIT_ERROR

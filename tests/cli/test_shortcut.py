@@ -139,3 +139,23 @@ def test_the_shortcut_knows_every_option_of_the_command():
     declared = {o for p in ls.params for o in (*p.opts, *p.secondary_opts)}
     assert declared == {*flags.JSON, *flags.QUIET, *flags.SESSION}
     assert {p.name for p in ls.params} == set(shortcut.ls_options([]))
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("how", ["main", "typer"])
+def test_a_full_disk_is_said_as_such_not_as_a_bug_to_report(how):
+    seed_store({"demo": 2})
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, how, "snapshots", "ls", "--json"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("Error: No space left on the device"), proc.stderr
+    assert "Hint: free some space" in proc.stderr and "report it" not in proc.stderr
