@@ -1,15 +1,20 @@
 """How the suite shares the machine between pytest-xdist's workers (pyproject.toml's addopts: -n 2 --dist loadfile).
 
     THREADS                          each worker's share of the cores (None outside pytest-xdist)
-    share_cores()                    this process, and what it starts, computes on THREADS threads
+    share_cores()                    this process, and what it starts, runs torch and BLAS on THREADS threads
     run_dir(tmp_path_factory, "zoo") a directory of the run that every worker shares
     with one_at_a_time(lock): ...    one process of the run at a time (what is built once per run)
-    ModuleScheduling                 loadfile's scheduling: whole modules, TOGETHER groups, LONGEST_FIRST
+    module_scheduling(config, log)   loadfile's scheduling: whole modules, TOGETHER groups, LONGEST_FIRST
 
 A worker runs whole modules, so that a module-scoped daemon starts once; a daemon's test mostly waits on its
-daemon's replies, so one pytest process keeps about one core busy, and two workers keep two. Each worker's models
-then run on its share of the cores: two workers each running llama.cpp (and torch) on every core would run 4
-compute threads on 2 cores, and ggml's threads spin at every barrier of a graph while their peer waits for a core.
+daemon's replies, so one pytest process keeps about one core busy, and two workers keep two. torch in each worker
+then keeps to its share of the cores (the daemons the tests start run it on one thread already: daemon_env).
+
+llama.cpp keeps its own default, every core, in the workers and in the daemons: its bits depend on its thread
+count. On one thread a conversation's lone step beside another's resident cells gives the very bits it gives
+alone, so the tests that hold batching to bitwise agreement (test_llama_batch's
+test_a_resident_neighbour_would_change_a_lone_step_so_it_is_parked measures it) would no longer catch a step that
+ran beside a neighbour; they must run as the product runs.
 """
 
 from __future__ import annotations
@@ -33,22 +38,17 @@ THREADS = _threads()
 
 
 def share_cores() -> None:
-    """Under pytest-xdist, keep this process and the processes it starts to THREADS compute threads: torch's and
-    the BLAS libraries' thread pools (their variables, read as they load: before torch is imported), the daemons
-    (ENGRAM_THREADS: tests.daemon.conftest.daemon_env passes it on, the CLI's background daemon gets it from the
-    settings) and the llama.cpp engines the tests build themselves (llama_backend's default: the cores it may use).
-    Nothing outside pytest-xdist: a plain `pytest -n 0` runs as the product does."""
+    """Under pytest-xdist, keep torch's and the BLAS libraries' thread pools, in this process and in the processes
+    it starts, to THREADS threads (their variables, read as they load: before torch is imported). Nothing outside
+    pytest-xdist: a plain `pytest -n 0` runs as before."""
     if THREADS is None:
         return
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "ENGRAM_THREADS"):
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(THREADS)
     import sys
 
     if "torch" in sys.modules:  # already loaded: its pool read the variables before they were set
         sys.modules["torch"].set_num_threads(THREADS)
-    from engramctl.engine import llama_backend
-
-    llama_backend.n_cpu_threads = lambda: THREADS
 
 
 @contextmanager
@@ -79,42 +79,37 @@ TOGETHER = {
     "tests/engine/test_loading.py": "smol_converted",  # the SmolLM2 GGUF converted to safetensors (~30 s)
     "tests/engine/test_smollm2.py": "smol_converted",
 }
-# The modules of half a minute or more (--durations, two workers, on the 2-core development machine), longest
-# first, so that no long one starts while the other worker runs out of work; the rest follow in collection order.
+# The modules of half a minute or more (junit times, two workers, on the 2-core development machine), longest first,
+# so that no long one starts while the other worker runs out of work; the rest follow in collection order.
 LONGEST_FIRST: tuple[str, ...] = tuple(
     f"tests/{m}.py"
     for m in (
         "daemon/test_tool_choice",
         "daemon/test_crash_anywhere",
+        "store/test_store_crash",
         "daemon/test_scheduler",
-        "daemon/test_engram_scenarios",
-        "daemon/test_logprobs",
-        "daemon/test_structured_output",
-        "daemon/test_prefetch",
-        "daemon/test_fuzz_api",
-        "daemon/test_soak",
-        "engine/test_loading",
+        "engine/test_loading",  # with engine/test_smollm2 (TOGETHER)
         "engine/test_smollm2",
-        "agent/test_rest",
+        "cli/test_daemon_cli",
+        "daemon/test_prefetch",
+        "daemon/test_soak",
+        "daemon/test_engram_scenarios",
+        "daemon/test_fuzz_api",
+        "daemon/test_structured_output",
+        "bench/test_bench_serve",
         "daemon/test_concurrency",
+        "daemon/test_restart",
         "engine/test_resume",
+        "engine/test_llama_streams",
+        "daemon/test_security",
+        "daemon/test_prefix_states",
         "engine/test_llama_batch",
         "bench/test_bench_llama",
-        "daemon/test_prefix_states",
-        "daemon/test_live",
-        "daemon/test_ollama",
-        "cli/test_daemon_cli",
-        "agent/test_ws",
-        "daemon/test_restart",
-        "daemon/test_backends",
-        "engine/test_resume_ngram",
-        "bench/test_bench_serve",
-        "engine/test_llama_export",
-        "daemon/test_full_disk",
+        "daemon/test_logprobs",
         "daemon/test_engram_api",
-        "daemon/test_sampling_domain",
-        "daemon/test_security",
-        "bench/test_bench",
+        "engine/test_llama_export",
+        "cli/test_snapshots",
+        "daemon/test_live",
     )
 )
 

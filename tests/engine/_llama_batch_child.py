@@ -10,7 +10,6 @@ from safetensors.numpy import save_file
 
 from engramctl.engine.llama_backend import LlamaCppBackend
 from tests.snapshot_io import read_state
-from tests.workers import share_cores
 
 
 def main(job_file: str, out_file: str) -> None:
@@ -34,5 +33,4 @@ def main(job_file: str, out_file: str) -> None:
 
 
 if __name__ == "__main__":
-    share_cores()  # a pytest-xdist worker's child: its share of the cores, as the worker computes on
     main(sys.argv[1], sys.argv[2])

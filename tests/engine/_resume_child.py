@@ -13,7 +13,6 @@ from safetensors.torch import save_file
 from engramctl.store import arrays
 from tests.conftest import LLAMA_TEST_SEQUENCES
 from tests.snapshot_io import read_state
-from tests.workers import share_cores
 
 
 def _backend(job: dict):
@@ -56,5 +55,4 @@ def main(job_file: str, out_file: str) -> None:
 
 
 if __name__ == "__main__":
-    share_cores()  # a pytest-xdist worker's child: its share of the cores, as the worker computes on
     main(sys.argv[1], sys.argv[2])
