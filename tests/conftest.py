@@ -13,7 +13,14 @@ from tests.workers import one_at_a_time, run_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-workers.share_cores()  # under pytest-xdist: this worker's share of the cores (tests/workers.py)
+workers.share_cores()  # under pytest-xdist: the worker's share of the cores (tests/workers.py)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _llama_share():
+    """Under pytest-xdist, the llama.cpp engines the tests build compute on the worker's share of the cores."""
+    with workers.llama_threads(workers.THREADS):
+        yield
 
 
 @pytest.fixture(autouse=True)

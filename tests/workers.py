@@ -1,20 +1,21 @@
 """How the suite shares the machine between pytest-xdist's workers (pyproject.toml's addopts: -n 2 --dist loadfile).
 
     THREADS                          each worker's share of the cores (None outside pytest-xdist)
-    share_cores()                    this process, and what it starts, runs torch and BLAS on THREADS threads
+    share_cores()                    the processes this one starts, and its torch, compute on THREADS threads
+    with llama_threads(THREADS): ... the llama.cpp engines this process builds meanwhile default to that many
     run_dir(tmp_path_factory, "zoo") a directory of the run that every worker shares
     with one_at_a_time(lock): ...    one process of the run at a time (what is built once per run)
     module_scheduling(config, log)   loadfile's scheduling: whole modules, TOGETHER groups, LONGEST_FIRST
 
 A worker runs whole modules, so that a module-scoped daemon starts once; a daemon's test mostly waits on its
-daemon's replies, so one pytest process keeps about one core busy, and two workers keep two. torch in each worker
-then keeps to its share of the cores (the daemons the tests start run it on one thread already: daemon_env).
+daemon's replies, so one pytest process keeps about one core busy, and two workers keep two. Each worker's models
+then compute on its share of the cores: two workers each running llama.cpp on both cores put 4 compute threads
+on 2, whose barriers spin while a peer waits for a core (a whole run: 1,731 s of CPU against 1,399 s).
 
-llama.cpp keeps its own default, every core, in the workers and in the daemons: its bits depend on its thread
-count. On one thread a conversation's lone step beside another's resident cells gives the very bits it gives
-alone, so the tests that hold batching to bitwise agreement (test_llama_batch's
-test_a_resident_neighbour_would_change_a_lone_step_so_it_is_parked measures it) would no longer catch a step that
-ran beside a neighbour; they must run as the product runs.
+Except the engine's own tests (tests/engine/conftest.py): llama.cpp's bits depend on its thread count. On one
+thread a conversation's lone step beside another's resident cells gives the very bits it gives alone
+(test_llama_batch's test_a_resident_neighbour_would_change_a_lone_step_so_it_is_parked fails there), so the tests
+that hold llama.cpp's batching to bitwise agreement run it as the product does, on every core.
 """
 
 from __future__ import annotations
@@ -38,17 +39,32 @@ THREADS = _threads()
 
 
 def share_cores() -> None:
-    """Under pytest-xdist, keep torch's and the BLAS libraries' thread pools, in this process and in the processes
-    it starts, to THREADS threads (their variables, read as they load: before torch is imported). Nothing outside
-    pytest-xdist: a plain `pytest -n 0` runs as before."""
+    """Under pytest-xdist, keep torch's and the BLAS libraries' thread pools (their variables, read as they load:
+    before torch is imported), here and in the processes this one starts, and the daemons it starts (ENGRAM_THREADS:
+    tests.daemon.conftest.daemon_env passes it on, the CLI's background daemon has it from the settings) to THREADS.
+    Nothing outside pytest-xdist: a plain `pytest -n 0` runs as the product does."""
     if THREADS is None:
         return
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "ENGRAM_THREADS"):
         os.environ[var] = str(THREADS)
     import sys
 
     if "torch" in sys.modules:  # already loaded: its pool read the variables before they were set
         sys.modules["torch"].set_num_threads(THREADS)
+
+
+@contextmanager
+def llama_threads(threads: int | None):
+    """Meanwhile, a llama.cpp engine built in this process without `threads` runs on `threads` (None: on every
+    core this process may use, the product's default)."""
+    from engramctl.engine import llama_backend, llama_lib
+
+    before = llama_backend.n_cpu_threads
+    llama_backend.n_cpu_threads = llama_lib.n_cpu_threads if threads is None else (lambda: threads)
+    try:
+        yield
+    finally:
+        llama_backend.n_cpu_threads = before
 
 
 @contextmanager
