@@ -5,7 +5,7 @@
 # Every step runs under `timeout`, and each step's limit is cut to what is left of TOTAL_S (default 560 s: the tool
 # allows 600 s a command), so the script ends in time whatever hangs. It writes at most 8 files to $OUT:
 #   log.txt             install, nvidia-smi, llama.cpp's build line, each step's rc and seconds, their stderr tails
-#   pytest.txt          tests/cuda (TESTS picks others), -v -s: every [gpu-figure] line
+#   pytest.txt          tests/cuda (TESTS picks others), -v -s in one process (-o addopts=): every [gpu-figure] line
 #   figures.json        the figures the tests recorded (ENGRAM_GPU_REPORT)
 #   vram-tier.json      scripts/vram_tier_probe.py on the Granite-4.0-H-350M preset (Q8_0), 2,048 tokens
 #   bench-backends.json engramctl bench backends on that preset (transformers bf16 vs llama.cpp f16)
@@ -60,7 +60,7 @@ export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"  # libcudart
 timeout 60 "$PY" -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())" >>"$LOG" 2>&1
 
 export ENGRAM_GPU_REPORT="$OUT/figures.json"
-step tests "${TESTS_TIMEOUT_S:-240}" "$PY" -m pytest ${TESTS:-tests/cuda} -v -s -p no:cacheprovider >"$OUT/pytest.txt"
+step tests "${TESTS_TIMEOUT_S:-240}" "$PY" -m pytest ${TESTS:-tests/cuda} -v -s -p no:cacheprovider -o addopts= >"$OUT/pytest.txt"
 rc=$?
 grep -E " (PASSED|FAILED|ERROR|SKIPPED)|passed|failed|\[gpu-figure\]" "$OUT/pytest.txt" | tail -60
 

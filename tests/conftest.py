@@ -8,8 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from tests import workers
+from tests.workers import one_at_a_time, run_dir
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+workers.share_cores()  # under pytest-xdist: the worker's share of the cores (tests/workers.py)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _llama_share():
+    """Under pytest-xdist, the llama.cpp engines the tests build compute on the worker's share of the cores."""
+    with workers.llama_threads(workers.THREADS):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +35,7 @@ def engram_home(tmp_path, monkeypatch) -> Path:
 
 
 class ModelZoo:
-    """Saves each (family, seed, template) tiny model once per test session."""
+    """Saves each (family, seed, template) tiny model once per test run (one worker builds it, the others wait)."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -33,14 +44,15 @@ class ModelZoo:
         from tests.factory import save_family
 
         out = self.root / f"{family}-s{seed}-{template}"
-        if not (out / "config.json").exists():
-            save_family(family, out, seed=seed, template=template)
+        with one_at_a_time(self.root / ".lock"):
+            if not (out / "config.json").exists():
+                save_family(family, out, seed=seed, template=template)
         return out
 
 
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory) -> ModelZoo:
-    return ModelZoo(tmp_path_factory.mktemp("zoo"))
+    return ModelZoo(run_dir(tmp_path_factory, "zoo"))
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +99,13 @@ def pytest_collection_modifyitems(config, items):
     # A converter process costs ~5 s of imports before its first model: a session that will need every family
     # (gguf_zoo) converts them all at its first GGUF, not the served family alone and the rest later.
     config.stash[_USES_GGUF_ZOO] = any("gguf_zoo" in getattr(item, "fixturenames", ()) for item in items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        workers.longest_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: only called where it is installed
+def pytest_xdist_make_scheduler(config, log):
+    return workers.module_scheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +114,7 @@ def _gguf_files(zoo, tmp_path_factory, pytestconfig):
     from tests.gguf_factory import LLAMA_FAMILIES, GgufZoo
 
     eager = LLAMA_FAMILIES if pytestconfig.stash.get(_USES_GGUF_ZOO, False) else ()
-    return GgufZoo(zoo, tmp_path_factory.mktemp("gguf-zoo"), eager=eager)
+    return GgufZoo(zoo, run_dir(tmp_path_factory, "gguf-zoo"), eager=eager)
 
 
 @pytest.fixture(scope="session")

@@ -54,16 +54,19 @@ class GgufZoo:
         return self.root / f"{family}-s{seed}.{outtype}.gguf"
 
     def ensure(self, families, seed: int = 0, outtype: str = "f32") -> None:
-        """Convert every family of `families` not converted yet, in one converter process."""
+        """Convert every family of `families` not converted yet, in one converter process (one process of the run
+        at a time: pytest-xdist's workers share the directory, and wait for what another converts)."""
         from engramctl.engine.gguf_export import export_many
+        from tests.workers import one_at_a_time
 
-        jobs = [
-            (self.zoo.path(f, seed), self._out(f, seed, outtype), outtype)
-            for f in families
-            if not self._out(f, seed, outtype).is_file()
-        ]
-        if jobs:
-            export_many(jobs, pretokenizer_fallback=PRETOKENIZER)
+        with one_at_a_time(self.root / ".lock"):
+            jobs = [
+                (self.zoo.path(f, seed), self._out(f, seed, outtype), outtype)
+                for f in families
+                if not self._out(f, seed, outtype).is_file()
+            ]
+            if jobs:
+                export_many(jobs, pretokenizer_fallback=PRETOKENIZER)
 
     def path(self, family: str, seed: int = 0, outtype: str = "f32") -> Path:
         together = self.eager if (seed, outtype) == (0, "f32") and family in self.eager else ()

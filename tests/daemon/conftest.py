@@ -15,12 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.workers import THREADS
+
 ROOT = Path(__file__).resolve().parents[2]
 FAMILY = "granitemoehybrid"
 
 
 def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    if THREADS is not None:  # a pytest-xdist worker's daemons compute on its share of the cores (tests/workers.py)
+        env["ENGRAM_THREADS"] = str(THREADS)
     env.update(
         ENGRAM_HOME=str(home),
         ENGRAM_NO_AUTOSTART="1",

@@ -6,6 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from tests import workers
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _llama_on_every_core():
+    """The engine's tests hold llama.cpp's numerics bit for bit, batching included, as the product computes them: on
+    every core, under pytest-xdist too (tests/workers.py says why)."""
+    with workers.llama_threads(None):
+        yield
+
 
 @pytest.fixture
 def hf_home(tmp_path, monkeypatch) -> Path:
