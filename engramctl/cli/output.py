@@ -230,7 +230,8 @@ class Output:
             self.emit_json(list(rows) if json_rows is None else json_rows)
         elif self.quiet:  # one write: a line each would be a write(2) each (10,000 for `snapshots ls -q`)
             key = quiet_key if callable(quiet_key) else (lambda r: r[quiet_key])
-            self.write("".join(f"{key(r)}\n" for r in rows))
+            if rows:
+                self.write("".join(f"{key(r)}\n" for r in rows))
         elif rows:
             self.line(render_table(rows, columns))
         elif empty:

@@ -77,6 +77,8 @@ def end(code: int) -> None:
 
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with that descriptor closed: nothing to flush
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe or a full disk: not all was written, as the interpreter says

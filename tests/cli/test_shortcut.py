@@ -159,3 +159,27 @@ def test_a_full_disk_is_said_as_such_not_as_a_bug_to_report(how):
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("Error: No space left on the device"), proc.stderr
     assert "Hint: free some space" in proc.stderr and "report it" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["-q"], ["--json"]])
+def test_a_listing_with_stdout_closed_ends_as_the_typer_command_does(args):
+    """Started with descriptor 1 closed (`engramctl snapshots ls -q >&-`): an empty quiet listing writes nothing
+    and succeeds, as the Typer command does; the exit has no stream to flush and no traceback."""
+    runs = {}
+    for how in ("main", "typer"):
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, how, "snapshots", "ls", *args],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+            preexec_fn=lambda: os.close(1),
+        )
+        assert "Traceback" not in proc.stderr, proc.stderr
+        runs[how] = (proc.returncode, proc.stderr.rpartition("\nIMPORTED=")[0])
+    assert runs["main"] == runs["typer"]
+    if args == ["-q"]:
+        assert runs["main"] == (0, "")
