@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-
 from engramctl.errors import EngramError, UsageError
 from engramctl.units import parse_bytes
 

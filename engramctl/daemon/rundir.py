@@ -14,7 +14,6 @@ import json
 import os
 from pathlib import Path
 
-
 from engramctl.errors import EngramError
 from engramctl.pidlock import try_lock
 from engramctl.settings import Settings

@@ -17,7 +17,6 @@ Only reads: the index may be one opened by Index.read_only (no lock, nothing wri
 
 from __future__ import annotations
 
-
 from engramctl.store.index import RECORD_FIELDS, Index
 
 TYPE_CHECKING = False  # typing's, without importing typing: `snapshots ls` imports none of it (~4% of its time)

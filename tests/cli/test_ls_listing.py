@@ -44,13 +44,7 @@ def test_listed_is_the_record_paths_rows_over_random_writes(tmp_path, seed):
     world = World(idx, random.Random(seed))
     rng, kinds, rows = world.rng, set(), []
     for step in range(120):
-        r = rng.random()
-        if r < 0.65 or not world.chains:
-            world.add()
-        elif r < 0.9:
-            world.remove()
-        else:
-            world.resize()
+        world.step(add=0.65)
         if step % 20 == 19:
             _sessions(idx, rng)
             for session in [None, *{r["session"] for r in _regular(idx, None)}]:

@@ -95,19 +95,24 @@ class World:
         if rows:
             self.idx.update_block(self.rng.choice(rows)["id"], nbytes=self.rng.choice((512, 3000)))
 
+    def step(self, add: float) -> None:
+        """One random write: an add (a draw below `add`, or nothing to remove yet), a removal (below 0.9) or a
+        resize."""
+        r = self.rng.random()
+        if r < add or not self.chains:
+            self.add()
+        elif r < 0.9:
+            self.remove()
+        else:
+            self.resize()
+
 
 @pytest.mark.parametrize("seed", range(6))
 def test_stored_sums_equal_the_old_listing_over_random_writes(tmp_path, seed):
     idx = Index(tmp_path / "index.db")
     world = World(idx, random.Random(seed))
     for step in range(160):
-        r = world.rng.random()
-        if r < 0.6 or not world.chains:
-            world.add()
-        elif r < 0.9:
-            world.remove()
-        else:
-            world.resize()
+        world.step(add=0.6)
         if step % 8 == 0:
             assert_sums_match(idx)
     assert_sums_match(idx)

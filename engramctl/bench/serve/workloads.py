@@ -119,8 +119,11 @@ def multi_turn(
     first message is (default ~300), so the conversation a restart resumes can be long."""
     history = {s.name: [] for s in servers}
     rows = []
-    chars = 800 if opening_tokens is None else int(opening_tokens * FILLER_CHARS_PER_TOKEN)
-    opening = first_message(seed, "multi-turn", chars)
+    opening = (
+        first_message(seed, "multi-turn")
+        if opening_tokens is None
+        else first_message(seed, "multi-turn", int(opening_tokens * FILLER_CHARS_PER_TOKEN))
+    )
 
     def turn(i: int) -> None:
         user = {"role": "user", "content": opening if i == 0 else user_message(i)}
