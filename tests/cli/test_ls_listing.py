@@ -18,6 +18,7 @@ from tests.helpers import open_planned
 from tests.store.payloads import make_payload, prefix_of
 from tests.store.test_listing_sums import World
 
+MODELS = (("fp-a", "org/a"), ("fp-b", "org/a"), ("fp-a", "org/b"), (None, "org/a"), ("fp-a", None), (None, None))
 ODD_LABELS = ('say "hi"', "back\\slash", "two\nlines\ttab", "bell \x07 and \x1f", "café ✓ 🚀", "", " ")
 
 
@@ -54,6 +55,8 @@ def test_listed_is_the_record_paths_rows_over_random_writes(tmp_path, seed):
     assert any(r["shared_size_bytes"] for r in rows) and any(r["own_size_bytes"] > r["file_bytes"] for r in rows)
     assert any(len(r["head_of"]) > 1 for r in rows) and any(r["branch_point_of"] for r in rows)
     assert any(r["pinned"] for r in rows) and any(r["label"] in ODD_LABELS for r in rows)
+    models = {(r["fingerprint"], r["model_id"]) for r in rows}
+    assert len(models) > 2 and MODELS[0] in models
     idx.close()
 
 
@@ -76,6 +79,10 @@ def _sessions(idx: Index, rng: random.Random) -> None:
         for sid in rng.sample(ids, k=min(len(ids), 3)):
             idx.update_snapshot(sid, pinned=rng.choice((1, 2)), label=rng.choice((*ODD_LABELS, None)))
         idx.update_snapshot(rng.choice(ids), durable=0)  # being written (or cut short): listed by neither
+        # most rows by one model, some by another or with a part unknown (the listing reads the newest's once)
+        for sid in ids:
+            fp, model = rng.choice(MODELS) if rng.random() < 0.2 else MODELS[0]
+            idx.update_snapshot(sid, fingerprint=fp, model_id=model)
 
 
 def test_ls_json_prints_the_record_paths_rows(cli, engram_home):
