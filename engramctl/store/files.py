@@ -6,7 +6,8 @@
                                      constant part when its KV is in blocks (store/blocks.py)
     <data_dir>/blocks/<block id>.safetensors   a KV block, shared by the snapshots the index says use it
     <data_dir>/quarantine/           corrupt or unknown files, moved aside, never deleted by us;
-                                     quarantine/quarantine.jsonl says what each one was and why
+                                     quarantine/quarantine.jsonl says what each one was and why,
+                                     quarantine/reconcile.jsonl what each repair after a crash did
 
 Paths are only ever built from validated snapshot and block ids (names.snapshot_filename: both are 32 hex
 digits). Dirs are 0700, files 0600.
@@ -29,6 +30,7 @@ from engramctl.store.reader import Placer
 from engramctl.store.records import TOKEN_IDS, Payload
 
 log = logging.getLogger("engramctl.store")
+RECORDS = ("quarantine.jsonl", "reconcile.jsonl")  # the store's own lines in quarantine/, never a quarantined file
 
 
 class SnapshotFiles:
@@ -150,22 +152,28 @@ class SnapshotFiles:
         path = Path(path)
         dest = self.quarantine_dir / path.name
         n = 1
-        while dest.exists():
+        while dest.exists() or dest.name in RECORDS:
             dest = self.quarantine_dir / f"{path.name}.{n}"
             n += 1
         try:
             os.replace(path, dest)
         except FileNotFoundError:
             return None
-        entry = {"file": dest.name, "was": path.name, "reason": reason, "time": time.time()}
-        fd = os.open(self.quarantine_dir / "quarantine.jsonl", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        self.record("quarantine.jsonl", {"file": dest.name, "was": path.name, "reason": reason, "time": time.time()})
         log.warning("quarantined %s -> %s: %s", path.name, dest, reason)
         return dest
 
+    def record(self, name: str, entry: dict) -> Path:
+        """Append `entry` as one JSON line to quarantine/<name> (quarantine.jsonl, reconcile.jsonl): what the store
+        did to a user's files, kept beside them. Returns the file's path."""
+        path = self.quarantine_dir / name
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        return path
+
     def quarantined(self) -> list[Path]:
-        return sorted(p for p in self.quarantine_dir.iterdir() if p.name != "quarantine.jsonl")
+        return sorted(p for p in self.quarantine_dir.iterdir() if p.name not in RECORDS)
 
 
 def read_payload(

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import struct
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -208,7 +209,8 @@ def reconcile(index: Index, files: SnapshotFiles, verify: bool = False) -> Recon
     if report.blocks_removed:
         files.fsync_dir(files.blocks)
     if not report.clean:
-        log.warning("store reconciled after an unclean stop: %s", json.dumps(report.to_json()))
+        kept = files.record("reconcile.jsonl", {"time": time.time(), **report.to_json()})
+        log.warning("store reconciled after an unclean stop: %s (the whole report: %s)", report.summary(), kept)
     return report
 
 

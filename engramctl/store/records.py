@@ -7,6 +7,7 @@ A payload is `(tensors, metadata)`: the flat tensor dict and string metadata of 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -125,3 +126,28 @@ class ReconcileReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def summary(self) -> str:
+        """One line of counts, and the commonest reason a row was dropped: the whole report (at thousands of rows,
+        a megabyte of JSON) is not for a terminal or a log line."""
+        parts = [
+            f"{_count(n, what)} {done}"
+            for n, what, done in (
+                (len(self.rows_dropped), "snapshot", "dropped"),
+                (len(self.quarantined), "file", "quarantined"),
+                (len(self.blocks_removed), "KV block file", "removed"),
+                (len(self.temp_files_removed), "temp file", "removed"),
+                (len(self.made_durable), "snapshot", "adopted"),
+            )
+            if n
+        ]
+        if self.rows_dropped:
+            reasons = Counter(self.rows_dropped.values()).most_common()
+            reason, n = reasons[0]
+            others = f", {_count(len(reasons) - 1, 'other reason')}" if len(reasons) > 1 else ""
+            parts.append(f"commonest reason ({n:,} dropped): {reason}{others}")
+        return "; ".join(parts) or "nothing to do"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

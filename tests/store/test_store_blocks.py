@@ -5,6 +5,8 @@ last user, a damaged block fails only its users unless a hot copy rewrites it, e
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from engramctl.store import arrays, exchange
 from engramctl.store.blocks import BLOCK_TOKENS, KV_BLOCKS
 from engramctl.store.files import read_payload
 from engramctl.store.reconcile import verify_block
-from engramctl.store.records import payload_nbytes
+from engramctl.store.records import ReconcileReport, payload_nbytes
 
 BACKENDS = ("transformers", "llama.cpp")
 FAMILY = "granitemoehybrid"  # recurrent, attention, recurrent, recurrent: a hybrid with one attention layer
@@ -250,7 +252,7 @@ def test_a_damaged_system_prompt_block_under_four_agents_is_rewritten_from_a_hot
     assert_consistent(s)
 
 
-def test_a_damaged_block_found_by_verify_and_a_missing_one_at_open(model, open_store, engram_home):
+def test_a_damaged_block_found_by_verify_and_a_missing_one_at_open(model, open_store, engram_home, caplog):
     _, backend = model
     p1, p2 = states(backend, ids_of(3 * B), [ONE, TWO])
     (q,) = states(backend, ids_of(3 * B, seed=5), [ONE])
@@ -265,11 +267,20 @@ def test_a_damaged_block_found_by_verify_and_a_missing_one_at_open(model, open_s
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1
     path.write_bytes(bytes(data))
-    s = open_store(ram=0, verify=True)
+    with caplog.at_level(logging.WARNING, logger="engramctl.store"):
+        s = open_store(ram=0, verify=True)
     r = s.reconcile_report
     assert set(r.rows_dropped) == {r2.id, rq.id}
     assert "checksum" in r.rows_dropped[r2.id] and "missing" in r.rows_dropped[rq.id]
     assert path.name in r.quarantined
+    # the log says what happened in a line of counts; the whole report is kept beside the quarantined files
+    (line,) = [m for m in caplog.messages if m.startswith("store reconciled")]
+    assert f"2 snapshots dropped; {len(r.quarantined)} files quarantined" in line and r2.id not in line
+    kept = engram_home / "quarantine" / "reconcile.jsonl"
+    assert str(kept) in line
+    (entry,) = [json.loads(x) for x in kept.read_text().splitlines()]
+    assert {k: v for k, v in entry.items() if k != "time"} == r.to_json()
+    assert [p.name for p in s._core.files.quarantined()] == sorted(r.quarantined)  # not the store's own lines
     assert {x.id for x in s.snapshots.list()} == {r1.id} and s.sessions.get("a").head == r1.id
     assert same(s.snapshots.load(r1.id), p1)
     assert_consistent(s)
@@ -313,3 +324,21 @@ def test_store_verify_finds_a_damaged_block_and_drops_only_its_users(model, open
     assert [x.id for x in s.snapshots.list()] == [r1.id] and s.sessions.get("a").head == r1.id
     assert same(s.snapshots.load(r1.id), p1)
     assert_consistent(s)
+
+
+def test_a_reconcile_of_thousands_of_rows_is_summed_up_in_one_short_line():
+    """(A store copied without its blocks drops every row: the log line stays a line.)"""
+    r = ReconcileReport(
+        rows_dropped={f"{i:032x}": f"KV block {i % 3:032x}: KV block file missing" for i in range(10_000)}
+        | {"f" * 32: "corrupt: size 1 differs from the indexed 2 bytes"},
+        blocks_removed=[f"{i:032x}" for i in range(3_002)],
+    )
+    line = r.summary()
+    assert len(line) < 300, line
+    assert line.startswith("10,001 snapshots dropped; 3,002 KV block files removed; commonest reason (3,334 dropped):")
+    assert line.endswith("KV block file missing, 3 other reasons")
+    assert (
+        ReconcileReport(made_durable=["a"], quarantined={"x": "y"}).summary()
+        == "1 file quarantined; 1 snapshot adopted"
+    )
+    assert ReconcileReport().summary() == "nothing to do"
