@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from engramctl.errors import UsageError
+from engramctl.errors import EngramError, UsageError
 from engramctl.units import human_bytes, human_duration
 
 TYPE_CHECKING = False  # typing's, without importing typing: `snapshots ls` imports none of it (~4% of its time)
@@ -37,6 +37,10 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 error, 2 usage error, 3 daemon unreachable, 130 interrupted."
 
 HUMAN, JSON, QUIET = "human", "json", "quiet"
+
+
+class StdoutClosed(EngramError):
+    """Data to print and no standard output to print it to."""
 
 
 def _tty(stream: TextIO) -> bool:
@@ -158,7 +162,10 @@ class Output:
     # Streams are looked up at call time so test runners that swap sys.stdout see the output.
     @property
     def stdout(self) -> TextIO:
-        return self._stdout or sys.stdout
+        stream = self._stdout or sys.stdout
+        if stream is None:  # started with descriptor 1 closed (`>&-`): data has nowhere to go
+            raise StdoutClosed("standard output is closed: nothing was written.", hint="run it again with > FILE")
+        return stream
 
     @property
     def stderr(self) -> TextIO:
@@ -180,7 +187,7 @@ class Output:
         return _tty(self.stderr)
 
     def stdout_tty(self) -> bool:
-        return _tty(self.stdout)
+        return _tty(self._stdout or sys.stdout)
 
     # -- data (stdout) -------------------------------------------------------------------------------
     def write(self, text: str, *, end: str = "", flush: bool = True) -> None:

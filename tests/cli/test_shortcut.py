@@ -161,10 +161,14 @@ def test_a_full_disk_is_said_as_such_not_as_a_bug_to_report(how):
     assert "Hint: free some space" in proc.stderr and "report it" not in proc.stderr
 
 
-@pytest.mark.parametrize("args", [["-q"], ["--json"]])
-def test_a_listing_with_stdout_closed_ends_as_the_typer_command_does(args):
+@pytest.mark.parametrize("rows", [0, 2])
+@pytest.mark.parametrize("args", [["-q"], ["--json"], []])
+def test_a_listing_with_stdout_closed_ends_as_the_typer_command_does(args, rows):
     """Started with descriptor 1 closed (`engramctl snapshots ls -q >&-`): an empty quiet listing writes nothing
-    and succeeds, as the Typer command does; the exit has no stream to flush and no traceback."""
+    and succeeds, as the Typer command does; one with something to write (rows, a JSON array) says that nothing was
+    written and fails. Either way the exit has no stream to flush and no traceback."""
+    if rows:
+        seed_store({"demo": rows})
     runs = {}
     for how in ("main", "typer"):
         proc = subprocess.run(
@@ -181,5 +185,8 @@ def test_a_listing_with_stdout_closed_ends_as_the_typer_command_does(args):
         assert "Traceback" not in proc.stderr, proc.stderr
         runs[how] = (proc.returncode, proc.stderr.rpartition("\nIMPORTED=")[0])
     assert runs["main"] == runs["typer"]
-    if args == ["-q"]:
+    if args == ["-q"] and not rows:
         assert runs["main"] == (0, "")
+    elif args or rows:
+        closed = "Error: Standard output is closed: nothing was written.\nHint: run it again with > FILE\n"
+        assert runs["main"] == (1, closed)
