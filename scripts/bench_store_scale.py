@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -232,21 +233,24 @@ def time_open(home: Path, repeat: int = 3) -> dict:
 
 def _child(args: list[str], env: dict, repeat: int) -> tuple[dict, bytes]:
     """A command run `repeat` times in a fresh process, after one run not timed: the median wall and CPU (the
-    child's user+sys), in ms, and the last run's stdout."""
-    subprocess.run([sys.executable, *args], env=env, capture_output=True, check=True)  # writes the bytecode
+    child's user+sys), in ms, and the last run's stdout. Run from ENGRAM_HOME: `python -m` puts the working
+    directory first on sys.path, and a checkout's root there would be the engramctl imported, whatever PYTHONPATH
+    says."""
+    run = partial(subprocess.run, [sys.executable, *args], env=env, cwd=env["ENGRAM_HOME"], capture_output=True)
+    run(check=True)  # writes the bytecode
     walls, cpus = [], []
     out = b""
     for _ in range(repeat):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         w0 = time.perf_counter()
-        out = subprocess.run([sys.executable, *args], env=env, capture_output=True, check=True).stdout
+        out = run(check=True).stdout
         walls.append(time.perf_counter() - w0)
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
     return {"ms": round(1000 * statistics.median(walls), 1), "cpu_ms": round(1000 * statistics.median(cpus), 1)}, out
 
 
-def time_ls(home: Path, repeat: int = 3) -> dict:
+def time_ls(home: Path, repeat: int = 9) -> dict:
     """`snapshots ls --json` and the human table, run as a user runs them, beside the floors measured in the same
     run: Python's start alone, and `engramctl --help` (the whole Typer app's imports)."""
     env = {**os.environ, "ENGRAM_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -289,7 +293,7 @@ def main() -> int:
         if args.home is None:
             ap.error("--read-only needs --home")
         print(json.dumps({"open": time_open(args.home)}), flush=True)
-        print(json.dumps({"ls": time_ls(args.home, repeat=5)}), flush=True)
+        print(json.dumps({"ls": time_ls(args.home, repeat=11)}), flush=True)
         return 0
     if args.snapshots % args.sessions:
         ap.error("--snapshots must be a multiple of --sessions")
