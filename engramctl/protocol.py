@@ -117,6 +117,8 @@ class Session:
     n_messages: int
     n_snapshots: int  # snapshots it owns
     stored_bytes: int = 0  # its snapshots' files and the KV blocks they use, each block once
+    head_tokens: int = 0  # tokens in the head's state (0: no head)
+    head_tiers: tuple[str, ...] = ()  # where the head is: a memory tier first, then disk
 
     @classmethod
     def from_info(cls, info: Any) -> "Session":
@@ -124,11 +126,15 @@ class Session:
         return cls(**{f.name: getattr(info, f.name) for f in fields(cls)})
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["head_tiers"] = list(self.head_tiers)
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Session":
-        return cls(**_known(cls, d))
+        known = _known(cls, d)
+        known["head_tiers"] = tuple(known.get("head_tiers") or ())
+        return cls(**known)
 
 
 @dataclass(frozen=True)

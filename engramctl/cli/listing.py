@@ -124,10 +124,11 @@ def _rows_of_snapshots(source: DaemonSource | StoreSource, session: str | None) 
 
 
 class IndexSource:
-    """Reads the store's index, opened only to read it, while no daemon runs (`snapshots ls`): no lock, no
-    reconcile, nothing written, so a listing costs its one read (store/listing.py), not an open of the store. It
-    shows what the last committed transaction holds, less the snapshots whose files are not complete (a write in
-    progress, or cut short by a crash: the next open of the store drops or adopts them)."""
+    """Reads the store's index, opened only to read it, while no daemon runs (`snapshots ls`, `sessions`, `ps`):
+    no lock, no reconcile, nothing written, so a listing costs its one read (store/listing.py), not an open of the
+    store. It shows what the last committed transaction holds, less the snapshots whose files are not complete (a
+    write in progress, or cut short by a crash: the next open of the store drops or adopts them); a session whose
+    head is such a snapshot shows no tiers for it."""
 
     def __init__(self, index: Any):
         self.index = index  # None: no store yet, nothing to list
@@ -135,6 +136,16 @@ class IndexSource:
     def close(self) -> None:
         if self.index is not None:
             self.index.close()
+
+    def sessions(self) -> tuple[list[Session], set[str] | None]:
+        from engramctl.protocol import Session
+
+        if self.index is None:
+            return [], None
+        return [Session.from_info(s) for s in self.index.sessions()], None  # nothing is in memory
+
+    def session_refs(self) -> list[tuple[str, str | None, str | None]]:
+        return [] if self.index is None else self.index.session_refs()
 
     def snapshot_rows(self, session: str | None) -> list[dict]:
         """The rows rows.snapshot_rows makes of Snapshot.to_dict()'s, from one query (store/listing.py)."""
@@ -170,8 +181,8 @@ class Listing:
     def sessions(self) -> list[dict]:
         from engramctl.cli.rows import session_rows
 
-        sessions, hot = self.source.sessions()
-        return session_rows(sessions, self.source.snapshots(None), hot)
+        sessions, hot = self.source.sessions()  # each with its head's tokens and tiers: no snapshot listed for them
+        return session_rows(sessions, hot)
 
     def session_names(self) -> list[str]:
         return [s.name for s in self.source.sessions()[0]]
@@ -213,8 +224,8 @@ def over(client: Any) -> Listing:
 def open_listing(settings: Any, out: Any, *, read_only: bool = False) -> Listing:
     """The running daemon's listing, else the store's. A daemon still loading its model may not hold the
     store yet: then the store is read, or, once the daemon holds it, the daemon is waited for.
-    read_only: a listing of sessions and snapshots only, read from the index alone (IndexSource) while no
-    ready daemon runs; a store whose index needs migrating is opened as usual."""
+    read_only: a listing of sessions and snapshots only (no tiers, transcripts or sizes freed), read from the
+    index alone (IndexSource) while no ready daemon runs; a store whose index needs migrating is opened as usual."""
     from engramctl.errors import StoreLocked
 
     if read_only:

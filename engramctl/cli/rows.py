@@ -1,8 +1,8 @@
 """Sessions and snapshots as the CLI shows them, whichever source read them (the daemon, or the store).
 
 A row is a protocol object's fields by their own names (what `--json` prints), plus what the CLI
-works out from the whole listing: the sessions that need a snapshot (`head_of`, `branch_point_of`),
-and a session's head tokens, tiers and stored bytes.
+works out from the whole listing: the sessions that need a snapshot (`head_of`, `branch_point_of`);
+a session's row also says its stored bytes as `nbytes`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
-    from engramctl.protocol import Session, Snapshot
+    from engramctl.protocol import Session
 
 
 def snapshot_rows(snaps: Iterable[dict], sessions: Iterable[tuple[str, str | None, str | None]]) -> list[dict]:
@@ -31,18 +31,11 @@ def snapshot_rows(snaps: Iterable[dict], sessions: Iterable[tuple[str, str | Non
     return rows
 
 
-def session_rows(sessions: Iterable[Session], snaps: Iterable[Snapshot], hot: set[str] | None = None) -> list[dict]:
+def session_rows(sessions: Iterable[Session], hot: set[str] | None = None) -> list[dict]:
     """`hot`: the sessions whose state the daemon holds in memory (None: not known, no daemon)."""
-    by_id = {s.id: s for s in snaps}
     rows = []
     for s in sessions:
-        head = by_id.get(s.head) if s.head else None
-        row = {
-            **s.to_json(),
-            "head_tiers": list(head.tiers) if head else [],
-            "head_tokens": head.n_tokens if head else 0,
-            "nbytes": s.stored_bytes,  # the blocks its snapshots share counted once
-        }
+        row = {**s.to_json(), "nbytes": s.stored_bytes}  # the blocks its snapshots share counted once
         if hot is not None:
             row["hot"] = s.name in hot
         rows.append(row)

@@ -115,7 +115,7 @@ def ps(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     out = common.output(json_, quiet)
     st = common.settings()
     info = connect.running(st)
-    with open_listing(st, out) as listing:
+    with open_listing(st, out, read_only=True) as listing:
         sessions = listing.sessions()
     if out.json:
         out.emit_json({"daemon": info, "sessions": sessions})
@@ -139,7 +139,7 @@ def sessions(json_: bool = JsonOpt, quiet: bool = QuietOpt) -> None:
     from engramctl.cli.listing import open_listing
 
     out = common.output(json_, quiet)
-    with open_listing(common.settings(), out) as listing:
+    with open_listing(common.settings(), out, read_only=True) as listing:
         rows = listing.sessions()
     cols = SESSION_COLUMNS[:2] + [Column("MESSAGES", "n_messages", ">", count)] + SESSION_COLUMNS[2:]
     cols.insert(len(cols) - 1, Column("BRANCHED FROM", lambda s: (s.get("base") or "")[:12]))

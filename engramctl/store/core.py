@@ -90,6 +90,11 @@ class StoreCore:
             return rec  # the index's record says it all already (a listing of thousands: no copy of each)
         return dataclasses.replace(rec, tiers=tiers, last_access=last)
 
+    def with_head_tiers(self, s: SessionInfo) -> SessionInfo:
+        """`s` with the memory tier its head is in, if any (with_tiers' rule)."""
+        hot = self.placement.where(s.head) if s.head else None
+        return dataclasses.replace(s, head_tiers=(hot, *s.head_tiers)) if hot else s
+
     def busy(self) -> set[str]:
         return set(self.pending) | set(self.reading)
 

@@ -91,13 +91,14 @@ SESSION_COLUMNS = ("name", "fingerprint", "model_id", "head", "base", "tip", "cr
 # stored_bytes: the session's snapshot files and each KV block they use, a block counted once however many
 # of them share it (summing the snapshots' sizes would count a conversation's early blocks once per turn)
 _SESSION_SELECT = """
-    SELECT s.*, COALESCE(m.depth, 0) AS n_messages,
+    SELECT s.*, COALESCE(m.depth, 0) AS n_messages, COALESCE(h.n_tokens, 0) AS head_tokens,
+           COALESCE(h.durable, 0) AS head_durable,
            (SELECT COUNT(*) FROM snapshots x WHERE x.session = s.name) AS n_snapshots,
            (SELECT COALESCE(SUM(x.nbytes), 0) FROM snapshots x WHERE x.session = s.name)
            + (SELECT COALESCE(SUM(b.nbytes), 0) FROM blocks b WHERE b.id IN (
                 SELECT sb.block FROM snapshot_blocks sb JOIN snapshots x ON x.id = sb.snapshot
                 WHERE x.session = s.name)) AS stored_bytes
-    FROM sessions s LEFT JOIN messages m ON m.id = s.tip
+    FROM sessions s LEFT JOIN messages m ON m.id = s.tip LEFT JOIN snapshots h ON h.id = s.head
 """
 
 
@@ -519,6 +520,8 @@ def _session(row: sqlite3.Row) -> SessionInfo:
         n_messages=int(row["n_messages"]),
         n_snapshots=int(row["n_snapshots"]),
         stored_bytes=int(row["stored_bytes"]),
+        head_tokens=int(row["head_tokens"]),
+        head_tiers=("disk",) if row["head_durable"] else (),  # a memory tier is the store's to add (core.py)
     )
 
 

@@ -67,9 +67,13 @@ class SessionInfo:
     n_messages: int  # transcript length
     n_snapshots: int  # snapshots this session owns
     stored_bytes: int = 0  # its snapshots' files and the KV blocks they use, each block once
+    head_tokens: int = 0  # tokens in the head's state (0: no head)
+    head_tiers: tuple[str, ...] = ()  # where the head is: a memory tier first, then disk (SnapshotRecord.tiers)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["head_tiers"] = list(self.head_tiers)
+        return d
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ class Sessions:
         with c.lock:
             c.check_open()
             s = c.index.session(name)
-        if s is None:
-            raise NotFound(f"no session named {name!r}.", hint="engramctl sessions")
-        return s
+            if s is None:
+                raise NotFound(f"no session named {name!r}.", hint="engramctl sessions")
+            return c.with_head_tiers(s)
 
     def has(self, name: str) -> bool:
         """Whether a session of that name exists (an invalid name never does)."""
@@ -52,7 +52,7 @@ class Sessions:
         c = self._core
         with c.lock:
             c.check_open()
-            return c.index.sessions()
+            return [c.with_head_tiers(s) for s in c.index.sessions()]
 
     def touch(self, name: str) -> None:
         """Mark a session used now (TTL counts from here)."""

@@ -138,6 +138,10 @@ def test_session_turns_continue_from_the_daemons_own_state(daemon, oai):
         assert len(h.get("/v1/sessions/notes").json()["messages"]) == 6
         sessions = {x["name"]: x for x in h.get("/v1/sessions").json()["sessions"]}
         assert sessions["notes"]["hot"] and sessions["notes"]["n_messages"] == 6
+        # its head's tokens and tiers come with it (`engramctl sessions` lists no snapshot for them): in memory first
+        now = h.post("/get_snapshot_info", json={"session": "notes"}).json()
+        assert sessions["notes"]["head_tokens"] == now["tokens"] > head["tokens"]
+        assert sessions["notes"]["head_tiers"][0] in ("vram", "ram"), sessions["notes"]
 
 
 def test_snapshot_routes(daemon):

@@ -178,3 +178,26 @@ def test_the_planner_places_tables_and_the_store_keeps_within_what_is_left(open_
     ]
     recs = [s.snapshots.commit("a", make_payload(40, i, width=200)) for i in range(4)]  # ~1.4 MiB each
     assert sum(r.nbytes for r in recs) > 4 * mib >= s.retention.usage()["ram"][0] > 0
+
+
+def test_a_sessions_head_tokens_and_tiers_are_its_heads(open_store, make_payload):
+    """Sessions.get and .list say each head's tokens and tiers as snapshots.info says them (`engramctl sessions`
+    lists no snapshot for them): in RAM and on disk, on disk alone once evicted, none without a head."""
+    size = nbytes(make_payload(20, 0))
+    s = open_store(ram=size * 2)
+    for i, name in enumerate(("a", "b", "c")):  # c's commit evicts a's head from RAM
+        s.snapshots.commit(name, make_payload(20 + 4 * i, i))
+        s.flush()
+    s.sessions.create("empty")
+    listed = {x.name: x for x in s.sessions.list()}
+    seen = set()
+    for name in ("a", "b", "c", "empty"):
+        got = s.sessions.get(name)
+        assert listed[name] == got
+        if got.head is None:
+            assert (got.head_tokens, got.head_tiers) == (0, ())
+            continue
+        head = s.snapshots.info(got.head)
+        assert (got.head_tokens, got.head_tiers) == (head.n_tokens, head.tiers) and head.n_tokens > 0
+        seen.add(head.tiers)
+    assert seen == {("disk",), ("ram", "disk")}
