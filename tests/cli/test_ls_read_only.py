@@ -1,5 +1,6 @@
-"""`snapshots ls` without a daemon reads the index opened read-only (listing.IndexSource): the same rows as the
-store opened in full, nothing on disk changed, no lock taken, a snapshot whose files are not complete not shown."""
+"""`snapshots ls`, `sessions` and `ps` without a daemon read the index opened read-only (listing.IndexSource): the
+same rows as the store opened in full, nothing on disk changed, no lock taken, a snapshot whose files are not
+complete not shown."""
 
 from __future__ import annotations
 
@@ -44,9 +45,15 @@ def test_rows_are_the_full_opens_rows(branched):
     st = load_settings()
     with Listing(StoreSource(Store.open(st)), st) as full:
         expected = full.snapshots(), full.snapshots("demo")
+        sessions = full.sessions()
     with Listing(IndexSource(Index.read_only(st.paths.data_dir / "index.db")), st) as read_only:
         got = read_only.snapshots(), read_only.snapshots("demo")
+        assert read_only.sessions() == sessions  # nothing in memory either way: each head on disk
     assert got == expected
+    tokens = {r["id"]: r["n_tokens"] for r in got[0]}
+    assert {s["name"]: (s["head_tokens"], s["head_tiers"]) for s in sessions} == {
+        s["name"]: (tokens[s["head"]], ["disk"]) for s in sessions
+    }
     rows = {r["id"]: r for r in got[0]}
     point = rows[branched.sessions["demo"][1]]
     assert sorted(point["branch_point_of"]) == sorted(point["head_of"]) == ["fork", "fork2"]
@@ -58,11 +65,13 @@ def test_rows_are_the_full_opens_rows(branched):
 def test_ls_changes_nothing_and_takes_no_lock(cli, branched, engram_home):
     st = load_settings()
     before = _tree(st.paths.data_dir)
-    listed = cli.json("snapshots", "ls")
+    listed, sessions, ps = cli.json("snapshots", "ls"), cli.json("sessions"), cli.json("ps")
     assert _tree(st.paths.data_dir) == before
-    # with the store open in full elsewhere (its lock held), ls still reads it
+    assert ps["sessions"] == sessions and {s["name"] for s in sessions} == {"demo", "other", "fork", "fork2"}
+    # with the store open in full elsewhere (its lock held), they still read it
     with open_planned(st)[0]:
         assert cli.json("snapshots", "ls") == listed
+        assert cli.json("sessions") == sessions and cli.json("ps")["sessions"] == sessions
 
 
 def test_ls_hides_a_snapshot_being_written(cli, branched):
