@@ -127,3 +127,55 @@ def test_the_latest_save_is_remembered_until_its_snapshot_or_session_goes(store,
     assert store.names.last_saved("c") is None
     with pytest.raises(NotFound):
         store.names.mark_saved("c", "0" * 32)
+
+
+def _turns_one_by_one(store, session: str) -> dict[int, str]:
+    """The rule as turns() read it before turns_of, one session at a time: its own snapshots by id, then its
+    head's ancestry, each turn to the last of them that ends it, then the saves' names over both."""
+    index = store._core.index
+    head = store.sessions.get(session).head
+    ids = [r.id for r in index.snapshots(session)] + ([r.id for r in index.ancestry(head)] if head else [])
+    ended = store.names.turn_numbers(ids)
+    table = {ended[sid]: sid for sid in ids if sid in ended}
+    saved = index.rows(
+        "SELECT n.name, n.snapshot FROM names n JOIN snapshots s ON s.id = n.snapshot "
+        "WHERE n.kind = 'turn' AND n.scope = ? ORDER BY n.created",
+        (session,),
+    )
+    table.update({int(r["name"]): r["snapshot"] for r in saved})
+    return dict(sorted(table.items()))
+
+
+def test_the_turns_of_many_sessions_at_once_are_each_ones_turns(store, make_payload):
+    """turns_of (a listing's names for a thousand sessions) against the one-session rule, over conversations
+    with rewinds, branches (a line through another session's snapshots), saved names and deletions."""
+    import random
+
+    rng = random.Random(7)
+    replies: list[str] = []
+    for step in range(60):
+        name = f"c{rng.randrange(5)}"
+        move = rng.random()
+        store.flush()  # the writer's retention (keep_last) done: the replies left are those it kept
+        replies = [r for r in replies if store._core.index.snapshot(r)]
+        if move < 0.55 or not replies:
+            replies.append(_turn(store, make_payload, name, 4 + step % 7, step)[1].id)
+        elif move < 0.7 and store.sessions.has(name):
+            store.sessions.set_head(name, rng.choice(replies))  # a rewind, or a jump to another's snapshot
+        elif move < 0.8:
+            branch = f"b{step}"
+            store.sessions.branch(rng.choice(replies), branch)
+            replies.append(_turn(store, make_payload, branch, 6, 100 + step)[1].id)
+        elif move < 0.9 and store.sessions.has(name):
+            store.names.name_turn(name, rng.randrange(4), rng.choice(replies))
+        else:
+            gone = replies.pop(rng.randrange(len(replies)))
+            store.snapshots.delete(gone, force=True)
+    store.flush()
+    names = [s.name for s in store.sessions.list()]
+    got = store.names.turns_of([*names, "no-such-session"])
+    assert got == {name: _turns_one_by_one(store, name) for name in names}
+    assert sum(len(t) for t in got.values()) > 20 and any(len(t) > 3 for t in got.values())
+    assert all(store.names.turns(name) == got[name] for name in names)
+    with pytest.raises(NotFound):
+        store.names.turns("no-such-session")

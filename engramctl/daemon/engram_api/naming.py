@@ -92,12 +92,9 @@ def names_of(store: Store, snaps: list[Snapshot]) -> tuple[dict[str, int], dict[
     Engram server's terms (the custom id a save gave it, else "<session>-t<turn>" when that names it)."""
     turns: dict[str, int] = {}
     names: dict[str, str] = {}
-    for session in sorted({s.session for s in snaps}):
-        try:
-            session_turns = store.names.turns(session)
-        except NotFound:  # deleted since the snapshots were listed
-            continue
-        for n, sid in session_turns.items():
+    tables = store.names.turns_of({s.session for s in snaps})  # a session deleted since the listing: none
+    for session in sorted(tables):
+        for n, sid in tables[session].items():
             if sid not in turns:
                 turns[sid], names[sid] = n, f"{session}-t{n}"
     names.update(store.names.custom_ids([s.id for s in snaps]))
