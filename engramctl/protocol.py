@@ -18,13 +18,26 @@ Stdlib only (no torch, httpx or pydantic): the CLI imports this for `--help`-fas
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from functools import cache
 from pathlib import Path
 from typing import Any, Mapping
 
 
+@cache
+def _names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names, in order (dataclasses.fields builds its tuple each call: a listing of 10,000
+    snapshots crosses it twice a row)."""
+    return tuple(f.name for f in fields(cls))
+
+
+@cache
+def _name_set(cls: type) -> frozenset[str]:
+    return frozenset(_names(cls))
+
+
 def _known(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
     """The keys of `d` that are fields of `cls` (an answer may carry more: route extras, newer fields)."""
-    names = {f.name for f in fields(cls)}
+    names = _name_set(cls)
     return {k: v for k, v in d.items() if k in names}
 
 
@@ -63,12 +76,12 @@ class Snapshot:
     @classmethod
     def from_record(cls, rec: Any) -> "Snapshot":
         """From a store.records.SnapshotRecord (same fields)."""
-        return cls(**{f.name: getattr(rec, f.name) for f in fields(cls)})
+        return cls(**{name: getattr(rec, name) for name in _names(cls)})
 
     def to_dict(self) -> dict[str, Any]:
         """The fields by their own names (what the CLI prints with --json). Shallow: every field is a scalar but
         the tiers (asdict's deep copy made `snapshots ls` of thousands spend most of its time here)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {name: getattr(self, name) for name in _names(type(self))}
         d["tiers"] = list(self.tiers)
         return d
 
@@ -123,7 +136,7 @@ class Session:
     @classmethod
     def from_info(cls, info: Any) -> "Session":
         """From a store.records.SessionInfo (same fields)."""
-        return cls(**{f.name: getattr(info, f.name) for f in fields(cls)})
+        return cls(**{name: getattr(info, name) for name in _names(cls)})
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
