@@ -79,7 +79,10 @@ class Connection:
         self.autostart = (not self.settings.no_autostart) if autostart is None else autostart
         self._autostarted = False
         self._opened_at = time.time()  # a daemon's death recorded after this is news to this command
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), transport=transport)
+        from engramctl.daemon.rundir import tls_for
+
+        verify = tls_for(base_url or "http://")  # no base_url: this data directory's daemon, plain http
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), transport=transport, verify=verify)
 
     @property
     def base_url(self) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from engramctl.daemon import exits
 from engramctl.daemon.watch import child_env
-from engramctl.daemon.rundir import log_file, pid_path, read_state, running_pid
+from engramctl.daemon.rundir import log_file, pid_path, read_state, running_pid, tls_for
 from engramctl.daemon.runner import check_host
 from engramctl.errors import EngramError
 from engramctl.settings import Settings, settings_env
@@ -233,17 +233,18 @@ def daemon_status(settings: Settings, timeout: float = 2.0) -> dict[str, Any] | 
     from engramctl.daemon.auth import read_token
 
     try:
-        r = httpx.get(f"{state['url']}/health", timeout=timeout)
-        if r.status_code != 200:
-            return out
-        out.update(ready=True, state="running")
-        token = read_token(settings)
-        if token:
-            r = httpx.get(f"{state['url']}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
-            if r.status_code == 200:
-                s = r.json()
-                for key in _STATUS_KEYS:
-                    out[key] = s.get(key)
+        with httpx.Client(timeout=timeout, verify=tls_for(state["url"])) as http:
+            r = http.get(f"{state['url']}/health")
+            if r.status_code != 200:
+                return out
+            out.update(ready=True, state="running")
+            token = read_token(settings)
+            if token:
+                r = http.get(f"{state['url']}/v1/status", headers={"Authorization": f"Bearer {token}"})
+                if r.status_code == 200:
+                    s = r.json()
+                    for key in _STATUS_KEYS:
+                        out[key] = s.get(key)
     except httpx.HTTPError:
         pass
     return out

@@ -142,7 +142,7 @@ class Daemon:
             "started": self.started,
             "uptime_s": round(time.time() - self.started, 3),
             "rss_bytes": rss,
-            "sessions": len(self.store.sessions.list()),
+            "sessions": self.store.sessions.count(),
             "hot": None
             if hot is None
             else {"session": hot.session, "snapshot_id": hot.head, "tokens": len(hot.live.token_ids)},

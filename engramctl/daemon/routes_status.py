@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
+from starlette.concurrency import run_in_threadpool
 
 from engramctl import __version__
 from engramctl.daemon import session_changes
+from engramctl.daemon.bulk_json import bulk_json
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.schemas import FreedBytesRequest
 from engramctl.daemon.streaming import job_result
@@ -69,12 +71,10 @@ async def tiers(request: Request):
 async def sessions(request: Request):
     d = daemon_of(request)
     hot = d.service.hot
-    return {
-        "sessions": [
-            {**Session.from_info(s).to_json(), "hot": hot is not None and hot.session == s.name}
-            for s in d.store.sessions.list()
-        ]
-    }
+    # off the event loop: at a thousand sessions the query takes ~0.1 s that streams would wait through
+    listed = await run_in_threadpool(d.store.sessions.list)
+    on = [{**Session.from_info(s).to_json(), "hot": hot is not None and hot.session == s.name} for s in listed]
+    return bulk_json({"sessions": on})
 
 
 @router.get("/v1/sessions/{name}")

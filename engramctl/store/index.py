@@ -227,6 +227,9 @@ class Index:
     def update_session(self, name: str, **fields: Any) -> None:
         self._update("sessions", SESSION_COLUMNS, "name", name, fields)
 
+    def session_count(self) -> int:
+        return int(self.one("SELECT COUNT(*) FROM sessions")[0])
+
     def session_refs(self) -> list[tuple[str, str | None, str | None]]:
         """(name, head, base) of every session, in sessions()' order: what a snapshot listing needs of them."""
         return [tuple(r) for r in self.rows("SELECT name, head, base FROM sessions ORDER BY last_used DESC, name")]

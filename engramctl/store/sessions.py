@@ -54,6 +54,13 @@ class Sessions:
             c.check_open()
             return [c.with_head_tiers(s) for s in c.index.sessions()]
 
+    def count(self) -> int:
+        """How many sessions there are (list()'s sums cost ~0.1 s at a thousand; this counts rows)."""
+        c = self._core
+        with c.lock:
+            c.check_open()
+            return c.index.session_count()
+
     def touch(self, name: str) -> None:
         """Mark a session used now (TTL counts from here)."""
         self.get(name)

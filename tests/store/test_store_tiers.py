@@ -190,6 +190,7 @@ def test_a_sessions_head_tokens_and_tiers_are_its_heads(open_store, make_payload
         s.flush()
     s.sessions.create("empty")
     listed = {x.name: x for x in s.sessions.list()}
+    assert s.sessions.count() == len(listed) == 4
     seen = set()
     for name in ("a", "b", "c", "empty"):
         got = s.sessions.get(name)

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from engramctl.daemon import session_changes
+from engramctl.daemon.bulk_json import bulk_json
 from engramctl.daemon.context import daemon_of
 from engramctl.daemon.engram_api import answers, naming, restore
 from engramctl.daemon.engram_api.continuation import token_turn
@@ -127,7 +128,7 @@ async def restore_snapshot(body: RestoreSnapshotRequest, request: Request):
 async def list_snapshots_get(query: Annotated[ListSnapshotsRequest, Query()], request: Request):
     """All snapshots, or one session's (?session=NAME), oldest first; ?conversation_id=NAME lists one
     conversation as the Engram server does (see the POST route)."""
-    return await run_in_threadpool(_list, request, query)
+    return bulk_json(await run_in_threadpool(_list, request, query))
 
 
 @router.post("/list_snapshots")
@@ -135,7 +136,7 @@ async def list_snapshots(request: Request, body: ListSnapshotsRequest | None = N
     """All snapshots, or one session's, oldest first. The body may be left out (lists everything).
     Named by conversation_id, a conversation is listed as the Engram server lists it: its turns by
     turn_number, then its branches by name; an unknown conversation is an empty list."""
-    return await run_in_threadpool(_list, request, body or ListSnapshotsRequest())
+    return bulk_json(await run_in_threadpool(_list, request, body or ListSnapshotsRequest()))
 
 
 def _list(request: Request, body: ListSnapshotsRequest) -> dict:
