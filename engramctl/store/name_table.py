@@ -40,16 +40,10 @@ from engramctl.store.names import (
 )
 from engramctl.store.records import SessionInfo
 
-# (snapshot, user messages in its transcript, role of its last message), for a set of snapshots
+# (snapshot, user messages in its transcript, role of its last message), for a set of snapshots: its tip's
 _TURNS_SQL = """
-    WITH RECURSIVE chain(snap, parent, role, last) AS (
-        SELECT s.id, m.parent, json_extract(m.body, '$.role'), 1
-        FROM snapshots s JOIN messages m ON m.id = s.tip WHERE s.id IN ({marks})
-        UNION ALL
-        SELECT c.snap, m.parent, json_extract(m.body, '$.role'), 0 FROM chain c JOIN messages m ON m.id = c.parent
-    )
-    SELECT snap, SUM(role = 'user') AS users, MAX(CASE WHEN last = 1 THEN role END) AS last_role
-    FROM chain GROUP BY snap
+    SELECT s.id AS snap, m.users AS users, m.role AS last_role
+    FROM snapshots s JOIN messages m ON m.id = s.tip WHERE s.id IN ({marks})
 """
 
 

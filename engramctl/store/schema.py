@@ -209,4 +209,26 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE id IN (SELECT snapshot FROM snapshot_blocks WHERE block = NEW.id);
     END;
     """,
+    # 6: each message's role and the user messages up to it, itself included (users), kept by a trigger: the turn
+    # a snapshot ends (store/name_table.py) is its tip's, not a walk of its whole transcript (each snapshot of a
+    # conversation walked all its messages: quadratic in the turns; 0.19 s of a 10,000-snapshot listing). A
+    # parent is always inserted before its children; a message whose parent is gone counts from itself, as that
+    # walk stopped there.
+    """
+    ALTER TABLE messages ADD COLUMN role TEXT;
+    ALTER TABLE messages ADD COLUMN users INTEGER NOT NULL DEFAULT 0;
+    UPDATE messages SET role = json_extract(body, '$.role');
+    WITH RECURSIVE counted(id, users) AS (
+        SELECT id, role IS 'user' FROM messages WHERE parent IS NULL OR parent NOT IN (SELECT id FROM messages)
+        UNION ALL SELECT m.id, c.users + (m.role IS 'user') FROM messages m JOIN counted c ON m.parent = c.id
+    )
+    UPDATE messages SET users = counted.users FROM counted WHERE counted.id = messages.id;
+    CREATE TRIGGER messages_counted AFTER INSERT ON messages BEGIN
+        UPDATE messages SET
+            role = json_extract(NEW.body, '$.role'),
+            users = (json_extract(NEW.body, '$.role') IS 'user')
+                + IFNULL((SELECT users FROM messages WHERE id = NEW.parent), 0)
+        WHERE id = NEW.id;
+    END;
+    """,
 )

@@ -114,6 +114,60 @@ def test_an_index_from_before_the_names_opens_and_gains_them(tmp_path):
         idx.close()
 
 
+def _walked(rows: dict[int, tuple[int | None, str]], tip: int) -> int:
+    """The user messages on the chain ending at `tip`, walked up through the parents that exist."""
+    users = 0
+    while tip in rows:
+        parent, role = rows[tip]
+        users += role == "user"
+        tip = parent
+    return users
+
+
+def test_an_index_of_schema_5_gains_each_messages_role_and_user_count(tmp_path):
+    """Migration 6 counts each message's user messages (the chain up to it) over a tree of transcripts with
+    branches and a message whose parent is gone; messages added afterwards are counted by its trigger."""
+    import json
+    import random
+
+    from engramctl.store.index import _statements
+
+    path = tmp_path / "index.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for script in MIGRATIONS[:5]:
+        for statement in _statements(script):
+            db.execute(statement)
+    db.execute("PRAGMA user_version = 5")
+    rng = random.Random(3)
+    rows: dict[int, tuple[int | None, str]] = {}
+    for n in range(1, 120):
+        parent = None if n == 1 or rng.random() < 0.05 else rng.choice(list(rows)[-3:])  # long chains, branching
+        role = rng.choice(("user", "assistant", "system", "tool"))
+        depth = (
+            1 if parent is None else db.execute("SELECT depth FROM messages WHERE id = ?", (parent,)).fetchone()[0] + 1
+        )
+        db.execute(
+            "INSERT INTO messages (id, parent, depth, body) VALUES (?, ?, ?, ?)",
+            (n, parent, depth, json.dumps({"role": role, "content": "x"})),
+        )
+        rows[n] = (parent, role)
+    db.execute("DELETE FROM messages WHERE id = 5")  # a transcript cut: its children count from themselves
+    del rows[5]
+    db.close()
+    idx = Index(path)
+    try:
+        assert idx.schema_version == len(MIGRATIONS) >= 6
+        for body in ({"role": "user", "content": "y"}, {"role": "assistant", "content": "z"}):  # after: the trigger
+            parent = rng.choice(list(rows))
+            cur = idx.execute("INSERT INTO messages (parent, depth, body) VALUES (?, 1, ?)", (parent, json.dumps(body)))
+            rows[cur.lastrowid] = (parent, body["role"])
+        got = {r["id"]: (r["users"], r["role"]) for r in idx.rows("SELECT id, users, role FROM messages")}
+        assert got == {n: (_walked(rows, n), role) for n, (_, role) in rows.items()}
+        assert max(users for users, _ in got.values()) > 3
+    finally:
+        idx.close()
+
+
 def test_the_latest_save_is_remembered_until_its_snapshot_or_session_goes(store, make_payload):
     (_, r1), (_, r2) = _turn(store, make_payload, "c", 4, 0), _turn(store, make_payload, "c", 8, 2)
     assert store.names.last_saved("c") is None
@@ -177,5 +231,14 @@ def test_the_turns_of_many_sessions_at_once_are_each_ones_turns(store, make_payl
     assert got == {name: _turns_one_by_one(store, name) for name in names}
     assert sum(len(t) for t in got.values()) > 20 and any(len(t) > 3 for t in got.values())
     assert all(store.names.turns(name) == got[name] for name in names)
+    # each snapshot's turn as its transcript reads: the user messages in it, when it ends with a reply
+    ids = [r["id"] for r in store._core.index.rows("SELECT id FROM snapshots WHERE tip IS NOT NULL")]
+    walked = {}
+    for sid in ids:
+        said = store.transcripts.of_snapshot(sid)
+        users = sum(m["role"] == "user" for m in said)
+        if users and said[-1]["role"] == "assistant":
+            walked[sid] = users
+    assert store.names.turn_numbers(ids) == walked and len(walked) > 20
     with pytest.raises(NotFound):
         store.names.turns("no-such-session")
