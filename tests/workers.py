@@ -102,7 +102,6 @@ LONGEST_FIRST: tuple[str, ...] = tuple(
     for m in (
         "daemon/test_tool_choice",
         "daemon/test_crash_anywhere",
-        "store/test_store_crash",
         "daemon/test_scheduler",
         "engine/test_loading",  # with engine/test_smollm2 (TOGETHER)
         "engine/test_smollm2",

@@ -6,13 +6,12 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from checks import assert_consistent
+from children import Children
 
 from engramctl.errors import SnapshotCorrupt
 
@@ -20,40 +19,45 @@ CHILD = Path(__file__).with_name("crash_child.py")
 BLOCKS_CHILD = Path(__file__).with_name("crash_blocks_child.py")
 
 
-def run_and_kill(home: Path, seed: int, start: int, kill_after: int, delay_s: float) -> bool:
+@pytest.fixture(scope="module")
+def children():
+    """The module's 28 child processes forked from one that imported torch and the store (tests/store/children.py)."""
+    with Children() as c:
+        yield c
+
+
+def run_and_kill(children: Children, home: Path, seed: int, start: int, kill_after: int, delay_s: float) -> bool:
     """Run the child; SIGKILL it `delay_s` after it reported save number start+kill_after.
     Returns True if it was killed (False if it finished first)."""
     env = {**os.environ, "ENGRAM_HOME": str(home)}
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(seed), str(start)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    out, err = home.parent / f"child-{seed}.out", home.parent / f"child-{seed}.err"
+    os.mkfifo(out)  # each line as the child prints it
+    proc = children.start(CHILD, [str(seed), str(start)], env, stdout=out, stderr=err)
     try:
-        for line in proc.stdout:
-            if line.strip() == str(start + kill_after):
-                time.sleep(delay_s)
-                proc.send_signal(signal.SIGKILL)
-                break
-            if line.strip() == "done":
-                break
-        proc.wait(timeout=60)
-        err = proc.stderr.read()
-        assert "Traceback" not in err, err
+        with open(out) as stdout:  # open until the child ended, as a pipe to a subprocess is
+            for line in stdout:
+                if line.strip() == str(start + kill_after):
+                    time.sleep(delay_s)
+                    proc.kill(signal.SIGKILL)
+                    break
+                if line.strip() == "done":
+                    break
+            proc.wait(timeout=60)
+        text = err.read_text()
+        assert "Traceback" not in text, text
         return proc.returncode == -signal.SIGKILL
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.returncode is None:
+            proc.kill(signal.SIGKILL)
+            proc.wait(timeout=60)
 
 
-def test_sigkill_during_saves_then_reopen(open_store, engram_home):
+def test_sigkill_during_saves_then_reopen(children, open_store, engram_home):
     rng = random.Random(1234)
     killed = 0
     for round_ in range(3):
         killed += run_and_kill(
+            children,
             engram_home,
             seed=round_,
             start=round_ * 50,
@@ -134,17 +138,18 @@ def test_corrupt_file_found_at_load_is_quarantined(open_store, make_payload, eng
     assert_consistent(s)
 
 
-def _blocks_step(home: Path, step: str, point: str | None) -> int:
+def _blocks_step(children: Children, home: Path, step: str, point: str | None) -> int:
     env = {**os.environ, "ENGRAM_HOME": str(home)}
     env.pop("ENGRAM_TEST_CRASH_AT", None)
     if point:
         env["ENGRAM_TEST_CRASH_AT"] = point
-    proc = subprocess.run(
-        [sys.executable, str(BLOCKS_CHILD), step], check=False, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert (proc.returncode == 0) == ("done" in proc.stdout), (proc.returncode, proc.stdout)
-    return proc.returncode
+    home.mkdir(parents=True, exist_ok=True)
+    out, err = (home.parent / f"{step}-{point}.{kind}" for kind in ("out", "err"))
+    code = children.start(BLOCKS_CHILD, [step], env, stdout=out, stderr=err).wait(timeout=120)
+    stdout, stderr = out.read_text(), err.read_text()
+    assert "Traceback" not in stderr, stderr
+    assert (code == 0) == ("done" in stdout), (code, stdout)
+    return code
 
 
 COMMIT_POINTS = (
@@ -162,27 +167,27 @@ DELETE_POINTS = ("remove.unlinked", "remove.blocks_indexed")
 
 
 @pytest.fixture(scope="module")
-def blocks_homes(tmp_path_factory) -> dict[str, Path]:
+def blocks_homes(children, tmp_path_factory) -> dict[str, Path]:
     """The store each crash case starts from, built once by the same unarmed child steps: "commit" (after the
-    base step) and "delete" (after base and commit). Every case copies its own; each child is a torch import
-    (~3 s of CPU), and the 11 cases ran these same 13 steps over again."""
+    base step) and "delete" (after base and commit). Every case copies its own: the 11 cases ran these same 13 steps
+    over again."""
     homes = {}
     for step, before in (("commit", ("base",)), ("delete", ("base", "commit"))):
         home = tmp_path_factory.mktemp(f"blocks-before-{step}") / "home"
         for done in before:
-            assert _blocks_step(home, done, None) == 0
+            assert _blocks_step(children, home, done, None) == 0
         homes[step] = home
     return homes
 
 
 @pytest.mark.parametrize("step,point", [("commit", p) for p in COMMIT_POINTS] + [("delete", p) for p in DELETE_POINTS])
 def test_a_kill_at_each_step_of_a_block_commit_or_delete_leaves_no_dangling_or_leaked_block(
-    step, point, blocks_homes, open_store, engram_home
+    step, point, children, blocks_homes, open_store, engram_home
 ):
     from payloads import make_payload, prefix_of, same_payload
 
     shutil.copytree(blocks_homes[step], engram_home, dirs_exist_ok=True)
-    assert _blocks_step(engram_home, step, point) == -signal.SIGKILL
+    assert _blocks_step(children, engram_home, step, point) == -signal.SIGKILL
     s = open_store(ram=0, disk="64MB")
     assert_consistent(s)  # every snapshot's blocks are there and durable; every block file has a user
     assert not list((engram_home / "blocks").glob(".*.tmp"))
@@ -193,6 +198,6 @@ def test_a_kill_at_each_step_of_a_block_commit_or_delete_leaves_no_dangling_or_l
     hit = s.candidates.find(full[0]["token_ids"].tolist(), full[1]["fingerprint"], kinds=("prefix",))
     assert hit and hit[0].n_tokens in (280, 600)
     s.close()
-    assert _blocks_step(engram_home, "delete" if step == "commit" else "commit", None) == 0  # it goes on
+    assert _blocks_step(children, engram_home, "delete" if step == "commit" else "commit", None) == 0  # it goes on
     s = open_store(ram=0, disk="64MB")
     assert_consistent(s)
