@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
+from engramctl.store.index import _statements
 from engramctl.store.names import id_from_filename
+from engramctl.store.schema import MIGRATIONS
+
+
+def index_of_schema(path: Path, version: int) -> sqlite3.Connection:
+    """A new index at `path` as an engramctl of schema `version` made it (the first `version` migrations), open in
+    autocommit: for a migration test to fill, close and open with Index()."""
+    db = sqlite3.connect(path, isolation_level=None)
+    for script in MIGRATIONS[:version]:
+        for statement in _statements(script):
+            db.execute(statement)
+    db.execute(f"PRAGMA user_version = {version}")
+    return db
 
 
 def assert_consistent(store, verify_loads: bool = True) -> None:

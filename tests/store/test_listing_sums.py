@@ -5,12 +5,12 @@ before (the queries below, as index.py had them at 46881d6), and a store of sche
 from __future__ import annotations
 
 import random
-import sqlite3
 
 import pytest
 
-from engramctl.store.index import Index, _statements
+from engramctl.store.index import Index
 from engramctl.store.schema import MIGRATIONS
+from tests.store.checks import index_of_schema
 
 # the record's sums as _SNAPSHOT_SELECT computed them (correlated subqueries: another snapshot uses the block)
 _OLD_SELECT = """
@@ -145,11 +145,7 @@ def test_a_block_gaining_a_second_user_is_shared_for_both_and_losing_it_for_neit
 
 def test_a_store_of_schema_4_is_migrated_to_the_same_sums(tmp_path):
     path = tmp_path / "index.db"
-    db = sqlite3.connect(path, isolation_level=None)
-    for script in MIGRATIONS[:4]:
-        for statement in _statements(script):
-            db.execute(statement)
-    db.execute("PRAGMA user_version = 4")
+    db = index_of_schema(path, 4)
     rng = random.Random(7)
     for n in range(40):
         kind = "prefix" if n % 5 == 0 else "snapshot"

@@ -12,6 +12,7 @@ from engramctl.errors import InvalidName, NotFound, UsageError
 from engramctl.store.index import Index
 from engramctl.store.names import branch_session_name, parse_turn_ref, session_for_conversation
 from engramctl.store.schema import MIGRATIONS
+from tests.store.checks import index_of_schema
 
 U = {"role": "user", "content": "q"}
 A = {"role": "assistant", "content": "a"}
@@ -130,14 +131,8 @@ def test_an_index_of_schema_5_gains_each_messages_role_and_user_count(tmp_path):
     import json
     import random
 
-    from engramctl.store.index import _statements
-
     path = tmp_path / "index.db"
-    db = sqlite3.connect(path, isolation_level=None)
-    for script in MIGRATIONS[:5]:
-        for statement in _statements(script):
-            db.execute(statement)
-    db.execute("PRAGMA user_version = 5")
+    db = index_of_schema(path, 5)
     rng = random.Random(3)
     rows: dict[int, tuple[int | None, str]] = {}
     for n in range(1, 120):
