@@ -5,7 +5,7 @@ Each round runs, one after the other in fresh processes: Python's start alone (`
 with the given arguments on --home; with --against, the same listing with another checkout's engramctl first on
 the path (a before/after of one machine and one load: a round runs both, so a load that comes and goes weighs on
 both alike). Printed (JSON on stdout): per command the median and lowest wall and CPU (the child's user+sys, from
-wait4) in ms, over --rounds, and the load average before and after.
+wait4) in ms, over --rounds, the rows each --json listing lists, and the load average before and after.
 
     python scripts/bench_ls.py --home /tmp/scale10k                   # ls --json at 10,000 snapshots
     python scripts/bench_ls.py --home /tmp/scale10k --against /tmp/before -- --session agent-00001
@@ -74,6 +74,7 @@ def main() -> int:
         if opts.against:
             commands["ls_against"] = (ls, {**base, "ENGRAM_HOME": str(opts.home), "PYTHONPATH": str(opts.against)})
         where = {}  # which engramctl each listing imports, as it runs (a check on PYTHONPATH and cwd)
+        rows = {}  # what each --json listing lists: a store that an open emptied lists fast, and nothing
         for name, (cmd, env) in commands.items():  # the bytecode, written once, not timed
             _run(cmd, env, empty)
             if name != "python":
@@ -81,6 +82,9 @@ def main() -> int:
                 where[name] = subprocess.run(
                     probe, env=env, cwd=empty, capture_output=True, text=True, check=True
                 ).stdout.strip()
+                if "--json" in cmd:
+                    listed = subprocess.run(cmd, env=env, cwd=empty, capture_output=True, check=True).stdout
+                    rows[name] = len(json.loads(listed))
         load_before = os.getloadavg()
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for _ in range(opts.rounds):
@@ -88,6 +92,7 @@ def main() -> int:
                 samples[name].append(_run(cmd, env, empty))
     report = {name: _summary(s) for name, s in samples.items()}
     report["rounds"] = opts.rounds
+    report["rows"] = rows
     report["engramctl"] = where
     report["load_average"] = {
         "before": [round(x, 2) for x in load_before],
