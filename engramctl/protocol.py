@@ -35,6 +35,12 @@ def _name_set(cls: type) -> frozenset[str]:
     return frozenset(_names(cls))
 
 
+def _values(obj: Any, cls: type) -> dict[str, Any]:
+    """`obj`'s values of `cls`'s fields, by name: shallow (asdict deep-copies every value: a listing of thousands
+    spent most of its time there)."""
+    return {name: getattr(obj, name) for name in _names(cls)}
+
+
 def _known(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
     """The keys of `d` that are fields of `cls` (an answer may carry more: route extras, newer fields)."""
     names = _name_set(cls)
@@ -76,12 +82,11 @@ class Snapshot:
     @classmethod
     def from_record(cls, rec: Any) -> "Snapshot":
         """From a store.records.SnapshotRecord (same fields)."""
-        return cls(**{name: getattr(rec, name) for name in _names(cls)})
+        return cls(**_values(rec, cls))
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields by their own names (what the CLI prints with --json). Shallow: every field is a scalar but
-        the tiers (asdict's deep copy made `snapshots ls` of thousands spend most of its time here)."""
-        d = {name: getattr(self, name) for name in _names(type(self))}
+        """The fields by their own names (what the CLI prints with --json), the tiers a list."""
+        d = _values(self, type(self))
         d["tiers"] = list(self.tiers)
         return d
 
@@ -136,10 +141,10 @@ class Session:
     @classmethod
     def from_info(cls, info: Any) -> "Session":
         """From a store.records.SessionInfo (same fields)."""
-        return cls(**{name: getattr(info, name) for name in _names(cls)})
+        return cls(**_values(info, cls))
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = _values(self, type(self))
         d["head_tiers"] = list(self.head_tiers)
         return d
 

@@ -144,9 +144,6 @@ class IndexSource:
             return [], None
         return [Session.from_info(s) for s in self.index.sessions()], None  # nothing is in memory
 
-    def session_refs(self) -> list[tuple[str, str | None, str | None]]:
-        return [] if self.index is None else self.index.session_refs()
-
     def snapshot_rows(self, session: str | None) -> list[dict]:
         """The rows rows.snapshot_rows makes of Snapshot.to_dict()'s, from one query (store/listing.py)."""
         if session is not None:

@@ -82,18 +82,24 @@ class StoreCore:
             self.index.update_snapshot(rec.id, **fields)
             return self.with_tiers(self.index.snapshot(rec.id))  # type: ignore[arg-type]
 
+    def tiers_of(self, snapshot_id: str, durable: bool) -> tuple[str, ...]:
+        """Where a snapshot is: the memory tier holding it, if any, then disk once its files are complete."""
+        hot = self.placement.where(snapshot_id)
+        return ((hot,) if hot else ()) + (("disk",) if durable else ())
+
     def with_tiers(self, rec: SnapshotRecord) -> SnapshotRecord:
-        hot = self.placement.where(rec.id)
-        tiers = ((hot,) if hot else ()) + (("disk",) if rec.durable else ())
+        tiers = self.tiers_of(rec.id, rec.durable)
         last = self.touched.get(rec.id, rec.last_access)
         if tiers == rec.tiers and last == rec.last_access:
             return rec  # the index's record says it all already (a listing of thousands: no copy of each)
         return dataclasses.replace(rec, tiers=tiers, last_access=last)
 
     def with_head_tiers(self, s: SessionInfo) -> SessionInfo:
-        """`s` with the memory tier its head is in, if any (with_tiers' rule)."""
-        hot = self.placement.where(s.head) if s.head else None
-        return dataclasses.replace(s, head_tiers=(hot, *s.head_tiers)) if hot else s
+        """`s` with its head's tiers, the memory tier among them (the index knows only disk)."""
+        if s.head is None:
+            return s
+        tiers = self.tiers_of(s.head, "disk" in s.head_tiers)
+        return s if tiers == s.head_tiers else dataclasses.replace(s, head_tiers=tiers)
 
     def busy(self) -> set[str]:
         return set(self.pending) | set(self.reading)
