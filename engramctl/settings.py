@@ -11,93 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 
-from engramctl.errors import EngramError, UsageError
+from engramctl.errors import UsageError
+from engramctl.paths import HOME_ENV, Paths
 from engramctl.units import parse_bytes
 
 TYPE_CHECKING = False  # typing's, without importing typing: `snapshots ls` imports none of it (~4% of its time)
 if TYPE_CHECKING:
     from typing import Any
 
-APP = "engramctl"
 DEFAULT_PORT = 11535
-HOME_ENV = "ENGRAM_HOME"  # not a setting: it decides where config.toml itself is
-HOME_HELP = "keep data, config, logs and caches under this one directory"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 _EXPECTED = {"int": "a whole number", "float": "a number", "bool": "one of 1/0, true/false, yes/no, on/off"}
-
-
-@dataclass(frozen=True)
-class Paths:
-    """Where engramctl keeps what it keeps (from ENGRAM_HOME, else the platform's user dirs)."""
-
-    # a docstring of its own: without one, @dataclass makes one from inspect.signature, at every import
-    data_dir: Path  # snapshots, index
-    config_dir: Path  # config.toml, token
-    log_dir: Path
-    run_dir: Path  # pid/lock/port files
-    cache_dir: Path  # converted model weights (GGUF -> safetensors)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Paths:
-        home = env.get(HOME_ENV)
-        if home:
-            root = Path(home).expanduser().resolve()
-            return cls(root, root / "config", root / "logs", root / "run", root / "cache")
-        import platformdirs
-
-        return cls(
-            Path(platformdirs.user_data_dir(APP)),
-            Path(platformdirs.user_config_dir(APP)),
-            Path(platformdirs.user_log_dir(APP)),
-            _run_dir(env),
-            Path(platformdirs.user_cache_dir(APP)),
-        )
-
-    def ensure(self) -> Paths:
-        try:
-            for p in dataclasses.astuple(self):
-                Path(p).mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(self.run_dir, 0o700)  # mkdir's mode does not apply to a directory that already existed
-        except OSError as e:  # read-only, someone else's, not a directory: say which, not a traceback
-            raise EngramError(
-                f"cannot create or use {e.filename or 'the engramctl directories'}: {e.strerror or e}.",
-                hint="point ENGRAM_HOME at a writable directory you own",
-            ) from None
-        return self
-
-
-def _run_dir(env: Mapping[str, str]) -> Path:
-    """Where the pid lock and daemon.json live. The session's runtime dir when it has a usable one: the
-    XDG one, or /run/user/<uid> (what logind sets it to, so a shell without the variable, e.g. su or
-    cron, still finds a daemon started from a desktop). Otherwise a private dir under the user state
-    dir, not platformdirs' own fallback: that one warns (RuntimeDirWarning) on every command and lives
-    under a predictable /tmp name another user can create first."""
-    import platformdirs
-
-    if sys.platform in ("darwin", "win32"):  # no XDG rules there; platformdirs picks a per-user dir quietly
-        return Path(platformdirs.user_runtime_dir(APP))
-    for base in (env.get("XDG_RUNTIME_DIR"), f"/run/user/{os.geteuid()}"):
-        if base and os.path.isabs(base) and _private_dir(Path(base)):
-            return Path(base) / APP
-    return Path(platformdirs.user_state_dir(APP)) / "run"
-
-
-def _private_dir(path: Path) -> bool:
-    """A real directory (not a symlink) that this user owns and nobody else can enter, as XDG requires."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return False
-    import stat
-
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0
 
 
 def setting(

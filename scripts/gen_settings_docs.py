@@ -21,7 +21,8 @@ END = "<!-- end of settings table -->"
 
 def table() -> str:
     sys.path.insert(0, str(ROOT))
-    from engramctl.settings import HOME_ENV, HOME_HELP, SPECS
+    from engramctl.paths import HOME_ENV, HOME_HELP
+    from engramctl.settings import SPECS
 
     rows = [
         "| variable | config key | flag of `serve`, `daemon start` | default | meaning |",

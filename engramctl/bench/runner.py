@@ -110,7 +110,7 @@ def run_bench(cfg: BenchConfig, settings, progress: Progress | None = None) -> d
     data_root = settings.paths.data_dir
     data_root.mkdir(parents=True, exist_ok=True, mode=0o700)
     bench_dir = Path(tempfile.mkdtemp(prefix="bench-", dir=data_root))
-    bench_settings = dataclasses.replace(settings, paths=dataclasses.replace(settings.paths, data_dir=bench_dir))
+    bench_settings = dataclasses.replace(settings, paths=settings.paths._replace(data_dir=bench_dir))
     box = StoreBox(bench_settings)
     during: dict[str, dict] = {}  # phase -> cores other processes used while it ran
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 def _index_path() -> Path | None:
     try:
-        from engramctl.settings import Paths
+        from engramctl.paths import Paths
 
         path = Paths.from_env(os.environ).data_dir / "index.db"
     except Exception:

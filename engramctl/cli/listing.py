@@ -163,8 +163,8 @@ class IndexSource:
 class Listing:
     """The CLI's rows of sessions and snapshots (rows.py), whichever source read them."""
 
-    def __init__(self, source: Any, settings: Any):
-        self.source, self.settings = source, settings
+    def __init__(self, source: Any, paths: Any):
+        self.source, self.paths = source, paths
 
     def close(self) -> None:
         self.source.close()
@@ -198,7 +198,7 @@ class Listing:
     def snapshot_path(self, sid: str) -> Path:
         from engramctl.store.names import snapshot_filename
 
-        return self.settings.paths.data_dir / "snapshots" / snapshot_filename(sid)  # the layout of store/files.py
+        return self.paths.data_dir / "snapshots" / snapshot_filename(sid)  # the layout of store/files.py
 
     def snapshot_transcript(self, sid: str) -> list[dict]:
         """The transcript exactly as it was when `sid` was taken."""
@@ -215,40 +215,62 @@ class Listing:
 
 def over(client: Any) -> Listing:
     """A listing over a client the caller connected (a change command previews through it)."""
-    return Listing(DaemonSource(client), client.settings)
+    return Listing(DaemonSource(client), client.settings.paths)
 
 
 def open_listing(settings: Any, out: Any, *, read_only: bool = False) -> Listing:
     """The running daemon's listing, else the store's. A daemon still loading its model may not hold the
     store yet: then the store is read, or, once the daemon holds it, the daemon is waited for.
     read_only: a listing of sessions and snapshots only (no tiers, transcripts or sizes freed), read from the
-    index alone (IndexSource) while no ready daemon runs; a store whose index needs migrating is opened as usual."""
+    index alone (IndexSource) while no ready daemon runs; a store whose index needs migrating is opened as usual.
+    settings: the Settings, or None to load them only where they are used: a read-only listing of the index alone
+    needs only Paths (`snapshots ls` then imports no settings, paths.py)."""
     from engramctl.errors import StoreLocked
 
+    paths = _paths() if settings is None else settings.paths
+    info = None
     if read_only:
         from engramctl.daemon.rundir import running_pid
 
-        info = None if running_pid(settings) is None else _running(settings)  # none: no daemon's imports
+        if running_pid(paths) is not None:  # none: no daemon's imports, nor the settings'
+            settings = settings or _settings()
+            info = _running(settings)
     else:
+        settings = settings or _settings()
         info = _running(settings)
     if read_only and (info is None or not info.get("ready")):
         from engramctl.store.index import Index
 
-        path = settings.paths.data_dir / "index.db"
+        path = paths.data_dir / "index.db"
         index = Index.read_only(path)
         if index is not None or not path.exists():
-            return Listing(IndexSource(index), settings)
+            return Listing(IndexSource(index), paths)
+    settings = settings or _settings()
     if info is None or not info.get("ready"):
         from engramctl.store.store import Store
 
         try:
-            return Listing(StoreSource(Store.open(settings)), settings)
+            return Listing(StoreSource(Store.open(settings)), paths)
         except StoreLocked:
             if _running(settings) is None:  # another engramctl command has it open for a moment
                 raise
     from engramctl.cli import connect
 
     return over(connect.connect(settings, out, start=False)[0])
+
+
+def _paths() -> Any:
+    import os
+
+    from engramctl.paths import Paths
+
+    return Paths.from_env(os.environ)
+
+
+def _settings() -> Any:
+    from engramctl.settings import load_settings
+
+    return load_settings({})
 
 
 def _running(settings: Any) -> dict | None:

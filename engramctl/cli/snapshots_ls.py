@@ -24,10 +24,9 @@ def ls(session: str | None, json_: bool, quiet: bool) -> list[dict]:
 
 def _ls(session: str | None, json_: bool, quiet: bool) -> list[dict]:
     from engramctl.cli.listing import open_listing
-    from engramctl.settings import load_settings
 
     out = output_for(json_, quiet)
-    with open_listing(load_settings({}), out, read_only=True) as listing:
+    with open_listing(None, out, read_only=True) as listing:  # the settings loaded only where a daemon runs
         snaps = listing.snapshots(session)
     if not out.human:  # the columns (each id's shortest unique prefix among thousands) are the table's alone
         out.table(snaps, [], quiet_key="id")

@@ -24,7 +24,7 @@ def export_snapshot(listing: Any, ref: str, dest: Path) -> dict:
     sid = snap["id"]
     if not snap.get("durable", True):
         raise EngramError(f"snapshot {sid} is still being written to disk.", hint="try again in a moment")
-    data_dir = listing.settings.paths.data_dir  # verifies checksums and format; joins its KV blocks
+    data_dir = listing.paths.data_dir  # verifies checksums and format; joins its KV blocks
     payload = read_payload(data_dir / "snapshots", data_dir / "blocks", sid)
     messages = listing.snapshot_transcript(sid)
     buf = exchange.pack(payload, messages, snap["session"])

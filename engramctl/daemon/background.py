@@ -70,7 +70,7 @@ def start_background(settings: Settings, wait: bool = True, timeout: float = 600
         if current is None:
             proc, offset = _spawn(settings)
             locked_by = time.monotonic() + 60  # the child takes the lock before it loads anything
-            while proc.poll() is None and running_pid(settings) is None and time.monotonic() < locked_by:
+            while proc.poll() is None and running_pid(settings.paths) is None and time.monotonic() < locked_by:
                 time.sleep(0.02)
     if current is not None:
         if current.get("ready") or not wait:
@@ -130,7 +130,7 @@ def _wait_ready(settings: Settings, proc: subprocess.Popen | None, timeout: floa
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
-            if running_pid(settings) is not None:  # another daemon (`engramctl serve`?) took the lock first
+            if running_pid(settings.paths) is not None:  # another daemon (`engramctl serve`?) took the lock first
                 return _wait_ready(settings, None, deadline - time.monotonic(), log_offset)
             death = exits.Death.of(proc.returncode)
             if death is not None:
@@ -172,17 +172,19 @@ def _log_tail(settings: Settings, offset: int, lines: int = 3) -> str:
 def stop_background(settings: Settings, timeout: float = 20.0) -> bool:
     """SIGTERM the daemon of this data directory and wait until it has exited (SIGKILL after
     `timeout`). Returns False when no daemon was running."""
-    pid = running_pid(settings)
+    pid = running_pid(settings.paths)
     if pid is None:
         return False
     if pid <= 0:
-        raise EngramError("a daemon holds the lock but its pid file is unreadable.", hint=f"check {pid_path(settings)}")
+        raise EngramError(
+            "a daemon holds the lock but its pid file is unreadable.", hint=f"check {pid_path(settings.paths)}"
+        )
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return True
     deadline = time.monotonic() + timeout
-    while running_pid(settings) is not None:
+    while running_pid(settings.paths) is not None:
         _reap(pid)
         if time.monotonic() > deadline:
             log.warning("daemon %d did not stop within %.0f s; killing it", pid, timeout)
@@ -191,7 +193,7 @@ def stop_background(settings: Settings, timeout: float = 20.0) -> bool:
             except ProcessLookupError:
                 pass
             end = time.monotonic() + 5
-            while running_pid(settings) is not None and time.monotonic() < end:
+            while running_pid(settings.paths) is not None and time.monotonic() < end:
                 _reap(pid)
                 time.sleep(0.05)
             break
@@ -218,7 +220,7 @@ def daemon_status(settings: Settings, timeout: float = 2.0) -> dict[str, Any] | 
     """None when no daemon runs for this data directory; else {pid, model, device, dtype, host, port,
     url, uptime_s, started, version, log_file, ready, state ("loading"|"starting"|"running"), and from
     /v1/status: rss_bytes, weights_bytes, n_params, sessions, queue, hot, notices, ...}."""
-    pid = running_pid(settings)
+    pid = running_pid(settings.paths)
     if pid is None:
         return None
     state = read_state(settings) or {}

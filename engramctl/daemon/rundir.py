@@ -10,17 +10,18 @@ The background daemon logs to settings.paths.log_dir/daemon.log.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from engramctl.errors import EngramError
 from engramctl.pidlock import try_lock
-from engramctl.settings import Settings
 
 TYPE_CHECKING = False  # typing's, without importing typing: `snapshots ls` imports none of it (~4% of its time)
 if TYPE_CHECKING:
     from typing import Any
+
+    from engramctl.paths import Paths
+    from engramctl.settings import Settings  # not at run time: `snapshots ls` imports no settings (paths.py)
 
 PID_FILE = "daemon.pid"
 STATE_FILE = "daemon.json"
@@ -32,8 +33,8 @@ def log_file(settings: Settings) -> Path:
     return settings.paths.log_dir / LOG_FILE
 
 
-def pid_path(settings: Settings) -> Path:
-    return settings.paths.run_dir / PID_FILE
+def pid_path(paths: Paths) -> Path:
+    return paths.run_dir / PID_FILE
 
 
 def state_path(settings: Settings) -> Path:
@@ -57,7 +58,7 @@ class RunLock:
     """Held by the running daemon: flock on daemon.pid."""
 
     def __init__(self, settings: Settings):
-        self.path = pid_path(settings)
+        self.path = pid_path(settings.paths)
         self.fd: int | None = None
 
     def acquire(self) -> None:
@@ -88,11 +89,11 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
-def running_pid(settings: Settings) -> int | None:
-    """The pid of the daemon holding this data directory's lock, or None when none runs."""
+def running_pid(paths: Paths) -> int | None:
+    """The pid of the daemon holding the lock in these paths' run dir, or None when none runs."""
     import fcntl
 
-    path = pid_path(settings)
+    path = pid_path(paths)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -109,6 +110,8 @@ def running_pid(settings: Settings) -> int | None:
 
 
 def write_state(settings: Settings, state: dict[str, Any]) -> None:
+    import json  # in the functions: `snapshots ls` with no daemon running reads no state
+
     path = state_path(settings)
     tmp = path.with_suffix(".tmp")
     # 0600 like every file engramctl writes (the run dir is 0700 too): it says where the daemon listens
@@ -120,6 +123,8 @@ def write_state(settings: Settings, state: dict[str, Any]) -> None:
 
 
 def read_state(settings: Settings) -> dict[str, Any] | None:
+    import json
+
     try:
         return json.loads(state_path(settings).read_text())
     except (OSError, ValueError):
@@ -140,7 +145,7 @@ def tls_for(url: str) -> Any:
 
 def daemon_url(settings: Settings) -> str:
     """Where this data directory's daemon listens: its state file while it runs, else the settings."""
-    if running_pid(settings) is not None:
+    if running_pid(settings.paths) is not None:
         state = read_state(settings)
         if state and state.get("url"):
             return str(state["url"])

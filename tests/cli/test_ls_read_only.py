@@ -43,10 +43,10 @@ def test_rows_are_the_full_opens_rows(branched):
     from engramctl.store.store import Store
 
     st = load_settings()
-    with Listing(StoreSource(Store.open(st)), st) as full:
+    with Listing(StoreSource(Store.open(st)), st.paths) as full:
         expected = full.snapshots(), full.snapshots("demo")
         sessions = full.sessions()
-    with Listing(IndexSource(Index.read_only(st.paths.data_dir / "index.db")), st) as read_only:
+    with Listing(IndexSource(Index.read_only(st.paths.data_dir / "index.db")), st.paths) as read_only:
         got = read_only.snapshots(), read_only.snapshots("demo")
         assert read_only.sessions() == sessions  # nothing in memory either way: each head on disk
     assert got == expected

@@ -17,8 +17,10 @@ from tests.cli.conftest import seed_store
 ROOT = Path(__file__).resolve().parents[2]
 
 # what a listing of the index needs none of: each costs `snapshots ls` its import, typer most (click, pydantic);
-# typing ~4% of its time (the modules on its path take TYPE_CHECKING without it)
+# typing ~4% of its time (the modules on its path take TYPE_CHECKING without it); the settings (dataclasses, which
+# imports inspect, and their own definitions) ~5%: with no daemon running a listing needs only paths.Paths
 LEAN = (
+    "engramctl.settings",
     "typer",
     "click",
     "pydantic",
