@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("engramctl.store",),
     ("engramctl.tiers",),
     ("engramctl.protocol", "engramctl.settings", "engramctl.pidlock"),  # vocabulary, stdlib only
+    ("engramctl.paths",),  # where the files are: the settings' paths, and all a listing of the index needs
     ("engramctl.units",),
     ("engramctl.errors",),
     ("engramctl",),  # the package itself: __version__

@@ -114,7 +114,7 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 # header; key: a row's key, or a function of the row; align: "<" or ">"; fmt: the value's text (None: str, "-" for
-# nothing). A named tuple, not a dataclass: dataclasses imports inspect, a tenth of `snapshots ls`'s time (paths.py)
+# nothing). A named tuple, not a dataclass: dataclasses imports inspect, which `snapshots ls` need not (paths.py)
 _ColumnFields = namedtuple("_ColumnFields", "header key align fmt", defaults=("<", None))
 
 
