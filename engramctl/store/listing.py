@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 # a listed row's keys: a SnapshotRecord's fields in its order, then the CLI's two
 _TEMPLATE: dict[str, Any] = dict.fromkeys((*RECORD_FIELDS, "head_of", "branch_point_of"))
-_TEMPLATE |= {"durable": True, "kind": "snapshot"}
+_TEMPLATE |= {"durable": True, "kind": "snapshot", "tiers": ("disk",)}  # a row's tuples shared: cli/rows.py
 # the unary +: the planner walks the id index (or snapshots_by_session for one session) in id order, no sort
 _SELECT = """
     SELECT s.id, s.session, s.parent, s.n_tokens, s.nbytes, s.block_bytes, s.shared_block_bytes, s.checksum,
@@ -45,8 +45,6 @@ def listed(index: Index, session: str | None = None) -> list[dict[str, Any]]:
     """The complete snapshots (of `session`, or all), oldest first (by id), as `snapshots ls` lists them."""
     import apsw
 
-    heads: dict[str, list[str]] = {}
-    bases: dict[str, list[str]] = {}
     sql, params = _SELECT, ()
     if session is not None:
         sql, params = sql + " AND s.session = ?", (session,)
@@ -55,18 +53,27 @@ def listed(index: Index, session: str | None = None) -> list[dict[str, Any]]:
     try:
         db.set_busy_timeout(10_000)  # as the index's own connections wait
         db.execute("BEGIN")  # one read transaction: the sessions and snapshots of one state
-        for name, head, base in db.execute(_SESSIONS):
-            if head:
-                heads.setdefault(head, []).append(name)
-            if base:
-                bases.setdefault(base, []).append(name)
+        heads, bases = referrers(db.execute(_SESSIONS))
         _make_rows(db.execute(sql + " ORDER BY s.id", params), heads, bases, rows)
     finally:
         db.close()
     return rows
 
 
-def _make_rows(found: Any, heads: dict[str, list[str]], bases: dict[str, list[str]], rows: list) -> None:
+def referrers(sessions: Any) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """The sessions each snapshot is the head of, and the branch point of, in the order of `sessions`: (name, head,
+    base) each (cli/rows.py makes a daemon's rows with it too)."""
+    heads: dict[str, list[str]] = {}
+    bases: dict[str, list[str]] = {}
+    for name, head, base in sessions:
+        if head:
+            heads.setdefault(head, []).append(name)
+        if base:
+            bases.setdefault(base, []).append(name)
+    return {k: tuple(v) for k, v in heads.items()}, {k: tuple(v) for k, v in bases.items()}
+
+
+def _make_rows(found: Any, heads: dict[str, tuple], bases: dict[str, tuple], rows: list) -> None:
     """Each snapshot's row appended to `rows`, as its tuple comes from the cursor (none kept: 10,000 tuples of 15
     are memory a listing touches for nothing)."""
     add, copy, head_of, base_of = rows.append, _TEMPLATE.copy, heads.get, bases.get
@@ -85,10 +92,9 @@ def _make_rows(found: Any, heads: dict[str, list[str]], bases: dict[str, list[st
         row["last_access"] = seen
         row["pinned"] = pin != 0
         row["label"] = label
-        row["tiers"] = ["disk"]
         row["file_bytes"] = own
         row["own_size_bytes"] = own + blocks - shared
         row["shared_size_bytes"] = shared
-        row["head_of"] = head_of(sid) or []
-        row["branch_point_of"] = base_of(sid) or []
+        row["head_of"] = head_of(sid, ())
+        row["branch_point_of"] = base_of(sid, ())
         add(row)

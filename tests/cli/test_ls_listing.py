@@ -108,7 +108,7 @@ def test_ls_json_prints_the_record_paths_rows(cli, engram_home):
         assert idx.rows("SELECT COUNT(*) FROM snapshots WHERE kind = 'prefix'")[0][0] == 1
         assert len(expected[None]) == 3 and expected["other"] == [] and expected["fork"] == []
         assert any(r["shared_size_bytes"] for r in expected[None])
-        assert expected[None][1]["head_of"] == expected[None][1]["branch_point_of"] == ["fork2", "fork"]
+        assert expected[None][1]["head_of"] == expected[None][1]["branch_point_of"] == ("fork2", "fork")
         assert cli("snapshots", "ls", "--json").stdout == dumps_indented(expected[None]) + "\n"
         for session in ("demo", "other", "fork"):
             assert cli("snapshots", "ls", "--json", "-s", session).stdout == dumps_indented(expected[session]) + "\n"
