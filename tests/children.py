@@ -232,9 +232,11 @@ def _become(request: dict, reread: list[str]) -> None:
             importlib.reload(sys.modules[name])
     out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # a FIFO: once the test reads it
     err = out if request["stderr"] is None else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.dup2(out, 1)
-    os.dup2(err, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, to in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(fd, to)
+    for fd in {null, out, err}:  # 0, 1 and 2 only, as a new interpreter has (the soak test counts a daemon's fds)
+        os.close(fd)
     if request["module"]:
         sys.argv = [request["module"], *request["args"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
