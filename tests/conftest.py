@@ -16,6 +16,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 workers.share_cores()  # under pytest-xdist: the worker's share of the cores (tests/workers.py)
 
 
+def pytest_configure(config):
+    from tests.daemon import forks
+
+    forks.enabled = True  # the daemons tests start are forked (tests/daemon/forks.py); scripts/' are not
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _llama_share():
     """Under pytest-xdist, the llama.cpp engines the tests build compute on the worker's share of the cores."""

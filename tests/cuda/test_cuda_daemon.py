@@ -19,7 +19,10 @@ FIRST = [{"role": "user", "content": "What is a state space model?"}]
 
 @pytest.fixture(scope="module")
 def daemon(zoo, tmp_path_factory):
-    d = start_daemon(zoo.path(FAMILY), tmp_path_factory.mktemp("cuda-home"), "--device", "cuda", timeout=180)
+    # a fresh interpreter: CUDA in a daemon forked from the server (tests/daemon/forks.py) has not been run on a GPU
+    d = start_daemon(
+        zoo.path(FAMILY), tmp_path_factory.mktemp("cuda-home"), "--device", "cuda", timeout=180, fresh=True
+    )
     yield d
     d.stop()
 

@@ -1,5 +1,6 @@
-"""A real daemon in a subprocess (`python -m engramctl.daemon`) on a free loopback port, serving a tiny
-random granitemoehybrid in float32, and the helpers the daemon tests share."""
+"""A real daemon in a process of its own (`python -m engramctl.daemon`, forked from a process that imported what it
+imports: tests/daemon/forks.py) on a free loopback port, serving a tiny random granitemoehybrid in float32, and the
+helpers the daemon tests share."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.children import Child
+from tests.daemon import forks
 from tests.workers import THREADS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +42,7 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
 
 @dataclass
 class Daemon:
-    proc: subprocess.Popen
+    proc: subprocess.Popen | Child
     home: Path
     url: str
     token: str
@@ -70,25 +73,36 @@ class Daemon:
 
 
 def launch(
-    model: Path, home: Path, *args: str, nice: int = 0, env: dict[str, str] | None = None, log_dir: Path | None = None
-) -> tuple[subprocess.Popen, Path]:
-    """Start the daemon on port 0 without waiting for it: (Popen, log path). The log goes to `log_dir`
-    (default: home)."""
+    model: Path,
+    home: Path,
+    *args: str,
+    nice: int = 0,
+    env: dict[str, str] | None = None,
+    log_dir: Path | None = None,
+    fresh: bool = False,
+) -> tuple[subprocess.Popen | Child, Path]:
+    """Start the daemon on port 0 without waiting for it: (the process, its log path). The log goes to `log_dir`
+    (default: home). In a test session the daemon is forked from a process that imported what it imports
+    (tests/daemon/forks.py), unless `fresh` or `nice`: then it is `python -m engramctl.daemon` in a new
+    interpreter, as a user starts it."""
     if log_dir is None:
         home.mkdir(parents=True, exist_ok=True)
     log = (log_dir or home) / f"daemon-{time.monotonic_ns()}.log"
-    cmd = [sys.executable, "-m", "engramctl.daemon", "--model", str(model), "--port", "0", "--log-level", "warning"]
+    flags = ["--model", str(model), "--port", "0", "--log-level", "warning", *args]
+    env = daemon_env(home, **(env or {}))
+    if forks.enabled and not (fresh or nice):
+        log.write_bytes(b"")  # there once launch returns, as Popen's is
+        return forks.fork_daemon(model, flags, env, log, ROOT), log
+    cmd = [sys.executable, "-m", "engramctl.daemon", *flags]
     if nice:
         cmd = ["nice", "-n", str(nice), *cmd]
     with open(log, "wb") as f:
-        proc = subprocess.Popen(
-            [*cmd, *args], stdout=f, stderr=subprocess.STDOUT, env=daemon_env(home, **(env or {})), cwd=str(ROOT)
-        )
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
     return proc, log
 
 
 def wait_ready(
-    proc: subprocess.Popen, log: Path, home: Path, timeout: float, token: str | None = None
+    proc: subprocess.Popen | Child, log: Path, home: Path, timeout: float, token: str | None = None
 ) -> tuple[str, str]:
     """Wait until daemon.json says where and /health answers: (url, token). The token is read from the
     home unless the caller set one (ENGRAM_API_KEY)."""
@@ -115,11 +129,13 @@ def wait_ready(
     return state["url"], token or (home / "config" / "token").read_text().strip()
 
 
-def start_daemon(model_dir: Path, home: Path, *args: str, timeout: float = 120.0, **env: str) -> Daemon:
-    """Start the daemon in float32 on port 0 and wait until daemon.json says where and /health answers (a
-    transformers daemon takes ~9 s of CPU to get there: far longer on a machine the other pytest worker and
-    its daemons load too)."""
-    proc, log = launch(model_dir, home, "--dtype", "float32", *args, env=env)
+def start_daemon(
+    model_dir: Path, home: Path, *args: str, timeout: float = 120.0, fresh: bool = False, **env: str
+) -> Daemon:
+    """Start the daemon in float32 on port 0 (launch: forked unless `fresh`) and wait until daemon.json says where
+    and /health answers (a fresh transformers daemon takes ~9 s of CPU to get there: far longer on a machine the
+    other pytest worker and its daemons load too)."""
+    proc, log = launch(model_dir, home, "--dtype", "float32", *args, env=env, fresh=fresh)
     url, token = wait_ready(proc, log, home, timeout, env.get("ENGRAM_API_KEY"))
     return Daemon(proc, home, url, token, log)
 

@@ -11,18 +11,21 @@ from pathlib import Path
 
 import pytest
 from checks import assert_consistent
-from children import Children
 
 from engramctl.errors import SnapshotCorrupt
+from tests.children import Children
 
-CHILD = Path(__file__).with_name("crash_child.py")
-BLOCKS_CHILD = Path(__file__).with_name("crash_blocks_child.py")
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "crash_child.py"
+BLOCKS_CHILD = HERE / "crash_blocks_child.py"
 
 
 @pytest.fixture(scope="module")
 def children():
-    """The module's 28 child processes forked from one that imported torch and the store (tests/store/children.py)."""
-    with Children() as c:
+    """The module's 28 child processes forked from one that imported torch (payloads) and the store (tests/children.py);
+    the armed crash point is read as crashpoints loads, so each child reads its own."""
+    preload = ("payloads", "engramctl.settings", "engramctl.store.store", "engramctl.tiers.planner")
+    with Children(preload, path=(str(HERE),), reread=("engramctl.store.crashpoints",)) as c:
         yield c
 
 
@@ -32,7 +35,7 @@ def run_and_kill(children: Children, home: Path, seed: int, start: int, kill_aft
     env = {**os.environ, "ENGRAM_HOME": str(home)}
     out, err = home.parent / f"child-{seed}.out", home.parent / f"child-{seed}.err"
     os.mkfifo(out)  # each line as the child prints it
-    proc = children.start(CHILD, [str(seed), str(start)], env, stdout=out, stderr=err)
+    proc = children.start([str(seed), str(start)], env, stdout=out, stderr=err, script=CHILD)
     try:
         with open(out) as stdout:  # open until the child ended, as a pipe to a subprocess is
             for line in stdout:
@@ -145,7 +148,7 @@ def _blocks_step(children: Children, home: Path, step: str, point: str | None) -
         env["ENGRAM_TEST_CRASH_AT"] = point
     home.mkdir(parents=True, exist_ok=True)
     out, err = (home.parent / f"{step}-{point}.{kind}" for kind in ("out", "err"))
-    code = children.start(BLOCKS_CHILD, [step], env, stdout=out, stderr=err).wait(timeout=120)
+    code = children.start([step], env, stdout=out, stderr=err, script=BLOCKS_CHILD).wait(timeout=120)
     stdout, stderr = out.read_text(), err.read_text()
     assert "Traceback" not in stderr, stderr
     assert (code == 0) == ("done" in stdout), (code, stdout)
