@@ -9,11 +9,11 @@ value for value and key for key, at less cost a row: a listing of 10,000 snapsho
   3.11's sqlite3 releases and takes back the GIL around each column value it fetches (three mutexes and a condition
   signal, ~650 instructions a value: at 10,000 snapshots, 150,000 values, the fetch 40% of `snapshots ls --json`),
   apsw once a row, and the connection, used by this one thread, takes no SQLite mutex (NOMUTEX): the fetch in a
-  third of the instructions (callgrind). apsw's SQLite (its own, newer than the system's)
-  reads the file the store writes; it sees the last committed transaction, as the index's reader does.
-- The sessions' heads and bases, then the snapshots' columns it does not know. A listed
-  row is durable, so its sizes are the row's own sums (schema 5's block_bytes, shared_block_bytes) without the
-  records' `CASE WHEN durable`, and its kind, durable and tiers are constants.
+  third of the instructions (callgrind). apsw's SQLite (its own, newer than the system's) reads the file the store
+  writes; it sees the last committed transaction, as the index's reader does.
+- The sessions' heads and bases, then the snapshots' columns it does not know. A listed row is durable, so its
+  sizes are the row's own sums (schema 5's block_bytes, shared_block_bytes) without the records' `CASE WHEN
+  durable`, and its kind, durable and tiers are constants.
 - Each row a copy of one template dict (the keys in the record's order) with its values set in place, as its tuple
   comes from the cursor: a dict display of 21 keys costs about half again as much, and SQLite writing the rows'
   JSON itself (json_object, printf, ||) costs more than Python's dicts and orjson (measured at 10,000 rows).
